@@ -1,0 +1,59 @@
+"""shmem: symmetric memory for mpirun jobs, on GPUs (NVSHMEM) and hosts (MPI-3 shared memory).
+
+>>> import shmem
+>>> with shmem.init() as world:                        # doctest: +SKIP
+...     x = world.zeros((1024,), "float32")            # same heap offset on every rank
+...     right = (world.rank + 1) % world.world_size
+...     x.put(right, np.full(1024, world.rank), signal=(0, 1))
+...     world.wait_until(0, "ge", 1)
+...     x.close()
+
+``import shmem`` needs neither a GPU nor CUDA: backends load lazily.
+"""
+
+from __future__ import annotations
+
+from . import errors
+from ._version import __version__
+from .arena import Arena, ArenaStats
+from .buffer import SHMEMBuffer
+from .config import Config, load_config, parse_size
+from .dtypes import SUPPORTED_DTYPES, as_dtype
+from .errors import (
+    BackendUnavailableError,
+    CollectiveMismatchError,
+    ConfigError,
+    DescriptorError,
+    HeapExhaustedError,
+    ShmemError,
+    ShmemStateError,
+    SignalTimeoutError,
+)
+from .signals import SignalPad
+from .world import World, finalize, get_world, init
+
+__all__ = [
+    "SUPPORTED_DTYPES",
+    "Arena",
+    "ArenaStats",
+    "BackendUnavailableError",
+    "CollectiveMismatchError",
+    "Config",
+    "ConfigError",
+    "DescriptorError",
+    "HeapExhaustedError",
+    "SHMEMBuffer",
+    "ShmemError",
+    "ShmemStateError",
+    "SignalPad",
+    "SignalTimeoutError",
+    "World",
+    "__version__",
+    "as_dtype",
+    "errors",
+    "finalize",
+    "get_world",
+    "init",
+    "load_config",
+    "parse_size",
+]

@@ -1,0 +1,139 @@
+"""A deterministic first-fit arena allocator over a byte range.
+
+Identical call sequences give identical offsets on every rank, which is what makes a heap
+symmetric. Blocks are aligned, freed blocks coalesce with their neighbours, and the state
+after a failed allocation is unchanged. Pure: no MPI, no CUDA.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+
+from .errors import HeapExhaustedError, ShmemError
+
+__all__ = ["Arena", "ArenaStats"]
+
+
+class _ArenaFreeError(ShmemError, ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class ArenaStats:
+    """A snapshot: capacity, bytes in use, free bytes, the largest free block, block counts."""
+
+    capacity: int
+    used: int
+    free_total: int
+    largest_free: int
+    num_allocated: int
+    num_free_blocks: int
+
+
+def _round_up(n: int, alignment: int) -> int:
+    return (n + alignment - 1) // alignment * alignment
+
+
+class Arena:
+    """First-fit allocator with alignment and coalescing free.
+
+    Parameters
+    ----------
+    capacity : int
+        Bytes managed (rounded down to ``alignment``).
+    alignment : int
+        Every offset and every block size is a multiple of this power of two.
+    """
+
+    def __init__(self, capacity: int, alignment: int = 256) -> None:
+        if alignment <= 0 or alignment & (alignment - 1):
+            raise ValueError(
+                f"Arena: alignment must be a power of two (got {alignment}; expected 1, 2, 4, ...)"
+            )
+        if capacity < 0:
+            raise ValueError(f"Arena: capacity cannot be negative (got {capacity})")
+        self.alignment = alignment
+        self.capacity = capacity // alignment * alignment
+        # Free blocks as two parallel sorted lists (offsets, sizes), coalesced at all times.
+        self._free_offsets: list[int] = [0] if self.capacity else []
+        self._free_sizes: list[int] = [self.capacity] if self.capacity else []
+        self._allocated: dict[int, int] = {}
+
+    def block_nbytes(self, nbytes: int) -> int:
+        """The bytes a request of ``nbytes`` occupies (at least one aligned unit)."""
+        return _round_up(max(nbytes, 1), self.alignment)
+
+    def alloc(self, nbytes: int) -> int:
+        """Reserve ``nbytes`` and return the block's offset.
+
+        Raises
+        ------
+        HeapExhaustedError
+            No free block is large enough; the arena is unchanged.
+        """
+        if nbytes < 0:
+            raise ValueError(f"Arena.alloc: nbytes cannot be negative (got {nbytes})")
+        need = self.block_nbytes(nbytes)
+        for i, size in enumerate(self._free_sizes):
+            if size >= need:
+                offset = self._free_offsets[i]
+                if size == need:
+                    del self._free_offsets[i]
+                    del self._free_sizes[i]
+                else:
+                    self._free_offsets[i] = offset + need
+                    self._free_sizes[i] = size - need
+                self._allocated[offset] = need
+                return offset
+        stats = self.stats()
+        raise HeapExhaustedError(
+            f"alloc: symmetric heap exhausted (got a request for {nbytes} bytes, "
+            f"{need} with alignment; free {stats.free_total} bytes in "
+            f"{stats.num_free_blocks} blocks, largest free block {stats.largest_free} bytes, "
+            f"capacity {self.capacity} bytes)",
+            requested=nbytes,
+            free_total=stats.free_total,
+            largest_free=stats.largest_free,
+        )
+
+    def free(self, offset: int) -> None:
+        """Release the block at ``offset`` and coalesce it with free neighbours."""
+        size = self._allocated.pop(offset, None)
+        if size is None:
+            raise _ArenaFreeError(
+                f"Arena.free: no allocated block at offset {offset} "
+                "(double free, or an offset this arena never returned)"
+            )
+        i = bisect.bisect_left(self._free_offsets, offset)
+        # merge with the following block
+        if i < len(self._free_offsets) and self._free_offsets[i] == offset + size:
+            size += self._free_sizes[i]
+            del self._free_offsets[i]
+            del self._free_sizes[i]
+        # merge with the preceding block
+        if i > 0 and self._free_offsets[i - 1] + self._free_sizes[i - 1] == offset:
+            self._free_sizes[i - 1] += size
+        else:
+            self._free_offsets.insert(i, offset)
+            self._free_sizes.insert(i, size)
+
+    def allocated(self) -> dict[int, int]:
+        """A copy of the allocated blocks, offset -> bytes."""
+        return dict(self._allocated)
+
+    def free_blocks(self) -> list[tuple[int, int]]:
+        """The free blocks as ``(offset, nbytes)``, sorted by offset."""
+        return list(zip(self._free_offsets, self._free_sizes, strict=True))
+
+    def stats(self) -> ArenaStats:
+        """Current usage figures."""
+        free_total = sum(self._free_sizes)
+        return ArenaStats(
+            capacity=self.capacity,
+            used=self.capacity - free_total,
+            free_total=free_total,
+            largest_free=max(self._free_sizes, default=0),
+            num_allocated=len(self._allocated),
+            num_free_blocks=len(self._free_sizes),
+        )

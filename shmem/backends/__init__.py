@@ -1,0 +1,55 @@
+"""Heap backends, one per file, loaded lazily by name.
+
+``host``: MPI-3 shared-memory window (+ MPI RMA for off-node peers), needs no hardware.
+``nvshmem``: the NVSHMEM heap on GPUs (the only module that imports nvshmem).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+
+from ..errors import BackendUnavailableError
+
+__all__ = ["BACKENDS", "resolve_backend"]
+
+log = logging.getLogger(__name__)
+
+BACKENDS = ("host", "nvshmem")
+
+
+def _nvshmem_status() -> str | None:
+    """None when the NVSHMEM backend could run here, else the reason it cannot."""
+    if importlib.util.find_spec("shmem.backends.nvshmem") is None:
+        return "the nvshmem backend is not part of this version yet"
+    if importlib.util.find_spec("nvshmem") is None:
+        return "nvshmem4py is not installed (pip install '.[gpu]')"
+    if not os.path.exists("/dev/nvidia0") and not os.path.exists("/dev/nvidiactl"):
+        return "no CUDA device node (/dev/nvidia*) on this machine"
+    return None
+
+
+def resolve_backend(name: str) -> tuple[str, str]:
+    """Map ``"auto" | "host" | "nvshmem"`` to a usable backend and the reason for the choice.
+
+    Raises
+    ------
+    BackendUnavailableError
+        The backend is unknown or cannot be used here (the reason is in the message).
+    """
+    if name == "host":
+        return "host", "requested"
+    if name == "nvshmem":
+        why = _nvshmem_status()
+        if why is not None:
+            raise BackendUnavailableError(f"init: backend 'nvshmem' is unavailable ({why})")
+        return "nvshmem", "requested"
+    if name == "auto":
+        why = _nvshmem_status()
+        if why is None:
+            return "nvshmem", "auto: a CUDA device and nvshmem4py are usable"
+        return "host", f"auto: {why}"
+    raise BackendUnavailableError(
+        f"init: unknown backend (got {name!r}; expected one of {['auto', *BACKENDS]})"
+    )

@@ -1,0 +1,238 @@
+"""Host backend: the symmetric heap in an MPI-3 shared-memory window.
+
+Layout
+------
+Every rank owns one slab of ``nbytes`` in a window from ``MPI.Win.Allocate_shared`` on its
+node communicator, so ranks of the same node load and store each other's slabs directly
+(``Shared_query`` views). When the job spans several nodes, a second window is created with
+``MPI.Win.Create`` over the same slab on the world communicator; peers on other nodes are
+reached through it with passive-target RMA (``Lock_all`` once, ``Put``/``Get`` + ``Flush``).
+
+Atomics
+-------
+MPI only guarantees atomicity among accumulate operations on the same window. All atomics of
+a job therefore go through one window: the shared window when the job is one node (they then
+complete without the target's help), else the world window (target ranks must make MPI
+progress: every wait loop of this package calls :meth:`HostHeap.progress`).
+
+Ordering
+--------
+``fence()`` is ``Win.Sync`` on the windows: a full memory barrier for load/store traffic.
+``put_bytes`` to an off-node peer returns after ``Flush`` (remote completion), so anything
+signalled afterwards is ordered after the data.
+"""
+
+from __future__ import annotations
+
+import logging
+from contextlib import ExitStack
+from typing import Any
+
+import numpy as np
+from mpi4py import MPI
+
+from ..config import HeapConfig
+from ..errors import ShmemError
+from ..heap import ATOMIC_DTYPES
+
+__all__ = ["HostHeap"]
+
+log = logging.getLogger(__name__)
+
+_MPI_ATOMIC_TYPES = {
+    np.dtype(np.int32): MPI.INT32_T,
+    np.dtype(np.int64): MPI.INT64_T,
+    np.dtype(np.uint32): MPI.UINT32_T,
+    np.dtype(np.uint64): MPI.UINT64_T,
+}
+_MPI_OPS = {"add": MPI.SUM, "set": MPI.REPLACE}
+
+
+class _HeapArgumentError(ShmemError, ValueError):
+    pass
+
+
+def split_nodes(comm: MPI.Intracomm, node_split: str) -> MPI.Intracomm:
+    """The node communicator: ranks that share memory, or each rank alone (``"rank"``)."""
+    if node_split == "rank":
+        return comm.Split(color=comm.Get_rank(), key=0)
+    return comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
+
+
+class HostHeap:
+    """One shared-memory slab per rank, plus an RMA window when the job spans nodes.
+
+    Parameters
+    ----------
+    comm : MPI.Intracomm
+        The world communicator (already duplicated by the caller, who keeps ownership).
+    node_comm : MPI.Intracomm
+        Ranks sharing memory (from :func:`split_nodes`); ``local_rank`` is its rank.
+    config : HeapConfig
+        ``nbytes`` per rank and ``alignment``.
+    """
+
+    name = "host"
+
+    def __init__(self, comm: MPI.Intracomm, node_comm: MPI.Intracomm, config: HeapConfig) -> None:
+        self.rank = comm.Get_rank()
+        self.world_size = comm.Get_size()
+        self.local_rank = node_comm.Get_rank()
+        self.local_size = node_comm.Get_size()
+        self.nbytes = config.nbytes
+        self._comm = comm
+        # node index = order of each node's leader among world ranks
+        leaders = comm.allgather(self.rank if self.local_rank == 0 else -1)
+        leader_ranks = sorted(r for r in leaders if r >= 0)
+        my_leader = node_comm.bcast(self.rank, root=0)
+        self.node = leader_ranks.index(my_leader)
+        self.num_nodes = len(leader_ranks)
+        # world rank -> node-local rank (or -1 when on another node)
+        node_of = comm.allgather((self.node, self.local_rank))
+        self._local_of = [lr if node == self.node else -1 for node, lr in node_of]
+
+        with ExitStack() as stack:
+            self._shm_win = MPI.Win.Allocate_shared(self.nbytes, 1, comm=node_comm)
+            stack.callback(self._shm_win.Free)
+            self._shm_win.Lock_all(MPI.MODE_NOCHECK)
+            stack.callback(self._shm_win.Unlock_all)
+            self._slabs: list[np.ndarray[Any, np.dtype[np.uint8]]] = []
+            for lr in range(self.local_size):
+                mem, _ = self._shm_win.Shared_query(lr)
+                self._slabs.append(np.frombuffer(mem, dtype=np.uint8, count=self.nbytes))
+            self._slab = self._slabs[self.local_rank]
+            self._rma_win: MPI.Win | None = None
+            if self.num_nodes > 1:
+                self._rma_win = MPI.Win.Create(self._slab, 1, comm=comm)
+                stack.callback(self._rma_win.Free)
+                self._rma_win.Lock_all(MPI.MODE_NOCHECK)
+                stack.callback(self._rma_win.Unlock_all)
+            stack.pop_all()
+        self._base_address = int(self._slab.ctypes.data)
+        self._closed = False
+        self._scratch = np.zeros(2, dtype=np.uint64)
+
+    # -- reachability and views -------------------------------------------------------------
+
+    def is_local(self, rank: int) -> bool:
+        return self._local_of[rank] >= 0
+
+    def local_view(self, offset: int, nbytes: int) -> np.ndarray[Any, np.dtype[np.uint8]]:
+        return self._slab[offset : offset + nbytes]
+
+    def peer_view(
+        self, rank: int, offset: int, nbytes: int
+    ) -> np.ndarray[Any, np.dtype[np.uint8]] | None:
+        lr = self._local_of[rank]
+        if lr < 0:
+            return None
+        return self._slabs[lr][offset : offset + nbytes]
+
+    def address(self, offset: int) -> int:
+        return self._base_address + offset
+
+    # -- one-sided data movement ------------------------------------------------------------
+
+    def put_bytes(self, rank: int, offset: int, src: np.ndarray[Any, Any]) -> None:
+        raw = src.reshape(-1).view(np.uint8)
+        view = self.peer_view(rank, offset, raw.nbytes)
+        if view is not None:
+            view[...] = raw
+            return
+        win = self._remote_window()
+        win.Put(raw, rank, offset)
+        win.Flush(rank)
+
+    def get_bytes(self, rank: int, offset: int, dst: np.ndarray[Any, Any]) -> None:
+        raw = dst.reshape(-1).view(np.uint8)
+        view = self.peer_view(rank, offset, raw.nbytes)
+        if view is not None:
+            raw[...] = view
+            return
+        win = self._remote_window()
+        win.Get(raw, rank, offset)
+        win.Flush(rank)
+
+    def _remote_window(self) -> MPI.Win:
+        if self._rma_win is None:  # pragma: no cover - is_local() is True for every rank then
+            raise _HeapArgumentError("HostHeap: no RMA window (every rank is on this node)")
+        return self._rma_win
+
+    # -- atomics ----------------------------------------------------------------------------
+
+    def _atomic_target(self, rank: int) -> tuple[MPI.Win, int]:
+        if self._rma_win is None:
+            return self._shm_win, self._local_of[rank]
+        return self._rma_win, rank
+
+    def atomic_fetch_op(
+        self, rank: int, offset: int, value: int, dtype: np.dtype[Any], op: str
+    ) -> int:
+        if dtype not in ATOMIC_DTYPES:
+            raise _HeapArgumentError(
+                f"atomic_fetch_op: unsupported dtype (got {dtype}; expected int32, int64, "
+                "uint32 or uint64)"
+            )
+        win, target = self._atomic_target(rank)
+        origin = np.array([value], dtype=dtype)
+        result = np.empty(1, dtype=dtype)
+        win.Fetch_and_op(
+            [origin, _MPI_ATOMIC_TYPES[dtype]],
+            [result, _MPI_ATOMIC_TYPES[dtype]],
+            target,
+            offset,
+            _MPI_OPS[op],
+        )
+        win.Flush(target)
+        return int(result[0])
+
+    def atomic_compare_swap(
+        self, rank: int, offset: int, compare: int, value: int, dtype: np.dtype[Any]
+    ) -> int:
+        if dtype not in ATOMIC_DTYPES:
+            raise _HeapArgumentError(
+                f"atomic_compare_swap: unsupported dtype (got {dtype}; expected int32, int64, "
+                "uint32 or uint64)"
+            )
+        win, target = self._atomic_target(rank)
+        origin = np.array([value], dtype=dtype)
+        cmp = np.array([compare], dtype=dtype)
+        result = np.empty(1, dtype=dtype)
+        mpi_t = _MPI_ATOMIC_TYPES[dtype]
+        win.Compare_and_swap([origin, mpi_t], [cmp, mpi_t], [result, mpi_t], target, offset)
+        win.Flush(target)
+        return int(result[0])
+
+    @property
+    def atomics_need_progress(self) -> bool:
+        """True when atomics aimed at this rank are served by its MPI progress engine."""
+        return self._rma_win is not None
+
+    # -- ordering and progress --------------------------------------------------------------
+
+    def fence(self) -> None:
+        self._shm_win.Sync()
+        if self._rma_win is not None:
+            self._rma_win.Sync()
+
+    def progress(self) -> None:
+        if self._rma_win is not None:
+            self._comm.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG)
+
+    # -- teardown ---------------------------------------------------------------------------
+
+    def close(self, collective: bool = True) -> None:
+        """Free the windows (collective). ``collective=False`` only drops references."""
+        if self._closed:
+            return
+        self._closed = True
+        self._slabs = []
+        self._slab = np.empty(0, dtype=np.uint8)
+        if not collective:
+            return
+        if self._rma_win is not None:
+            self._rma_win.Unlock_all()
+            self._rma_win.Free()
+            self._rma_win = None
+        self._shm_win.Unlock_all()
+        self._shm_win.Free()

@@ -1,0 +1,339 @@
+"""SHMEMBuffer: a typed, shaped view of one allocation of the symmetric heap."""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .dtypes import dtype_name
+from .errors import ShmemError, ShmemStateError
+from .heap import ATOMIC_DTYPES
+
+if TYPE_CHECKING:
+    from .world import World
+
+__all__ = ["SHMEMBuffer"]
+
+_KDLCPU = 1
+
+
+class _BufferArgumentError(ShmemError, ValueError):
+    pass
+
+
+class _BufferTypeError(ShmemError, TypeError):
+    pass
+
+
+class _DLPackError(ShmemError, BufferError):
+    pass
+
+
+class SHMEMBuffer:
+    """A buffer at the same offset of every rank's symmetric heap.
+
+    Made collectively by :meth:`World.empty` / :meth:`World.zeros`; released collectively by
+    :meth:`close` (or the ``with`` statement). Garbage collection never frees it: ``__del__``
+    only warns with ``ResourceWarning``.
+
+    Every rank has its own copy; :meth:`local` is this rank's, :meth:`peer` another rank's
+    (zero-copy where load/store reachable), and :meth:`put` / :meth:`get` move data one-sided.
+    """
+
+    def __init__(
+        self, world: World, offset: int, shape: tuple[int, ...], dtype: np.dtype[Any]
+    ) -> None:
+        self._world = world
+        self._offset = offset
+        self._shape = shape
+        self._dtype = dtype
+        self._count = math.prod(shape)
+        self._nbytes = self._count * dtype.itemsize
+        self._closed = False
+
+    # -- properties -------------------------------------------------------------------------
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self._shape
+
+    @property
+    def dtype(self) -> np.dtype[Any]:
+        return self._dtype
+
+    @property
+    def count(self) -> int:
+        """Number of elements."""
+        return self._count
+
+    @property
+    def nbytes(self) -> int:
+        return self._nbytes
+
+    @property
+    def offset(self) -> int:
+        """Byte offset in the symmetric heap (the same on every rank)."""
+        return self._offset
+
+    @property
+    def world(self) -> World:
+        return self._world
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __len__(self) -> int:
+        if not self._shape:
+            raise TypeError("len() of a 0-d SHMEMBuffer")
+        return self._shape[0]
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"offset={self._offset}"
+        return (
+            f"SHMEMBuffer(shape={self._shape}, dtype={dtype_name(self._dtype)}, "
+            f"nbytes={self._nbytes}, {state})"
+        )
+
+    def _live(self, where: str) -> None:
+        if self._closed:
+            raise ShmemStateError(f"SHMEMBuffer.{where}: the buffer is closed")
+        self._world._check_open(f"SHMEMBuffer.{where}")
+
+    def _check_rank(self, where: str, rank: int) -> int:
+        size = self._world.world_size
+        if isinstance(rank, bool) or not isinstance(rank, int | np.integer) or not 0 <= rank < size:
+            raise _BufferArgumentError(
+                f"SHMEMBuffer.{where}: invalid rank (got {rank!r}; expected 0 <= rank < {size})"
+            )
+        return int(rank)
+
+    def _check_span(self, where: str, offset: int, nbytes: int) -> None:
+        if (
+            isinstance(offset, bool)
+            or not isinstance(offset, int | np.integer)
+            or offset < 0
+            or offset % self._dtype.itemsize
+        ):
+            raise _BufferArgumentError(
+                f"SHMEMBuffer.{where}: invalid offset (got {offset!r}; expected a non-negative "
+                f"byte offset that is a multiple of the item size {self._dtype.itemsize})"
+            )
+        if offset + nbytes > self._nbytes:
+            raise _BufferArgumentError(
+                f"SHMEMBuffer.{where}: out of bounds (got {nbytes} bytes at offset {offset}; "
+                f"expected offset + nbytes <= {self._nbytes})"
+            )
+
+    # -- views --------------------------------------------------------------------------------
+
+    def unsafe_ptr(self) -> int:
+        """Address of this rank's copy (valid until :meth:`close`)."""
+        self._live("unsafe_ptr")
+        return self._world.heap.address(self._offset)
+
+    def local(self) -> np.ndarray[Any, Any]:
+        """This rank's copy as a zero-copy numpy array of ``shape`` and ``dtype``."""
+        self._live("local")
+        raw = self._world.heap.local_view(self._offset, self._nbytes)
+        return raw.view(self._dtype).reshape(self._shape)
+
+    def peer(self, rank: int) -> np.ndarray[Any, Any] | None:
+        """Rank ``rank``'s copy as a zero-copy numpy array, or None when not load/store
+        reachable (a peer on another node): use :meth:`put` / :meth:`get` then."""
+        self._live("peer")
+        rank = self._check_rank("peer", rank)
+        raw = self._world.heap.peer_view(rank, self._offset, self._nbytes)
+        return None if raw is None else raw.view(self._dtype).reshape(self._shape)
+
+    # -- one-sided data movement -------------------------------------------------------------
+
+    def _as_source(self, where: str, src: Any) -> np.ndarray[Any, Any]:
+        arr = np.asarray(src)
+        if arr.dtype != self._dtype:
+            try:
+                arr = arr.astype(self._dtype, casting="same_kind")
+            except TypeError:
+                raise _BufferTypeError(
+                    f"SHMEMBuffer.{where}: cannot cast the source (got dtype {arr.dtype}; "
+                    f"expected {dtype_name(self._dtype)} or a same-kind dtype)"
+                ) from None
+        return np.ascontiguousarray(arr)
+
+    def put(
+        self,
+        rank: int,
+        src: Any,
+        offset: int = 0,
+        signal: tuple[int, int] | tuple[int, int, str] | None = None,
+    ) -> None:
+        """Write ``src`` into ``rank``'s copy at byte ``offset`` (one-sided, host-blocking).
+
+        With ``signal=(slot, value[, op])`` the signal is raised on ``rank`` after the data:
+        a rank that sees the signal through ``wait_until`` sees the data (put-with-signal).
+        """
+        self._live("put")
+        rank = self._check_rank("put", rank)
+        data = self._as_source("put", src)
+        self._check_span("put", offset, data.nbytes)
+        sig = self._check_signal(signal) if signal is not None else None
+        self._world.heap.put_bytes(rank, self._offset + int(offset), data)
+        if sig is not None:
+            self._world.signals.signal(rank, *sig)
+
+    def _check_signal(self, signal: Any) -> tuple[int, int, str]:
+        if not isinstance(signal, tuple) or len(signal) not in (2, 3):
+            raise _BufferArgumentError(
+                f"SHMEMBuffer.put: invalid signal (got {signal!r}; expected (slot, value) or "
+                "(slot, value, op))"
+            )
+        op = signal[2] if len(signal) == 3 else "set"
+        return int(signal[0]), int(signal[1]), str(op)
+
+    def get(self, rank: int, dst: Any = None, offset: int = 0) -> np.ndarray[Any, Any]:
+        """Read ``rank``'s copy from byte ``offset`` (one-sided, host-blocking).
+
+        Into ``dst`` (a C-contiguous writable array of this dtype; ``dst.nbytes`` bytes are
+        read) when given, else into a new array: of ``shape`` when ``offset == 0``, else the
+        flat remainder. Returns the array.
+        """
+        self._live("get")
+        rank = self._check_rank("get", rank)
+        if dst is None:
+            self._check_span("get", offset, 0)
+            if offset == 0:
+                out = np.empty(self._shape, dtype=self._dtype)
+            else:
+                out = np.empty((self._nbytes - offset) // self._dtype.itemsize, self._dtype)
+        else:
+            if not isinstance(dst, np.ndarray):
+                raise _BufferTypeError(
+                    f"SHMEMBuffer.get: dst must be a numpy array (got {type(dst).__name__})"
+                )
+            if dst.dtype != self._dtype or not dst.flags.c_contiguous or not dst.flags.writeable:
+                raise _BufferArgumentError(
+                    f"SHMEMBuffer.get: invalid dst (got dtype {dst.dtype}, contiguous "
+                    f"{dst.flags.c_contiguous}, writeable {dst.flags.writeable}; expected a "
+                    f"writeable C-contiguous {dtype_name(self._dtype)} array)"
+                )
+            out = dst
+        self._check_span("get", offset, out.nbytes)
+        self._world.heap.get_bytes(rank, self._offset + int(offset), out)
+        return out
+
+    def enqueue_copy_to(self, host_array: np.ndarray[Any, Any]) -> None:
+        """Copy this rank's copy into ``host_array`` (same count and dtype). On the host
+        backend the copy is complete on return."""
+        self._live("enqueue_copy_to")
+        self._check_host_array("enqueue_copy_to", host_array)
+        np.copyto(host_array.reshape(-1), self.local().reshape(-1))
+
+    def enqueue_copy_from(self, host_array: Any) -> None:
+        """Copy ``host_array`` (same count) into this rank's copy. On the host backend the
+        copy is complete on return."""
+        self._live("enqueue_copy_from")
+        src = self._as_source("enqueue_copy_from", host_array)
+        if src.size != self._count:
+            raise _BufferArgumentError(
+                f"SHMEMBuffer.enqueue_copy_from: wrong element count (got {src.size}; "
+                f"expected {self._count})"
+            )
+        self.local().reshape(-1)[...] = src.reshape(-1)
+
+    def _check_host_array(self, where: str, arr: Any) -> None:
+        if not isinstance(arr, np.ndarray):
+            raise _BufferTypeError(
+                f"SHMEMBuffer.{where}: expected a numpy array (got {type(arr).__name__})"
+            )
+        if arr.dtype != self._dtype or arr.size != self._count or not arr.flags.writeable:
+            raise _BufferArgumentError(
+                f"SHMEMBuffer.{where}: incompatible array (got dtype {arr.dtype}, "
+                f"{arr.size} elements; expected a writeable {dtype_name(self._dtype)} array "
+                f"of {self._count} elements)"
+            )
+
+    # -- atomics ----------------------------------------------------------------------------
+
+    def _atomic_args(self, where: str, rank: int, index: int) -> tuple[int, int]:
+        self._live(where)
+        rank = self._check_rank(where, rank)
+        if self._dtype not in ATOMIC_DTYPES:
+            raise _BufferTypeError(
+                f"SHMEMBuffer.{where}: atomics need an integer buffer (got "
+                f"{dtype_name(self._dtype)}; expected int32, int64, uint32 or uint64)"
+            )
+        if isinstance(index, bool) or not isinstance(index, int | np.integer):
+            raise _BufferArgumentError(f"SHMEMBuffer.{where}: invalid index (got {index!r})")
+        if not 0 <= index < self._count:
+            raise _BufferArgumentError(
+                f"SHMEMBuffer.{where}: index out of range (got {index}; expected 0 <= index "
+                f"< {self._count})"
+            )
+        return rank, self._offset + int(index) * self._dtype.itemsize
+
+    def atomic_fetch_add(self, rank: int, index: int, value: int) -> int:
+        """Atomically add ``value`` to element ``index`` (flat) of ``rank``'s copy; return
+        the old value."""
+        rank, off = self._atomic_args("atomic_fetch_add", rank, index)
+        return self._world.heap.atomic_fetch_op(rank, off, int(value), self._dtype, "add")
+
+    def atomic_swap(self, rank: int, index: int, value: int) -> int:
+        """Atomically store ``value`` in element ``index`` of ``rank``'s copy; return the old."""
+        rank, off = self._atomic_args("atomic_swap", rank, index)
+        return self._world.heap.atomic_fetch_op(rank, off, int(value), self._dtype, "set")
+
+    def atomic_compare_swap(self, rank: int, index: int, compare: int, value: int) -> int:
+        """Atomically store ``value`` in element ``index`` of ``rank``'s copy if it equals
+        ``compare``; return the old value (equal to ``compare`` when the swap happened)."""
+        rank, off = self._atomic_args("atomic_compare_swap", rank, index)
+        return self._world.heap.atomic_compare_swap(
+            rank, off, int(compare), int(value), self._dtype
+        )
+
+    # -- DLPack -----------------------------------------------------------------------------
+
+    def __dlpack__(self, **kwargs: Any) -> Any:
+        """Export this rank's copy (zero-copy). numpy cannot export bfloat16 or float8:
+        those raise ``BufferError``; view them as ``uint16``/``uint8`` first."""
+        arr = self.local()
+        try:
+            return arr.__dlpack__(**kwargs)
+        except BufferError as exc:
+            raise _DLPackError(
+                f"SHMEMBuffer.__dlpack__: cannot export dtype {dtype_name(self._dtype)} ({exc}); "
+                "expected a float16/32/64, integer or bool buffer, or use "
+                "local().view(numpy.uint16) for bfloat16"
+            ) from None
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return (_KDLCPU, 0)
+
+    # -- lifetime ---------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Release the allocation (collective: every rank must call it, in the same order).
+        Closing twice is a no-op."""
+        if self._closed:
+            return
+        self._world._free(self)
+        self._closed = True
+
+    def __enter__(self) -> SHMEMBuffer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if exc[0] is None:
+            self.close()
+        # on an exception the collective free could hang the other ranks: leave it
+
+    def __del__(self) -> None:
+        if not getattr(self, "_closed", True) and not self._world.finalized:
+            warnings.warn(
+                f"{self!r} was garbage-collected without close(); its heap memory stays "
+                "allocated (a collective free cannot run from __del__)",
+                ResourceWarning,
+                stacklevel=2,
+            )

@@ -1,0 +1,310 @@
+"""Configuration: frozen dataclasses read from TOML, the environment and keywords.
+
+Precedence, lowest to highest: built-in defaults < TOML file < ``SHMEM_<SECTION>_<KEY>``
+environment variables < keyword arguments (``heap_nbytes="1GiB"``). Unknown sections and keys
+are rejected with the source, section and key named. Sizes accept integers or strings such
+as ``"256MiB"``, ``"1.5GiB"`` or ``"64kB"``.
+
+This module is pure: it imports neither MPI nor CUDA.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, get_type_hints
+
+from .errors import ConfigError
+
+__all__ = [
+    "Config",
+    "DeviceConfig",
+    "HeapConfig",
+    "LogConfig",
+    "NvshmemConfig",
+    "SignalConfig",
+    "load_config",
+    "parse_size",
+]
+
+ENV_PREFIX = "SHMEM_"
+ENV_CONFIG_FILE = "SHMEM_CONFIG"
+# Variables under these prefixes belong to the launcher, not to the configuration.
+ENV_RESERVED_PREFIXES = ("SHMEM_LAUNCH_",)
+
+_SIZE_UNITS = {
+    "": 1,
+    "b": 1,
+    "kib": 1 << 10,
+    "mib": 1 << 20,
+    "gib": 1 << 30,
+    "tib": 1 << 40,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+}
+_SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*$")
+
+
+def parse_size(value: object, where: str = "parse_size") -> int:
+    """Parse a byte count: an ``int`` or a string like ``"256MiB"``, ``"1.5 GiB"``, ``"64kB"``."""
+    if isinstance(value, bool):
+        raise ConfigError(f"{where}: a size must be bytes or a string (got {value!r})")
+    if isinstance(value, int):
+        if value < 0:
+            raise ConfigError(f"{where}: a size cannot be negative (got {value})")
+        return value
+    if isinstance(value, str):
+        m = _SIZE_RE.match(value)
+        if m is not None:
+            unit = m.group(2).lower()
+            if unit in _SIZE_UNITS:
+                nbytes = float(m.group(1)) * _SIZE_UNITS[unit]
+                if nbytes != int(nbytes):
+                    raise ConfigError(f"{where}: a size must be whole bytes (got {value!r})")
+                return int(nbytes)
+    raise ConfigError(
+        f"{where}: cannot parse size (got {value!r}; expected bytes or a string "
+        "like '256MiB', '1GiB', '64kB')"
+    )
+
+
+def _size(default: str) -> Any:
+    return field(default=parse_size(default), metadata={"size": True})
+
+
+def _choice(default: str, *choices: str) -> Any:
+    return field(default=default, metadata={"choices": choices})
+
+
+@dataclass(frozen=True)
+class HeapConfig:
+    """The symmetric heap.
+
+    nbytes: bytes of heap per rank. alignment: allocation alignment in bytes (a power of two,
+    at least 64). check_symmetry: all-gather every alloc/free's arguments and raise
+    ``CollectiveMismatchError`` when ranks disagree. node_split: ``"node"`` (ranks sharing
+    memory form a node) or ``"rank"`` (every rank is its own node, so the off-node RMA path
+    runs on one machine).
+    """
+
+    nbytes: int = _size("256MiB")
+    alignment: int = 256
+    check_symmetry: bool = False
+    node_split: str = _choice("node", "node", "rank")
+
+
+@dataclass(frozen=True)
+class SignalConfig:
+    """Signal pads: user slots per pad and the default deadline of every wait, in seconds."""
+
+    slots: int = 1024
+    timeout_s: float = 60.0
+
+
+@dataclass(frozen=True)
+class LogConfig:
+    """Logging level for the ``shmem`` loggers (the launcher installs the handler)."""
+
+    level: str = _choice("INFO", "DEBUG", "INFO", "WARNING", "ERROR")
+
+
+@dataclass(frozen=True)
+class DeviceConfig:
+    """Device binding: allow several ranks of a node to share one GPU."""
+
+    allow_gpu_sharing: bool = False
+
+
+@dataclass(frozen=True)
+class NvshmemConfig:
+    """Environment handed to NVSHMEM by the launcher (empty strings are not set)."""
+
+    bootstrap_ifname: str = ""
+    remote_transport: str = ""
+    disable_nvls: bool = False
+    disable_nccl: bool = False
+
+    def environment(self) -> dict[str, str]:
+        """The ``NVSHMEM_*`` variables this configuration sets."""
+        env: dict[str, str] = {}
+        if self.bootstrap_ifname:
+            env["NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME"] = self.bootstrap_ifname
+        if self.remote_transport:
+            env["NVSHMEM_REMOTE_TRANSPORT"] = self.remote_transport
+        if self.disable_nvls:
+            env["NVSHMEM_DISABLE_NVLS"] = "1"
+        if self.disable_nccl:
+            env["NVSHMEM_DISABLE_NCCL"] = "1"
+        return env
+
+
+@dataclass(frozen=True)
+class Config:
+    """The whole configuration; ``source`` says where the file part came from."""
+
+    heap: HeapConfig = field(default_factory=HeapConfig)
+    signal: SignalConfig = field(default_factory=SignalConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+    device: DeviceConfig = field(default_factory=DeviceConfig)
+    nvshmem: NvshmemConfig = field(default_factory=NvshmemConfig)
+    source: str = "<defaults>"
+
+
+_SECTIONS: dict[str, type[Any]] = {
+    f.name: f.default_factory  # type: ignore[misc]
+    for f in dataclasses.fields(Config)
+    if f.name != "source"
+}
+
+
+def _convert(section: str, key: str, value: object, origin: str) -> object:
+    """Check and convert one value to its field's type (strings from the environment too)."""
+    cls = _SECTIONS[section]
+    fld = next(f for f in dataclasses.fields(cls) if f.name == key)
+    typ = get_type_hints(cls)[key]
+    where = f"{origin}: [{section}] {key}"
+    from_env = origin.startswith("environment")
+    if fld.metadata.get("size"):
+        out: object = parse_size(value, where)
+    elif typ is bool:
+        if isinstance(value, bool):
+            out = value
+        elif from_env and isinstance(value, str) and value.lower() in {"1", "true", "yes", "on"}:
+            out = True
+        elif from_env and isinstance(value, str) and value.lower() in {"0", "false", "no", "off"}:
+            out = False
+        else:
+            raise ConfigError(f"{where}: expected a boolean (got {value!r})")
+    elif typ is int:
+        if isinstance(value, str) and from_env and re.fullmatch(r"-?[0-9]+", value.strip()):
+            value = int(value)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{where}: expected an integer (got {value!r})")
+        out = value
+    elif typ is float:
+        if isinstance(value, str) and from_env:
+            try:
+                value = float(value)
+            except ValueError:
+                pass
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"{where}: expected a number (got {value!r})")
+        out = float(value)
+    else:
+        if not isinstance(value, str):
+            raise ConfigError(f"{where}: expected a string (got {value!r})")
+        out = value
+    choices = fld.metadata.get("choices")
+    if choices and out not in choices:
+        raise ConfigError(f"{where}: invalid value (got {out!r}; expected one of {list(choices)})")
+    return out
+
+
+def _validate(cfg: Config) -> Config:
+    a = cfg.heap.alignment
+    if a < 64 or a & (a - 1):
+        raise ConfigError(
+            f"{cfg.source}: [heap] alignment: invalid (got {a}; expected a power of two >= 64)"
+        )
+    if cfg.heap.nbytes < a:
+        raise ConfigError(
+            f"{cfg.source}: [heap] nbytes: too small (got {cfg.heap.nbytes}; expected >= {a})"
+        )
+    if cfg.signal.slots < 1:
+        raise ConfigError(
+            f"{cfg.source}: [signal] slots: invalid (got {cfg.signal.slots}; expected >= 1)"
+        )
+    if not cfg.signal.timeout_s > 0:
+        raise ConfigError(
+            f"{cfg.source}: [signal] timeout_s: invalid (got {cfg.signal.timeout_s}; expected > 0)"
+        )
+    return cfg
+
+
+def _merge(values: dict[str, dict[str, object]], section: str, key: str, value: object, origin: str) -> None:
+    if section not in _SECTIONS:
+        raise ConfigError(
+            f"{origin}: unknown section [{section}] (expected one of {sorted(_SECTIONS)})"
+        )
+    known = [f.name for f in dataclasses.fields(_SECTIONS[section])]
+    if key not in known:
+        raise ConfigError(f"{origin}: unknown key {key!r} in [{section}] (expected one of {known})")
+    values.setdefault(section, {})[key] = _convert(section, key, value, origin)
+
+
+def _split_flat(name: str) -> tuple[str, str] | None:
+    """Split ``heap_check_symmetry`` into ``("heap", "check_symmetry")`` (sections have no ``_``)."""
+    section, sep, key = name.partition("_")
+    return (section, key) if sep and section in _SECTIONS else None
+
+
+def load_config(
+    path: str | os.PathLike[str] | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+    **overrides: object,
+) -> Config:
+    """Load the configuration.
+
+    Parameters
+    ----------
+    path : path-like, optional
+        A TOML file. When None, ``$SHMEM_CONFIG`` names one if set; else only defaults apply.
+    env : mapping, optional
+        The environment to read ``SHMEM_<SECTION>_<KEY>`` from (default ``os.environ``).
+    **overrides
+        ``<section>_<key>=value`` keywords, the highest precedence.
+
+    Raises
+    ------
+    ConfigError
+        Unknown section or key (named with its source), wrong type, or invalid value.
+    """
+    env = os.environ if env is None else env
+    values: dict[str, dict[str, object]] = {}
+    source = "<defaults>"
+    if path is None and env.get(ENV_CONFIG_FILE):
+        path = env[ENV_CONFIG_FILE]
+    if path is not None:
+        p = Path(path)
+        source = str(p)
+        try:
+            with p.open("rb") as fh:
+                data = tomllib.load(fh)
+        except FileNotFoundError:
+            raise ConfigError(f"load_config: config file not found (got {str(p)!r})") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"load_config: {p}: invalid TOML ({exc})") from None
+        for section, table in data.items():
+            if not isinstance(table, dict):
+                raise ConfigError(
+                    f"{p}: top-level key {section!r} is not a section (expected [section] tables)"
+                )
+            for key, value in table.items():
+                _merge(values, section, key, value, str(p))
+    for name in sorted(env):
+        if not name.startswith(ENV_PREFIX) or name == ENV_CONFIG_FILE:
+            continue
+        if name.startswith(ENV_RESERVED_PREFIXES):
+            continue
+        split = _split_flat(name[len(ENV_PREFIX) :].lower())
+        if split is None:
+            continue  # not one of our sections: some other SHMEM_ variable, left alone
+        _merge(values, *split, env[name], f"environment {name}")
+    for name, value in overrides.items():
+        split = _split_flat(name)
+        if split is None:
+            raise ConfigError(
+                f"load_config: unknown keyword {name!r} (expected <section>_<key> with section "
+                f"one of {sorted(_SECTIONS)})"
+            )
+        _merge(values, *split, value, f"keyword {name}")
+    sections = {name: cls(**values.get(name, {})) for name, cls in _SECTIONS.items()}
+    return _validate(Config(**sections, source=source))

@@ -1,0 +1,78 @@
+"""The dtypes the runtime supports, accepted as numpy dtypes or strings.
+
+numpy has no bfloat16 or float8: those come from ``ml_dtypes``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+from .errors import ShmemError
+
+__all__ = ["SUPPORTED_DTYPES", "DTypeLike", "as_dtype", "dtype_name"]
+
+DTypeLike = np.dtype[Any] | type | str
+
+SUPPORTED_DTYPES: dict[str, np.dtype[Any]] = {
+    "float16": np.dtype(np.float16),
+    "float32": np.dtype(np.float32),
+    "float64": np.dtype(np.float64),
+    "bfloat16": np.dtype(ml_dtypes.bfloat16),
+    "float8_e4m3": np.dtype(ml_dtypes.float8_e4m3fn),
+    "float8_e5m2": np.dtype(ml_dtypes.float8_e5m2),
+    "int8": np.dtype(np.int8),
+    "int16": np.dtype(np.int16),
+    "int32": np.dtype(np.int32),
+    "int64": np.dtype(np.int64),
+    "uint8": np.dtype(np.uint8),
+    "uint16": np.dtype(np.uint16),
+    "uint32": np.dtype(np.uint32),
+    "uint64": np.dtype(np.uint64),
+    "bool": np.dtype(np.bool_),
+}
+
+_ALIASES = {
+    "float8_e4m3fn": "float8_e4m3",
+    "e4m3": "float8_e4m3",
+    "e5m2": "float8_e5m2",
+    "half": "float16",
+    "float": "float32",
+    "double": "float64",
+    "bf16": "bfloat16",
+    "bool_": "bool",
+}
+
+_BY_DTYPE = {dt: name for name, dt in SUPPORTED_DTYPES.items()}
+
+
+class _DTypeError(ShmemError, TypeError):
+    pass
+
+
+def as_dtype(dtype: Any, where: str = "as_dtype") -> np.dtype[Any]:
+    """Return the numpy dtype for ``dtype`` (a numpy dtype, a type or a name).
+
+    Raises ``TypeError`` (a ``ShmemError``) naming ``where`` when unsupported.
+    """
+    if isinstance(dtype, str):
+        name = _ALIASES.get(dtype, dtype)
+        if name in SUPPORTED_DTYPES:
+            return SUPPORTED_DTYPES[name]
+    else:
+        try:
+            dt = np.dtype(dtype)
+        except TypeError:
+            dt = None
+        if dt is not None and dt in _BY_DTYPE:
+            return SUPPORTED_DTYPES[_BY_DTYPE[dt]]
+    raise _DTypeError(
+        f"{where}: unsupported dtype (got {dtype!r}; expected one of {sorted(SUPPORTED_DTYPES)})"
+    )
+
+
+def dtype_name(dtype: np.dtype[Any]) -> str:
+    """The canonical name of a supported dtype (``"bfloat16"``, ``"float8_e4m3"``...)."""
+    return _BY_DTYPE[dtype]

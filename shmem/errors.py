@@ -1,0 +1,98 @@
+"""One error hierarchy for the whole project.
+
+Every error derives from :class:`ShmemError` and from the builtin a caller would
+naturally catch (``ValueError``, ``MemoryError``, ``TimeoutError``, ...), so both
+``except ShmemError`` and ``except TimeoutError`` work. Messages follow
+``"<function>: <what is wrong> (got <value>; expected <constraint>)"``.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BackendUnavailableError",
+    "CollectiveMismatchError",
+    "ConfigError",
+    "DescriptorError",
+    "HeapExhaustedError",
+    "ShmemError",
+    "ShmemStateError",
+    "SignalTimeoutError",
+]
+
+
+class ShmemError(Exception):
+    """Base class of every error raised by this project."""
+
+
+class ConfigError(ShmemError, ValueError):
+    """A configuration file, environment variable or keyword is invalid."""
+
+
+class ShmemStateError(ShmemError, RuntimeError):
+    """The runtime is in the wrong state (not initialised, finalised, closed)."""
+
+
+class BackendUnavailableError(ShmemError, RuntimeError):
+    """The requested backend cannot be used on this machine."""
+
+
+class CollectiveMismatchError(ShmemError, RuntimeError):
+    """Ranks called a collective operation with different arguments.
+
+    Raised on every rank; the message lists each rank's arguments.
+    """
+
+
+class HeapExhaustedError(ShmemError, MemoryError):
+    """The symmetric heap has no free block large enough.
+
+    Attributes
+    ----------
+    requested, free_total, largest_free : int
+        Bytes asked for, bytes free in all, and the largest free block.
+    """
+
+    def __init__(self, message: str, requested: int, free_total: int, largest_free: int) -> None:
+        super().__init__(message)
+        self.requested = requested
+        self.free_total = free_total
+        self.largest_free = largest_free
+
+
+class SignalTimeoutError(ShmemError, TimeoutError):
+    """A wait on a signal or barrier passed its deadline.
+
+    Attributes
+    ----------
+    operation : str
+        What was waiting (``"wait_until"``, ``"barrier"``).
+    slot : int
+        The signal slot waited on.
+    expected : str
+        The condition, e.g. ``">= 3"``.
+    last_value : int
+        The last value seen in the slot.
+    peers : tuple of int
+        The rank(s) whose signal did not arrive (empty when unknown).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        operation: str,
+        slot: int,
+        expected: str,
+        last_value: int,
+        peers: tuple[int, ...] = (),
+    ) -> None:
+        super().__init__(message)
+        self.operation = operation
+        self.slot = slot
+        self.expected = expected
+        self.last_value = last_value
+        self.peers = peers
+
+
+class DescriptorError(ShmemError, ValueError):
+    """An IPC descriptor is malformed, of the wrong version, or otherwise invalid."""

@@ -1,0 +1,73 @@
+"""The symmetric-heap protocol every backend implements.
+
+A heap is one slab per rank, the same size on every rank. Offsets are bytes from the start
+of the slab, identical on every rank for the same allocation. Peer access is load/store where
+the peer is reachable (``peer_view``) and one-sided ``put_bytes``/``get_bytes``/atomics
+otherwise. ``fence`` is a full memory barrier: stores before it are visible to a peer that
+observes anything written after it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import numpy as np
+
+__all__ = ["ATOMIC_DTYPES", "SymmetricHeap"]
+
+ATOMIC_DTYPES = frozenset(np.dtype(t) for t in (np.int32, np.int64, np.uint32, np.uint64))
+
+
+class SymmetricHeap(Protocol):
+    """What World, SHMEMBuffer and SignalPad need from a backend."""
+
+    name: str
+    rank: int
+    world_size: int
+    local_rank: int
+    local_size: int
+    node: int
+    num_nodes: int
+    nbytes: int
+
+    def is_local(self, rank: int) -> bool:
+        """Whether ``rank``'s slab is load/store reachable from this process."""
+        ...
+
+    def local_view(self, offset: int, nbytes: int) -> np.ndarray[Any, np.dtype[np.uint8]]: ...
+
+    def peer_view(
+        self, rank: int, offset: int, nbytes: int
+    ) -> np.ndarray[Any, np.dtype[np.uint8]] | None: ...
+
+    def address(self, offset: int) -> int:
+        """The virtual address of byte ``offset`` of this rank's slab."""
+        ...
+
+    def put_bytes(self, rank: int, offset: int, src: np.ndarray[Any, Any]) -> None:
+        """Copy ``src`` into ``rank``'s slab; complete at the target on return."""
+        ...
+
+    def get_bytes(self, rank: int, offset: int, dst: np.ndarray[Any, Any]) -> None:
+        """Copy from ``rank``'s slab into ``dst``; complete on return."""
+        ...
+
+    def atomic_fetch_op(
+        self, rank: int, offset: int, value: int, dtype: np.dtype[Any], op: str
+    ) -> int:
+        """Atomically apply ``op`` (``"add"`` or ``"set"``) and return the old value."""
+        ...
+
+    def atomic_compare_swap(
+        self, rank: int, offset: int, compare: int, value: int, dtype: np.dtype[Any]
+    ) -> int:
+        """Atomically store ``value`` if the current value equals ``compare``; return the old."""
+        ...
+
+    def fence(self) -> None: ...
+
+    def progress(self) -> None:
+        """Let the transport serve one-sided operations aimed at this rank."""
+        ...
+
+    def close(self, collective: bool = True) -> None: ...

@@ -1,0 +1,292 @@
+"""Signal pads: symmetric arrays of 64-bit flags, and barriers built on them.
+
+Ordering rule (release/acquire)
+-------------------------------
+Data written before ``signal()`` is visible to any rank that observes the signal through
+``wait_until()``. It is enforced as follows:
+
+* ``signal`` (release) first calls the heap's ``fence()`` (``MPI.Win.Sync``: a full memory
+  barrier), so every earlier store, through a peer view or a local view, is globally visible
+  before the flag is written. One-sided puts to off-node peers complete (``Win.Flush``)
+  before ``put`` returns, so they are ordered before any later signal as well.
+* ``wait_until`` (acquire) calls ``fence()`` after it sees the awaited value and before it
+  returns, so the caller's later loads see the data.
+
+A slot receives either ``"set"`` from one writer at a time, or ``"add"`` from any number of
+writers; do not mix the two on one slot concurrently. ``"set"`` to a node-local peer is a
+single aligned 8-byte store; ``"add"`` and every signal to an off-node peer are MPI atomics.
+
+Every wait has a deadline (``[signal] timeout_s`` by default) and raises
+:class:`~shmem.errors.SignalTimeoutError` naming the operation, slot, expectation, last
+value seen and the peer(s) that did not arrive.
+"""
+
+from __future__ import annotations
+
+import operator
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from .errors import ShmemError, SignalTimeoutError
+from .heap import SymmetricHeap
+
+__all__ = ["COMPARISONS", "SignalPad", "poll_until"]
+
+COMPARISONS: dict[str, Callable[[int, int], bool]] = {
+    "eq": operator.eq,
+    "ne": operator.ne,
+    "gt": operator.gt,
+    "ge": operator.ge,
+    "lt": operator.lt,
+    "le": operator.le,
+}
+_SYMBOLS = {"eq": "==", "ne": "!=", "gt": ">", "ge": ">=", "lt": "<", "le": "<="}
+SIGNAL_OPS = ("set", "add")
+SLOT_DTYPE = np.dtype(np.int64)
+_BARRIER_ROUNDS = 64  # dissemination rounds: enough for 2**64 ranks
+
+# Backoff: spin (cheap polls) briefly, then yield the core, then sleep with growing pauses.
+# With more ranks than cores a pure spin would starve the very rank we are waiting for.
+_SPIN_S = 20e-6
+_YIELD_S = 2e-3
+_SLEEP_MAX_S = 1e-3
+
+
+class _SignalArgumentError(ShmemError, ValueError):
+    pass
+
+
+def poll_until(
+    probe: Callable[[], bool], deadline: float, progress: Callable[[], None] | None = None
+) -> bool:
+    """Call ``probe`` with backoff until it returns True (-> True) or ``deadline`` passes.
+
+    ``deadline`` is a ``time.monotonic()`` value. ``progress`` is called between probes.
+    """
+    start = time.monotonic()
+    pause = 20e-6
+    while True:
+        if probe():
+            return True
+        now = time.monotonic()
+        if now >= deadline:
+            return probe()
+        if progress is not None:
+            progress()
+        waited = now - start
+        if waited < _SPIN_S:
+            continue
+        if waited < _YIELD_S:
+            os.sched_yield()
+            continue
+        time.sleep(min(pause, max(deadline - now, 0.0)))
+        pause = min(pause * 2, _SLEEP_MAX_S)
+
+
+class SignalPad:
+    """A symmetric pad of ``slots`` int64 flags at ``offset`` of every rank's heap slab.
+
+    The pad also holds private slots for :meth:`barrier`. Created and released collectively
+    by the owner of the heap memory (the World or a Communicator); all slots start at 0.
+    """
+
+    def __init__(self, heap: SymmetricHeap, offset: int, slots: int, timeout_s: float) -> None:
+        self._heap = heap
+        self.offset = offset
+        self.slots = slots
+        self.timeout_s = timeout_s
+        self._flags = heap.local_view(offset, self.nbytes_for(slots)).view(SLOT_DTYPE)
+        self._flags[...] = 0
+        self._epoch = 0
+
+    @staticmethod
+    def nbytes_for(slots: int) -> int:
+        """Heap bytes a pad of ``slots`` user slots occupies (barrier slots included)."""
+        return (slots + _BARRIER_ROUNDS) * SLOT_DTYPE.itemsize
+
+    # -- arguments --------------------------------------------------------------------------
+
+    def _check_rank(self, where: str, rank: int) -> None:
+        if not isinstance(rank, int | np.integer) or not 0 <= rank < self._heap.world_size:
+            raise _SignalArgumentError(
+                f"{where}: invalid rank (got {rank!r}; expected 0 <= rank < "
+                f"{self._heap.world_size})"
+            )
+
+    def _check_slot(self, where: str, slot: int) -> None:
+        if not isinstance(slot, int | np.integer) or not 0 <= slot < self.slots:
+            raise _SignalArgumentError(
+                f"{where}: invalid slot (got {slot!r}; expected 0 <= slot < {self.slots})"
+            )
+
+    # -- signal / wait ----------------------------------------------------------------------
+
+    def signal(self, rank: int, slot: int, value: int, op: str = "set") -> None:
+        """Set or add ``value`` to ``slot`` of ``rank``'s pad (release: orders prior writes).
+
+        Parameters
+        ----------
+        rank : int
+            The rank whose flag changes (may be this rank).
+        slot : int
+            ``0 <= slot < slots``.
+        value : int
+            A signed 64-bit value.
+        op : {"set", "add"}
+        """
+        self._check_rank("signal", rank)
+        self._check_slot("signal", slot)
+        if op not in SIGNAL_OPS:
+            raise _SignalArgumentError(
+                f"signal: invalid op (got {op!r}; expected one of {list(SIGNAL_OPS)})"
+            )
+        self._raw_signal(int(rank), int(slot), int(value), op)
+
+    def _raw_signal(self, rank: int, slot: int, value: int, op: str) -> None:
+        heap = self._heap
+        heap.fence()
+        byte_offset = self.offset + slot * SLOT_DTYPE.itemsize
+        if op == "set":
+            view = heap.peer_view(rank, byte_offset, SLOT_DTYPE.itemsize)
+            if view is not None:
+                view.view(SLOT_DTYPE)[0] = value  # one aligned 8-byte store
+                return
+        heap.atomic_fetch_op(rank, byte_offset, value, SLOT_DTYPE, op)
+
+    def read(self, slot: int) -> int:
+        """The current value of this rank's ``slot`` (no ordering implied)."""
+        self._check_slot("read", slot)
+        return int(self._flags[slot])
+
+    def wait_until(
+        self,
+        slot: int,
+        cmp: str,
+        value: int,
+        timeout: float | None = None,
+        *,
+        peers: tuple[int, ...] = (),
+    ) -> int:
+        """Block until this rank's ``slot`` compares true against ``value``; return the value.
+
+        Parameters
+        ----------
+        slot : int
+        cmp : {"eq", "ne", "gt", "ge", "lt", "le"}
+        value : int
+        timeout : float, optional
+            Seconds; the pad's default (``[signal] timeout_s``) when None.
+        peers : tuple of int, optional
+            The ranks expected to signal, named in the error on timeout.
+
+        Raises
+        ------
+        SignalTimeoutError
+            The deadline passed first.
+        """
+        self._check_slot("wait_until", slot)
+        if cmp not in COMPARISONS:
+            raise _SignalArgumentError(
+                f"wait_until: invalid comparison (got {cmp!r}; expected one of "
+                f"{list(COMPARISONS)})"
+            )
+        return self._raw_wait("wait_until", int(slot), cmp, int(value), timeout, peers)
+
+    def _raw_wait(
+        self,
+        operation: str,
+        slot: int,
+        cmp: str,
+        value: int,
+        timeout: float | None,
+        peers: tuple[int, ...],
+        context: str = "",
+    ) -> int:
+        test = COMPARISONS[cmp]
+        flags = self._flags
+        # fast path: already there
+        seen = int(flags[slot])
+        if not test(seen, value):
+            timeout_s = self.timeout_s if timeout is None else timeout
+            if timeout_s < 0:
+                raise _SignalArgumentError(
+                    f"{operation}: invalid timeout (got {timeout_s}; expected >= 0 seconds)"
+                )
+            last = [seen]
+
+            def probe() -> bool:
+                last[0] = int(flags[slot])
+                return test(last[0], value)
+
+            if not poll_until(probe, time.monotonic() + timeout_s, self._heap.progress):
+                self._timeout(operation, slot, cmp, value, last[0], timeout_s, peers, context)
+            seen = last[0]
+        self._heap.fence()  # acquire: later loads see what was written before the signal
+        return seen
+
+    def _timeout(
+        self,
+        operation: str,
+        slot: int,
+        cmp: str,
+        value: int,
+        last: int,
+        timeout_s: float,
+        peers: tuple[int, ...],
+        context: str,
+    ) -> None:
+        expected = f"{_SYMBOLS[cmp]} {value}"
+        who = f"; no signal from rank(s) {list(peers)}" if peers else ""
+        raise SignalTimeoutError(
+            f"{operation}: rank {self._heap.rank} timed out after {timeout_s:g} s{context} "
+            f"waiting on slot {slot} (expected {expected}; last value seen {last}{who})",
+            operation=operation,
+            slot=slot,
+            expected=expected,
+            last_value=last,
+            peers=peers,
+        )
+
+    # -- barrier ----------------------------------------------------------------------------
+
+    def barrier(self, timeout: float | None = None) -> None:
+        """Block until every rank has entered this barrier (collective).
+
+        A dissemination barrier on epoch flags: in round ``k`` rank ``r`` sets its epoch in
+        rank ``(r + 2**k) % P``'s round-``k`` flag and waits for ``(r - 2**k) % P`` to do the
+        same to its own. Epochs only grow, so flags are never reset and a fast rank entering
+        the next barrier cannot confuse a slow one. ``ceil(log2 P)`` rounds.
+        """
+        heap = self._heap
+        size, rank = heap.world_size, heap.rank
+        self._epoch += 1
+        epoch = self._epoch
+        distance, k = 1, 0
+        while distance < size:
+            slot = self.slots + k
+            self._raw_signal((rank + distance) % size, slot, epoch, "set")
+            src = (rank - distance) % size
+            self._raw_wait(
+                "barrier",
+                slot,
+                "ge",
+                epoch,
+                timeout,
+                (src,),
+                f" in round {k} of barrier {epoch}",
+            )
+            distance *= 2
+            k += 1
+        if size == 1:
+            heap.fence()
+
+    def flags_view(self) -> np.ndarray[Any, np.dtype[np.int64]]:
+        """This rank's user slots as an int64 array (read-only view)."""
+        out = self._flags[: self.slots]
+        out = out.view()
+        out.flags.writeable = False
+        return out

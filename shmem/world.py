@@ -1,0 +1,356 @@
+"""The World: the runtime of one job (communicators, node split, heap, signals)."""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import socket
+import threading
+from contextlib import ExitStack
+from typing import Any
+
+import numpy as np
+from mpi4py import MPI
+
+from .arena import Arena
+from .backends import resolve_backend
+from .buffer import SHMEMBuffer
+from .config import Config, load_config
+from .dtypes import as_dtype, dtype_name
+from .errors import CollectiveMismatchError, ShmemError, ShmemStateError
+from .heap import SymmetricHeap
+from .signals import SignalPad
+
+__all__ = ["World", "finalize", "get_world", "init"]
+
+log = logging.getLogger(__name__)
+
+_lock = threading.Lock()
+_current: World | None = None
+
+
+class _WorldArgumentError(ShmemError, ValueError):
+    pass
+
+
+def _normalise_shape(where: str, shape: Any) -> tuple[int, ...]:
+    if isinstance(shape, int | np.integer) and not isinstance(shape, bool):
+        shape = (shape,)
+    try:
+        dims = tuple(shape)
+    except TypeError:
+        raise _WorldArgumentError(
+            f"{where}: invalid shape (got {shape!r}; expected an int or a tuple of ints)"
+        ) from None
+    for d in dims:
+        if isinstance(d, bool) or not isinstance(d, int | np.integer) or d < 0:
+            raise _WorldArgumentError(
+                f"{where}: invalid shape (got {shape!r}; expected non-negative integers)"
+            )
+    return tuple(int(d) for d in dims)
+
+
+class World:
+    """One job's runtime. Made by :func:`init`; use as a context manager or call
+    :meth:`finalize`.
+
+    Attributes
+    ----------
+    rank, world_size : int
+        This process's rank in the (duplicated) communicator, and the number of ranks.
+    local_rank, local_size : int
+        Rank and size within the node (``COMM_TYPE_SHARED`` split, or each rank alone with
+        ``heap.node_split = "rank"``).
+    node, num_nodes : int
+        This rank's node index (nodes ordered by their lowest rank) and the node count.
+    backend : str
+        ``"host"`` or ``"nvshmem"``.
+    heap : SymmetricHeap
+        The backend heap.
+    config : Config
+    comm, node_comm : MPI.Intracomm
+        The duplicated world communicator and the node communicator (owned by the World).
+    signals : SignalPad
+        The world's signal pad (``config.signal.slots`` user slots).
+    """
+
+    def __init__(self, config: Config, comm: MPI.Intracomm, backend: str, why: str) -> None:
+        with ExitStack() as stack:
+            self.comm: MPI.Intracomm = comm.Dup()
+            stack.callback(self.comm.Free)
+            self.config = config
+            self.rank = self.comm.Get_rank()
+            self.world_size = self.comm.Get_size()
+            from .backends.host import HostHeap, split_nodes
+
+            self.node_comm: MPI.Intracomm = split_nodes(self.comm, config.heap.node_split)
+            stack.callback(self.node_comm.Free)
+            self.local_rank = self.node_comm.Get_rank()
+            self.local_size = self.node_comm.Get_size()
+            self.backend = backend
+            host_heap = HostHeap(self.comm, self.node_comm, config.heap)
+            stack.callback(host_heap.close)
+            self.heap: SymmetricHeap = host_heap
+            self.node = self.heap.node
+            self.num_nodes = self.heap.num_nodes
+            self._arena = Arena(config.heap.nbytes, config.heap.alignment)
+            self._calls = 0
+            self._finalized = False
+            self._live: dict[int, SHMEMBuffer] = {}
+            pad_nbytes = SignalPad.nbytes_for(config.signal.slots)
+            pad_offset = self._arena.alloc(pad_nbytes)
+            self.signals = SignalPad(self.heap, pad_offset, config.signal.slots,
+                                     config.signal.timeout_s)
+            self.comm.Barrier()  # every pad is zeroed before anyone signals
+            stack.pop_all()
+        log.info(
+            "rank %d/%d (local %d/%d, node %d/%d) on %s pid %d: backend %s (%s), heap %d bytes",
+            self.rank,
+            self.world_size,
+            self.local_rank,
+            self.local_size,
+            self.node,
+            self.num_nodes,
+            socket.gethostname(),
+            os.getpid(),
+            backend,
+            why,
+            config.heap.nbytes,
+        )
+
+    # -- state ------------------------------------------------------------------------------
+
+    @property
+    def finalized(self) -> bool:
+        return self._finalized
+
+    def _check_open(self, where: str) -> None:
+        if self._finalized:
+            raise ShmemStateError(f"{where}: the World is finalized (call shmem.init() again)")
+
+    def __repr__(self) -> str:
+        return (
+            f"World(rank={self.rank}, world_size={self.world_size}, local_rank="
+            f"{self.local_rank}, node={self.node}/{self.num_nodes}, backend={self.backend!r}"
+            f"{', finalized' if self._finalized else ''})"
+        )
+
+    # -- collective symmetry check --------------------------------------------------------
+
+    def _agree(self, where: str, record: tuple[Any, ...], error: str | None) -> None:
+        """All ranks compare ``record`` (and local argument errors) before any heap change.
+
+        With ``heap.check_symmetry`` the records are all-gathered; any disagreement, or an
+        argument error on any rank, raises on every rank. Without it this is an epoch barrier
+        (the allocation is collective and synchronising, as ``nvshmem_malloc`` is) and a
+        local argument error is raised locally.
+        """
+        self._calls += 1
+        if not self.config.heap.check_symmetry:
+            if error is not None:
+                raise _WorldArgumentError(error)
+            self.signals.barrier()
+            return
+        records = self.comm.allgather((self._calls, record, error))
+        errors = [(r, e) for r, (_, _, e) in enumerate(records) if e is not None]
+        if errors:
+            own = records[self.rank][2]
+            if own is not None:
+                raise _WorldArgumentError(own)
+            raise CollectiveMismatchError(
+                f"{where}: invalid arguments on other ranks: "
+                + "; ".join(f"rank {r}: {e}" for r, e in errors)
+            )
+        if any(rec[:2] != records[0][:2] for rec in records):
+            listing = "; ".join(
+                f"rank {r}: call {c} {rec}" for r, (c, rec, _) in enumerate(records)
+            )
+            raise CollectiveMismatchError(f"{where}: ranks disagree ({listing})")
+
+    # -- allocation -------------------------------------------------------------------------
+
+    def empty(self, shape: Any, dtype: Any = "float32") -> SHMEMBuffer:
+        """Allocate an uninitialised symmetric buffer (collective, synchronising).
+
+        Every rank must call it with the same shape and dtype, in the same order; the buffer
+        then sits at the same heap offset everywhere.
+
+        Raises
+        ------
+        HeapExhaustedError
+            On every rank, when no free block is large enough; the heap stays usable.
+        CollectiveMismatchError
+            With ``heap.check_symmetry``, when ranks passed different arguments.
+        """
+        self._check_open("World.empty")
+        error = None
+        try:
+            dims = _normalise_shape("World.empty", shape)
+            dt = as_dtype(dtype, "World.empty")
+            record: tuple[Any, ...] = ("alloc", math.prod(dims) * dt.itemsize, dtype_name(dt),
+                                       dims)
+        except (ValueError, TypeError) as exc:
+            error, record = str(exc), ("alloc", "invalid")
+        self._agree("World.empty", record, error)
+        offset = self._arena.alloc(record[1])
+        buf = SHMEMBuffer(self, offset, dims, dt)
+        self._live[offset] = buf
+        return buf
+
+    def zeros(self, shape: Any, dtype: Any = "float32") -> SHMEMBuffer:
+        """Like :meth:`empty`, with this rank's copy zeroed before a barrier (collective)."""
+        buf = self.empty(shape, dtype)
+        buf.local()[...] = 0
+        self.barrier()
+        return buf
+
+    def _free(self, buf: SHMEMBuffer) -> None:
+        self._check_open("SHMEMBuffer.close")
+        self._agree("SHMEMBuffer.close", ("free", buf.offset, buf.nbytes), None)
+        self._live.pop(buf.offset, None)
+        self._arena.free(buf.offset)
+
+    def heap_stats(self) -> Any:
+        """The arena's :class:`~shmem.arena.ArenaStats` (identical on every rank)."""
+        return self._arena.stats()
+
+    # -- signals ----------------------------------------------------------------------------
+
+    def signal(self, rank: int, slot: int, value: int, op: str = "set") -> None:
+        """Set or add to ``slot`` of ``rank``'s world pad; see :meth:`SignalPad.signal`."""
+        self._check_open("World.signal")
+        self.signals.signal(rank, slot, value, op)
+
+    def wait_until(
+        self, slot: int, cmp: str, value: int, timeout: float | None = None,
+        *, peers: tuple[int, ...] = ()
+    ) -> int:
+        """Wait on this rank's ``slot``; see :meth:`SignalPad.wait_until`."""
+        self._check_open("World.wait_until")
+        return self.signals.wait_until(slot, cmp, value, timeout, peers=peers)
+
+    def barrier(self, timeout: float | None = None) -> None:
+        """Epoch-flag barrier over all ranks (collective; not ``MPI_Barrier``)."""
+        self._check_open("World.barrier")
+        self.signals.barrier(timeout)
+
+    # -- teardown ---------------------------------------------------------------------------
+
+    def finalize(self) -> None:
+        """Release the heap and communicators (collective). Open buffers become unusable."""
+        global _current
+        if self._finalized:
+            raise ShmemStateError("finalize: this World is already finalized")
+        self._finalized = True
+        with _lock:
+            if _current is self:
+                _current = None
+        if self._live:
+            log.debug("finalize: %d buffer(s) still open are released", len(self._live))
+        for buf in self._live.values():
+            buf._closed = True
+        self._live.clear()
+        self.comm.Barrier()
+        self.heap.close()
+        self.node_comm.Free()
+        self.comm.Free()
+
+    def _abandon(self) -> None:
+        """Local teardown after an exception: no collective call (peers may be gone)."""
+        global _current
+        self._finalized = True
+        with _lock:
+            if _current is self:
+                _current = None
+        for buf in self._live.values():
+            buf._closed = True
+        self._live.clear()
+        self.heap.close(collective=False)
+
+    def __enter__(self) -> World:
+        return self
+
+    def __exit__(self, exc_type: object, *rest: object) -> None:
+        if self._finalized:
+            return
+        if exc_type is None:
+            self.finalize()
+        else:
+            self._abandon()
+
+
+def init(
+    config: Config | str | os.PathLike[str] | None = None,
+    comm: MPI.Intracomm | None = None,
+    backend: str = "auto",
+    **overrides: object,
+) -> World:
+    """Start the runtime on every rank of ``comm`` (collective) and return the :class:`World`.
+
+    Parameters
+    ----------
+    config : Config or path, optional
+        A configuration, or a TOML file to load (``$SHMEM_CONFIG`` when None).
+    comm : MPI.Intracomm, optional
+        The ranks of the job (default ``MPI.COMM_WORLD``); it is duplicated.
+    backend : {"auto", "host", "nvshmem"}
+    **overrides
+        Configuration keywords (``heap_nbytes="64MiB"``), applied over file and environment.
+
+    Raises
+    ------
+    ShmemStateError
+        A World is already open in this process.
+    ConfigError, BackendUnavailableError
+    """
+    global _current
+    with _lock:
+        if _current is not None:
+            raise ShmemStateError(
+                f"init: already initialised ({_current!r}); call shmem.finalize() first"
+            )
+    if isinstance(config, Config):
+        if overrides:
+            raise _WorldArgumentError(
+                "init: keyword overrides need a config path or None, not a Config object "
+                f"(got {sorted(overrides)}; use dataclasses.replace on the Config instead)"
+            )
+        cfg = config
+    else:
+        cfg = load_config(config, **overrides)
+    name, why = resolve_backend(backend)
+    if name != "host":  # resolve_backend only offers backends this version has
+        raise ShmemStateError(f"init: backend {name!r} is not built into this version")
+    world = World(cfg, MPI.COMM_WORLD if comm is None else comm, name, why)
+    with _lock:
+        _current = world
+    return world
+
+
+def get_world() -> World:
+    """The open World of this process.
+
+    Raises
+    ------
+    ShmemStateError
+        When :func:`init` has not been called (or the World was finalized).
+    """
+    world = _current
+    if world is None:
+        raise ShmemStateError("get_world: shmem is not initialised (call shmem.init() first)")
+    return world
+
+
+def finalize() -> None:
+    """Finalize the open World (collective).
+
+    Raises
+    ------
+    ShmemStateError
+        When no World is open.
+    """
+    world = _current
+    if world is None:
+        raise ShmemStateError("finalize: shmem is not initialised (call shmem.init() first)")
+    world.finalize()
