@@ -1,0 +1,188 @@
+"""Command-line interface of ``python -m launch`` (also the ``shmem-launch`` script)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from .command import (
+    LAUNCHERS,
+    MPI_FLAVOURS,
+    LaunchOptions,
+    UsageError,
+    build_command,
+    detect_mpi_flavour,
+    resolve_launcher,
+)
+from .supervisor import console_ranks, run_job
+
+__all__ = ["main", "parse_args"]
+
+USAGE = (
+    "python -m launch -n N [--config FILE] [--timeout S] [--log-dir DIR] [--env K=V]... "
+    "[--hostfile F] [--mpi auto|mpich|openmpi] [--launcher auto|mpiexec|srun] "
+    "[--allow-gpu-sharing] [--console 0|all|none|R,R] [--dry-run] (script.py | -m module) "
+    "[args...]"
+)
+# options that take a value (so the target's start can be found without argparse's guesswork)
+_VALUED = {"-n", "--np", "--config", "--timeout", "--log-dir", "--env", "--hostfile", "--mpi",
+           "--launcher", "--console", "--mpiexec"}
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m launch",
+        usage=USAGE,
+        description="Run an MPI job that never hangs when a rank fails, and say which rank "
+        "failed and why.",
+    )
+    p.add_argument("-n", "--np", dest="nranks", type=int, required=True, help="number of ranks")
+    p.add_argument("--config", help="TOML configuration for every rank (sets SHMEM_CONFIG)")
+    p.add_argument("--timeout", type=float, help="kill the job after S seconds (exit code 124)")
+    p.add_argument("--log-dir", help="keep one log file per rank and the error records here")
+    p.add_argument("--env", action="append", default=[], metavar="K=V",
+                   help="set a variable on every rank (repeatable)")
+    p.add_argument("--hostfile", help="hosts for mpiexec")
+    p.add_argument("--mpi", default="auto", choices=["auto", *MPI_FLAVOURS])
+    p.add_argument("--launcher", default="auto", choices=["auto", *LAUNCHERS])
+    p.add_argument("--mpiexec", help="mpiexec to use (default: the one next to this Python)")
+    p.add_argument("--allow-gpu-sharing", action="store_true",
+                   help="allow more ranks per node than GPUs (needed on a one-GPU machine)")
+    p.add_argument("--console", default="0",
+                   help="ranks whose output reaches the console: 0 (default), all, none, or "
+                   "a list like 0,2; lines are tagged [r] when several ranks are shown")
+    p.add_argument("--dry-run", action="store_true", help="print the command and exit")
+    p.add_argument("--verbose", action="store_true", help="also print mpiexec's own output")
+    return p
+
+
+def _split_target(argv: list[str]) -> tuple[list[str], list[str]]:
+    """Split launcher options from the target (``script.py ...`` or ``-m module ...``)."""
+    i = 0
+    while i < len(argv):
+        tok = argv[i]
+        if tok == "-m":
+            return argv[:i], argv[i:]
+        if not tok.startswith("-") or tok == "-":
+            return argv[:i], argv[i:]
+        if tok == "--":
+            return argv[:i], argv[i + 1 :]
+        i += 2 if tok in _VALUED else 1
+    return argv, []
+
+
+def parse_args(argv: list[str]) -> LaunchOptions:
+    """Parse the command line into :class:`LaunchOptions` (raises ``SystemExit`` on errors)."""
+    own, target = _split_target(argv)
+    parser = _parser()
+    ns = parser.parse_args(own)
+    if not target or target == ["-m"]:
+        parser.error("nothing to run (expected script.py or -m module after the options)")
+    env: list[tuple[str, str]] = []
+    for item in ns.env:
+        key, sep, value = item.partition("=")
+        if not sep or not _ENV_NAME.match(key):
+            parser.error(f"--env: invalid assignment (got {item!r}; expected NAME=VALUE)")
+        env.append((key, value))
+    if ns.timeout is not None and ns.timeout <= 0:
+        parser.error(f"--timeout: invalid (got {ns.timeout}; expected seconds > 0)")
+    return LaunchOptions(
+        nranks=ns.nranks,
+        target=tuple(target),
+        config=ns.config,
+        timeout_s=ns.timeout,
+        log_dir=ns.log_dir,
+        env=tuple(env),
+        hostfile=ns.hostfile,
+        mpi=ns.mpi,
+        launcher=ns.launcher,
+        allow_gpu_sharing=ns.allow_gpu_sharing,
+        console=ns.console,
+        dry_run=ns.dry_run,
+        verbose=ns.verbose,
+        mpiexec=ns.mpiexec,
+    )
+
+
+def default_mpiexec() -> str:
+    """The ``mpiexec`` next to this interpreter (``sys.prefix/bin``), never one from PATH."""
+    return str(Path(sys.executable).parent / "mpiexec")
+
+
+def job_environment(opts: LaunchOptions) -> dict[str, str]:
+    """Variables every rank gets: the config file, GPU sharing, NVSHMEM settings, --env."""
+    from shmem.config import load_config
+
+    env: dict[str, str] = {}
+    if opts.config:
+        env["SHMEM_CONFIG"] = str(Path(opts.config).resolve())
+    cfg = load_config(opts.config)  # validates the file before any rank starts
+    for key, value in cfg.nvshmem.environment().items():
+        env.setdefault(key, os.environ.get(key, value))
+    if opts.allow_gpu_sharing:
+        env["SHMEM_DEVICE_ALLOW_GPU_SHARING"] = "1"
+    env.update(dict(opts.env))
+    return env
+
+
+def resolve(opts: LaunchOptions) -> tuple[str, str, str]:
+    """(mpiexec path, MPI flavour, launcher) for this machine."""
+    launcher = resolve_launcher(opts.launcher, os.environ, shutil.which("srun") is not None)
+    mpiexec = opts.mpiexec or default_mpiexec()
+    if launcher == "srun":
+        return mpiexec, opts.mpi if opts.mpi != "auto" else "mpich", launcher
+    if not os.path.exists(mpiexec):
+        raise UsageError(
+            f"launch: no mpiexec at {mpiexec} (expected the one installed next to this Python "
+            "by 'pip install mpich'; or pass --mpiexec PATH)"
+        )
+    flavour = opts.mpi
+    if flavour == "auto":
+        try:
+            text = subprocess.run(
+                [mpiexec, "--version"], capture_output=True, text=True, timeout=20, check=False
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise UsageError(f"launch: cannot run {mpiexec} --version ({exc})") from None
+        flavour = detect_mpi_flavour(text.stdout + text.stderr)
+    return mpiexec, flavour, launcher
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; returns the job's exit code (124 on timeout, 2 on usage errors)."""
+    opts = parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        mpiexec, flavour, launcher = resolve(opts)
+        cmd = build_command(
+            opts,
+            python=sys.executable,
+            mpiexec=mpiexec,
+            mpi_flavour=flavour,
+            launcher=launcher,
+            job_env=job_environment(opts),
+        )
+        console = console_ranks(opts.console, opts.nranks)
+    except (UsageError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if opts.dry_run:
+        print(cmd.shell())
+        return 0
+    result = run_job(
+        cmd,
+        nranks=opts.nranks,
+        log_dir=opts.log_dir,
+        timeout_s=opts.timeout_s,
+        console=console,
+        verbose=opts.verbose,
+    )
+    for line in result.summary:
+        print(line, file=sys.stderr)
+    sys.stderr.flush()
+    return result.exit_code

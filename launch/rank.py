@@ -1,0 +1,209 @@
+"""``python -m launch.rank (script.py | -m module | -c code) [args...]``: one rank of a job.
+
+Runs the target as ``__main__``. An uncaught exception (in the main thread or any other) or a
+non-zero ``SystemExit`` writes an error record into the log directory, prints the traceback
+headed ``rank r of N on host``, and aborts the whole job with ``MPI_Abort``, so no rank is
+left waiting forever in a collective or in ``MPI_Finalize``.
+
+Under the launcher (``SHMEM_LAUNCH_LOG_DIR`` set) the rank's stdout and stderr go to
+``rank.<r>.log`` in that directory, ``SIGUSR1`` dumps its Python stacks to ``rank.<r>.stack``,
+and the rank is bound to a GPU from its node-local rank.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import logging
+import os
+import runpy
+import signal
+import socket
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+from types import TracebackType
+from typing import Any, NoReturn
+
+from .gpu import choose_gpu, visible_gpus
+from .report import ErrorRecord, StartRecord, write_json_atomic
+
+ENV_LOG_DIR = "SHMEM_LAUNCH_LOG_DIR"
+ENV_GPU = "SHMEM_LAUNCH_GPU"
+
+log = logging.getLogger("launch.rank")
+
+_failing = threading.Lock()
+
+
+class _Rank:
+    def __init__(self) -> None:
+        from mpi4py import MPI
+
+        self.MPI = MPI
+        self.rank = MPI.COMM_WORLD.Get_rank()
+        self.size = MPI.COMM_WORLD.Get_size()
+        self.host = socket.gethostname()
+        env_dir = os.environ.get(ENV_LOG_DIR)
+        self.log_dir = Path(env_dir) if env_dir else None
+
+    def redirect_output(self) -> None:
+        if self.log_dir is None:
+            return
+        path = self.log_dir / f"rank.{self.rank}.log"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.close(fd)
+        sys.stdout = open(1, "w", buffering=1, encoding="utf-8", errors="replace", closefd=False)  # noqa: SIM115
+        sys.stderr = open(2, "w", buffering=1, encoding="utf-8", errors="replace", closefd=False)  # noqa: SIM115
+        stack = open(self.log_dir / f"rank.{self.rank}.stack", "w")  # noqa: SIM115
+        faulthandler.register(signal.SIGUSR1, file=stack, all_threads=True)
+        StartRecord(self.rank, self.size, self.host, os.getpid(), time.time()).write(self.log_dir)
+
+    def fail(self, exc: BaseException, exit_code: int) -> NoReturn:
+        """Record ``exc``, print it, and abort the job (never returns)."""
+        with _failing:  # one failing thread records; any other waits for the abort
+            tb = "".join(traceback.format_exception(type(exc), exc, _user_frames(exc)))
+            what = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            if isinstance(exc, SystemExit):
+                what = f"SystemExit({exc.code!r})"
+            rec = ErrorRecord(
+                self.rank, self.size, self.host, os.getpid(), time.time(), exit_code, what, tb
+            )
+            if self.log_dir is not None:
+                try:
+                    rec.write(self.log_dir)
+                except OSError:
+                    pass
+            sys.stderr.write(f"rank {self.rank} of {self.size} on {self.host}: {tb}")
+            sys.stderr.flush()
+            sys.stdout.flush()
+            self.MPI.COMM_WORLD.Abort(exit_code)
+        os._exit(exit_code)  # pragma: no cover - Abort does not return
+
+    def done(self, exit_code: int) -> None:
+        if self.log_dir is not None:
+            write_json_atomic(
+                self.log_dir / f"rank.{self.rank}.done.json",
+                {"rank": self.rank, "exit_code": exit_code, "time": time.time()},
+            )
+
+    def configure_logging(self) -> None:
+        from shmem.config import load_config
+
+        cfg = load_config()
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(
+            logging.Formatter(
+                f"%(asctime)s [{self.rank}] %(levelname)s %(name)s: %(message)s", "%H:%M:%S"
+            )
+        )
+        root = logging.getLogger()
+        root.addHandler(handler)
+        root.setLevel(cfg.log.level)
+
+    def bind_gpu(self) -> None:
+        from shmem.config import load_config
+
+        node = self.MPI.COMM_WORLD.Split_type(self.MPI.COMM_TYPE_SHARED, key=self.rank)
+        local_rank, local_size = node.Get_rank(), node.Get_size()
+        node.Free()
+        gpus = visible_gpus()
+        allow = load_config().device.allow_gpu_sharing
+        gpu = choose_gpu(local_rank, local_size, len(gpus), allow)
+        if gpu is None:
+            log.info("rank %d (local %d/%d) -> CPU (no GPU visible)", self.rank, local_rank,
+                     local_size)
+            return
+        os.environ[ENV_GPU] = str(gpu)
+        log.info("rank %d (local %d/%d) -> GPU %d (%s)", self.rank, local_rank, local_size, gpu,
+                 gpus[gpu].pci_bus_id)
+
+
+def _user_frames(exc: BaseException) -> TracebackType | None:
+    """The traceback without this module's and runpy's frames on top."""
+    tb = exc.__traceback__
+    while tb is not None and (
+        tb.tb_frame.f_code.co_filename == __file__
+        or tb.tb_frame.f_code.co_filename.startswith("<frozen runpy")
+    ):
+        tb = tb.tb_next
+    return tb or exc.__traceback__
+
+
+def _exit_code(exc: SystemExit) -> int:
+    if exc.code is None:
+        return 0
+    if isinstance(exc.code, int):
+        if exc.code == 0:
+            return 0
+        return (exc.code & 0xFF) or 1  # an exit status is one byte; 256 must still fail
+    return 1  # sys.exit("message")
+
+
+def _usage() -> NoReturn:
+    sys.stderr.write("usage: python -m launch.rank (script.py | -m module | -c code) [args...]\n")
+    raise SystemExit(2)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args:
+        _usage()
+    rank = _Rank()
+    rank.redirect_output()
+
+    def thread_hook(hook_args: threading.ExceptHookArgs) -> None:
+        if hook_args.exc_type is SystemExit and not hook_args.exc_value:
+            return
+        exc = hook_args.exc_value or hook_args.exc_type()
+        rank.fail(exc, 1)
+
+    threading.excepthook = thread_hook
+
+    def sys_hook(t: type[BaseException], e: BaseException, tb: TracebackType | None) -> None:
+        rank.fail(e, 1)
+
+    sys.excepthook = sys_hook
+    code = 0
+    try:
+        rank.configure_logging()
+        rank.bind_gpu()
+        run(args)
+    except SystemExit as exc:
+        code = _exit_code(exc)
+        if code:
+            rank.fail(exc, code)
+    except KeyboardInterrupt as exc:
+        rank.fail(exc, 130)
+    except BaseException as exc:
+        rank.fail(exc, 1)
+    rank.done(code)
+    return code
+
+
+def run(args: list[str]) -> Any:
+    """Run ``script.py``, ``-m module`` or ``-c code`` as ``__main__`` with ``sys.argv`` set."""
+    if args[0] == "-m":
+        if len(args) < 2:
+            _usage()
+        sys.argv = [args[1], *args[2:]]
+        return runpy.run_module(args[1], run_name="__main__", alter_sys=True)
+    if args[0] == "-c":
+        if len(args) < 2:
+            _usage()
+        sys.argv = ["-c", *args[2:]]
+        code = compile(args[1], "<string>", "exec")
+        exec(code, {"__name__": "__main__"})  # the user's own -c program
+        return None
+    sys.argv = list(args)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(args[0])))
+    return runpy.run_path(args[0], run_name="__main__")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,279 @@
+"""Running a job: output forwarding, the deadline, rank-death detection and the summary."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+from .command import LaunchCommand
+from .report import load_done, load_errors, load_starts, parse_mpiexec_failures
+
+__all__ = ["JobResult", "OutputForwarder", "console_ranks", "run_job"]
+
+TIMEOUT_EXIT = 124
+_POLL_S = 0.02
+
+
+def console_ranks(spec: str, nranks: int) -> set[int]:
+    """Which ranks reach the console: ``"0"``, ``"all"``, ``"none"`` or ``"0,2,3"``."""
+    if spec == "all":
+        return set(range(nranks))
+    if spec == "none":
+        return set()
+    try:
+        ranks = {int(p) for p in spec.split(",") if p.strip()}
+    except ValueError:
+        ranks = {-1}
+    if any(not 0 <= r < nranks for r in ranks):
+        from .command import UsageError
+
+        raise UsageError(
+            f"launch: invalid --console (got {spec!r}; expected all, none, or ranks in "
+            f"0..{nranks - 1} separated by commas)"
+        )
+    return ranks
+
+
+class OutputForwarder:
+    """Follows ``rank.<r>.log`` files and writes their complete lines to ``out``.
+
+    Lines are tagged ``[r] `` when ``tag`` is true. A line is only written once its newline
+    has arrived (or at the final drain), so tags never land mid-line.
+    """
+
+    def __init__(self, log_dir: Path, ranks: set[int], out: IO[str], tag: bool) -> None:
+        self._log_dir = log_dir
+        self._ranks = sorted(ranks)
+        self._out = out
+        self._tag = tag
+        self._pos = dict.fromkeys(self._ranks, 0)
+        self._partial = dict.fromkeys(self._ranks, b"")
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="launch-output", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _emit(self, rank: int, line: bytes) -> None:
+        text = line.decode("utf-8", errors="replace")
+        self._out.write(f"[{rank}] {text}\n" if self._tag else f"{text}\n")
+
+    def poll(self, final: bool = False) -> None:
+        for r in self._ranks:
+            path = self._log_dir / f"rank.{r}.log"
+            try:
+                with path.open("rb") as fh:
+                    fh.seek(self._pos[r])
+                    chunk = fh.read()
+            except FileNotFoundError:
+                continue
+            if not chunk and not (final and self._partial[r]):
+                continue
+            self._pos[r] += len(chunk)
+            data = self._partial[r] + chunk
+            *lines, rest = data.split(b"\n")
+            for line in lines:
+                self._emit(r, line)
+            if final and rest:
+                self._emit(r, rest)
+                rest = b""
+            self._partial[r] = rest
+        self._out.flush()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(_POLL_S):
+            self.poll()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.poll(final=True)
+
+
+@dataclass
+class JobResult:
+    exit_code: int
+    timed_out: bool
+    summary: list[str] = field(default_factory=list)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # a zombie still answers kill(0): check its state
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+class _DeathWatch:
+    """Notes when each local rank process disappears without a done or error record."""
+
+    def __init__(self, log_dir: Path) -> None:
+        self._log_dir = log_dir
+        self._host = socket.gethostname()
+        self.died: dict[int, float] = {}
+
+    def poll(self) -> None:
+        for rank, start in load_starts(self._log_dir).items():
+            if rank in self.died or start.host != self._host:
+                continue
+            if not _pid_alive(start.pid):
+                self.died[rank] = time.time()
+
+
+def _kill_job(proc: subprocess.Popen[bytes], log_dir: Path, dump_stacks: bool) -> None:
+    host = socket.gethostname()
+    pids = [s.pid for s in load_starts(log_dir).values() if s.host == host]
+    if dump_stacks:
+        for pid in pids:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGUSR1)
+        time.sleep(0.5)
+    for sig, grace in ((signal.SIGTERM, 1.5), (signal.SIGKILL, 0.0)):
+        with contextlib.suppress(OSError):
+            os.killpg(proc.pid, sig)
+        for pid in pids:
+            with contextlib.suppress(OSError):
+                os.kill(pid, sig)
+        end = time.monotonic() + grace
+        while time.monotonic() < end and proc.poll() is None:
+            time.sleep(_POLL_S)
+        if proc.poll() is not None and not any(_pid_alive(p) for p in pids):
+            break
+
+
+def run_job(
+    cmd: LaunchCommand,
+    *,
+    nranks: int,
+    log_dir: str | None,
+    timeout_s: float | None,
+    console: set[int],
+    out: IO[str] | None = None,
+    verbose: bool = False,
+) -> JobResult:
+    """Run the job to its end (or deadline) and return its exit code and summary lines."""
+    out = sys.stdout if out is None else out
+    keep_logs = log_dir is not None
+    logs = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="launch-"))
+    logs.mkdir(parents=True, exist_ok=True)
+    for stale in logs.glob("rank.*"):
+        stale.unlink()
+    env = {**os.environ, **cmd.env, "SHMEM_LAUNCH_LOG_DIR": str(logs.resolve())}
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    forwarder = OutputForwarder(logs, console, out, tag=len(console) > 1)
+    mpiexec_log = logs / "mpiexec.log"
+    start = time.monotonic()
+    with mpiexec_log.open("wb") as mlog:
+        proc = subprocess.Popen(
+            cmd.argv, env=env, stdin=subprocess.DEVNULL, stdout=mlog, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        forwarder.start()
+        watch = _DeathWatch(logs)
+        timed_out = False
+        try:
+            while proc.poll() is None:
+                time.sleep(_POLL_S)
+                watch.poll()
+                if timeout_s and time.monotonic() - start > timeout_s:
+                    timed_out = True
+                    _kill_job(proc, logs, dump_stacks=True)
+                    break
+        except KeyboardInterrupt:
+            _kill_job(proc, logs, dump_stacks=False)
+            raise
+        finally:
+            if proc.poll() is None:
+                _kill_job(proc, logs, dump_stacks=False)
+            proc.wait()
+            forwarder.stop()
+    rc = proc.returncode if proc.returncode >= 0 else 128 - proc.returncode
+    result = _summarise(logs, nranks, rc, timed_out, timeout_s, watch, verbose)
+    if not keep_logs:
+        shutil.rmtree(logs, ignore_errors=True)
+    return result
+
+
+def _summarise(
+    logs: Path,
+    nranks: int,
+    rc: int,
+    timed_out: bool,
+    timeout_s: float | None,
+    watch: _DeathWatch,
+    verbose: bool,
+) -> JobResult:
+    errors = load_errors(logs)
+    starts = load_starts(logs)
+    done = load_done(logs)
+    mpiexec_text = (logs / "mpiexec.log").read_text(errors="replace")
+    lines: list[str] = []
+    if timed_out:
+        running = [r for r in range(nranks) if r not in done and r not in {e.rank for e in errors}]
+        lines.append(f"launch: job timed out after {timeout_s:g} s; rank(s) still running: {running}")
+        for r in running:
+            s = starts.get(r)
+            where = f" on {s.host} (pid {s.pid})" if s else " (never started)"
+            lines.append(f"  rank {r}{where}")
+            stack = logs / f"rank.{r}.stack"
+            if stack.exists() and stack.stat().st_size:
+                dump = stack.read_text(errors="replace").strip().splitlines()
+                lines.extend("    " + ln for ln in dump[:40])
+        return JobResult(TIMEOUT_EXIT, True, lines)
+    if errors:
+        first = errors[0]
+        lines.append(f"launch: job failed; root cause: {first.headline()}")
+        lines.extend("  " + ln for ln in first.traceback.rstrip().splitlines())
+        for other in errors[1:]:
+            lines.append(f"  also failed: {other.headline()}")
+        return JobResult(first.exit_code or rc or 1, False, lines)
+    if rc != 0:
+        by_pid = {s.pid: s for s in starts.values()}
+        reported = [
+            (r if r >= 0 else (by_pid[pid].rank if pid in by_pid else -1), pid, host, how)
+            for r, pid, host, how in parse_mpiexec_failures(mpiexec_text)
+        ]
+        deaths = sorted(watch.died.items(), key=lambda kv: kv[1])
+        if reported and reported[0][0] >= 0:
+            r, pid, host, how = reported[0]
+            lines.append(
+                f"launch: job failed; root cause: rank {r} of {nranks} on {host} (pid {pid}) "
+                f"{how} (no Python exception was recorded)"
+            )
+        elif deaths:
+            r = deaths[0][0]
+            s = starts[r]
+            lines.append(
+                f"launch: job failed; root cause: rank {r} of {nranks} on {s.host} "
+                f"(pid {s.pid}) disappeared first (no Python exception was recorded)"
+            )
+        else:
+            lines.append(f"launch: job failed: mpiexec exited with code {rc}; its output:")
+            lines.extend("  " + ln for ln in mpiexec_text.strip().splitlines()[-20:])
+        return JobResult(rc, False, lines)
+    missing = [r for r in range(nranks) if r not in done]
+    if missing:
+        lines.append(f"launch: warning: rank(s) {missing} exited without a completion record")
+    if verbose and mpiexec_text.strip():
+        lines.append("launch: mpiexec output:")
+        lines.extend("  " + ln for ln in mpiexec_text.strip().splitlines())
+    return JobResult(0, False, lines)
