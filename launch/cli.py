@@ -30,8 +30,19 @@ USAGE = (
     "[args...]"
 )
 # options that take a value (so the target's start can be found without argparse's guesswork)
-_VALUED = {"-n", "--np", "--config", "--timeout", "--log-dir", "--env", "--hostfile", "--mpi",
-           "--launcher", "--console", "--mpiexec"}
+_VALUED = {
+    "-n",
+    "--np",
+    "--config",
+    "--timeout",
+    "--log-dir",
+    "--env",
+    "--hostfile",
+    "--mpi",
+    "--launcher",
+    "--console",
+    "--mpiexec",
+}
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -46,17 +57,28 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--config", help="TOML configuration for every rank (sets SHMEM_CONFIG)")
     p.add_argument("--timeout", type=float, help="kill the job after S seconds (exit code 124)")
     p.add_argument("--log-dir", help="keep one log file per rank and the error records here")
-    p.add_argument("--env", action="append", default=[], metavar="K=V",
-                   help="set a variable on every rank (repeatable)")
+    p.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="K=V",
+        help="set a variable on every rank (repeatable)",
+    )
     p.add_argument("--hostfile", help="hosts for mpiexec")
     p.add_argument("--mpi", default="auto", choices=["auto", *MPI_FLAVOURS])
     p.add_argument("--launcher", default="auto", choices=["auto", *LAUNCHERS])
     p.add_argument("--mpiexec", help="mpiexec to use (default: the one next to this Python)")
-    p.add_argument("--allow-gpu-sharing", action="store_true",
-                   help="allow more ranks per node than GPUs (needed on a one-GPU machine)")
-    p.add_argument("--console", default="0",
-                   help="ranks whose output reaches the console: 0 (default), all, none, or "
-                   "a list like 0,2; lines are tagged [r] when several ranks are shown")
+    p.add_argument(
+        "--allow-gpu-sharing",
+        action="store_true",
+        help="allow more ranks per node than GPUs (needed on a one-GPU machine)",
+    )
+    p.add_argument(
+        "--console",
+        default="0",
+        help="ranks whose output reaches the console: 0 (default), all, none, or "
+        "a list like 0,2; lines are tagged [r] when several ranks are shown",
+    )
     p.add_argument("--dry-run", action="store_true", help="print the command and exit")
     p.add_argument("--verbose", action="store_true", help="also print mpiexec's own output")
     return p

@@ -73,7 +73,7 @@ class LaunchCommand:
 
 
 def detect_mpi_flavour(version_text: str) -> str:
-    """``"mpich"`` or ``"openmpi"`` from ``mpiexec --version`` output or ``MPI.Get_library_version()``."""
+    """``"mpich"`` or ``"openmpi"`` from ``mpiexec --version`` (or the MPI library version)."""
     text = version_text.lower()
     if "open mpi" in text or "open-mpi" in text or "openrte" in text or "prrte" in text:
         return "openmpi"

@@ -12,6 +12,7 @@ and the rank is bound to a GPU from its node-local rank.
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import logging
 import os
@@ -70,15 +71,13 @@ class _Rank:
             tb = "".join(traceback.format_exception(type(exc), exc, _user_frames(exc)))
             what = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
             if isinstance(exc, SystemExit):
-                what = f"SystemExit({exc.code!r})"
+                what = f"SystemExit({int(exc.code) if isinstance(exc.code, int) else exc.code!r})"
             rec = ErrorRecord(
                 self.rank, self.size, self.host, os.getpid(), time.time(), exit_code, what, tb
             )
             if self.log_dir is not None:
-                try:
+                with contextlib.suppress(OSError):
                     rec.write(self.log_dir)
-                except OSError:
-                    pass
             sys.stderr.write(f"rank {self.rank} of {self.size} on {self.host}: {tb}")
             sys.stderr.flush()
             sys.stdout.flush()
@@ -116,12 +115,19 @@ class _Rank:
         allow = load_config().device.allow_gpu_sharing
         gpu = choose_gpu(local_rank, local_size, len(gpus), allow)
         if gpu is None:
-            log.info("rank %d (local %d/%d) -> CPU (no GPU visible)", self.rank, local_rank,
-                     local_size)
+            log.info(
+                "rank %d (local %d/%d) -> CPU (no GPU visible)", self.rank, local_rank, local_size
+            )
             return
         os.environ[ENV_GPU] = str(gpu)
-        log.info("rank %d (local %d/%d) -> GPU %d (%s)", self.rank, local_rank, local_size, gpu,
-                 gpus[gpu].pci_bus_id)
+        log.info(
+            "rank %d (local %d/%d) -> GPU %d (%s)",
+            self.rank,
+            local_rank,
+            local_size,
+            gpu,
+            gpus[gpu].pci_bus_id,
+        )
 
 
 def _user_frames(exc: BaseException) -> TracebackType | None:

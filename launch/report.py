@@ -72,7 +72,10 @@ class ErrorRecord:
         write_json_atomic(log_dir / f"rank.{self.rank}.error.json", asdict(self))
 
     def headline(self) -> str:
-        when = time.strftime("%H:%M:%S", time.localtime(self.time)) + f".{int(self.time * 1000) % 1000:03d}"
+        when = (
+            time.strftime("%H:%M:%S", time.localtime(self.time))
+            + f".{int(self.time * 1000) % 1000:03d}"
+        )
         return (
             f"rank {self.rank} of {self.world_size} on {self.host} (pid {self.pid}) at {when}: "
             f"{self.exception} (exit code {self.exit_code})"

@@ -184,7 +184,11 @@ def run_job(
     start = time.monotonic()
     with mpiexec_log.open("wb") as mlog:
         proc = subprocess.Popen(
-            cmd.argv, env=env, stdin=subprocess.DEVNULL, stdout=mlog, stderr=subprocess.STDOUT,
+            cmd.argv,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=mlog,
+            stderr=subprocess.STDOUT,
             start_new_session=True,
         )
         forwarder.start()
@@ -229,7 +233,9 @@ def _summarise(
     lines: list[str] = []
     if timed_out:
         running = [r for r in range(nranks) if r not in done and r not in {e.rank for e in errors}]
-        lines.append(f"launch: job timed out after {timeout_s:g} s; rank(s) still running: {running}")
+        lines.append(
+            f"launch: job timed out after {timeout_s:g} s; rank(s) still running: {running}"
+        )
         for r in running:
             s = starts.get(r)
             where = f" on {s.host} (pid {s.pid})" if s else " (never started)"

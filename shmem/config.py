@@ -10,6 +10,7 @@ This module is pure: it imports neither MPI nor CUDA.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import re
@@ -190,10 +191,8 @@ def _convert(section: str, key: str, value: object, origin: str) -> object:
         out = value
     elif typ is float:
         if isinstance(value, str) and from_env:
-            try:
+            with contextlib.suppress(ValueError):
                 value = float(value)
-            except ValueError:
-                pass
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ConfigError(f"{where}: expected a number (got {value!r})")
         out = float(value)
@@ -228,7 +227,9 @@ def _validate(cfg: Config) -> Config:
     return cfg
 
 
-def _merge(values: dict[str, dict[str, object]], section: str, key: str, value: object, origin: str) -> None:
+def _merge(
+    values: dict[str, dict[str, object]], section: str, key: str, value: object, origin: str
+) -> None:
     if section not in _SECTIONS:
         raise ConfigError(
             f"{origin}: unknown section [{section}] (expected one of {sorted(_SECTIONS)})"
@@ -240,7 +241,7 @@ def _merge(values: dict[str, dict[str, object]], section: str, key: str, value: 
 
 
 def _split_flat(name: str) -> tuple[str, str] | None:
-    """Split ``heap_check_symmetry`` into ``("heap", "check_symmetry")`` (sections have no ``_``)."""
+    """Split ``heap_check_symmetry`` into ``("heap", "check_symmetry")`` (no ``_`` in sections)."""
     section, sep, key = name.partition("_")
     return (section, key) if sep and section in _SECTIONS else None
 
@@ -249,7 +250,7 @@ def load_config(
     path: str | os.PathLike[str] | None = None,
     *,
     env: Mapping[str, str] | None = None,
-    **overrides: object,
+    **overrides: Any,
 ) -> Config:
     """Load the configuration.
 

@@ -14,6 +14,7 @@ __all__ = [
     "ConfigError",
     "DescriptorError",
     "HeapExhaustedError",
+    "RemoteTimeoutError",
     "ShmemError",
     "ShmemStateError",
     "SignalTimeoutError",
@@ -92,6 +93,19 @@ class SignalTimeoutError(ShmemError, TimeoutError):
         self.expected = expected
         self.last_value = last_value
         self.peers = peers
+
+
+class RemoteTimeoutError(ShmemError, TimeoutError):
+    """A one-sided operation on an off-node peer did not complete before its deadline.
+
+    On the host backend, operations aimed at a peer on another node are served by that
+    peer's MPI progress engine, which runs while it waits, signals or calls MPI. ``peer``
+    is the rank that made no progress.
+    """
+
+    def __init__(self, message: str, *, peer: int) -> None:
+        super().__init__(message)
+        self.peer = peer
 
 
 class DescriptorError(ShmemError, ValueError):

@@ -53,9 +53,16 @@ class SymmetricHeap(Protocol):
         ...
 
     def atomic_fetch_op(
-        self, rank: int, offset: int, value: int, dtype: np.dtype[Any], op: str
+        self,
+        rank: int,
+        offset: int,
+        value: int,
+        dtype: np.dtype[Any],
+        op: str,
+        timeout_s: float | None = None,
     ) -> int:
-        """Atomically apply ``op`` (``"add"`` or ``"set"``) and return the old value."""
+        """Atomically apply ``op`` (``"add"`` or ``"set"``) and return the old value; raise
+        ``RemoteTimeoutError`` when an off-node peer does not serve it within ``timeout_s``."""
         ...
 
     def atomic_compare_swap(

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import ShmemError, SignalTimeoutError
+from .errors import RemoteTimeoutError, ShmemError, SignalTimeoutError
 from .heap import SymmetricHeap
 
 __all__ = ["COMPARISONS", "SignalPad", "poll_until"]
@@ -146,7 +146,9 @@ class SignalPad:
             )
         self._raw_signal(int(rank), int(slot), int(value), op)
 
-    def _raw_signal(self, rank: int, slot: int, value: int, op: str) -> None:
+    def _raw_signal(
+        self, rank: int, slot: int, value: int, op: str, timeout_s: float | None = None
+    ) -> None:
         heap = self._heap
         heap.fence()
         byte_offset = self.offset + slot * SLOT_DTYPE.itemsize
@@ -155,7 +157,14 @@ class SignalPad:
             if view is not None:
                 view.view(SLOT_DTYPE)[0] = value  # one aligned 8-byte store
                 return
-        heap.atomic_fetch_op(rank, byte_offset, value, SLOT_DTYPE, op)
+        heap.atomic_fetch_op(
+            rank,
+            byte_offset,
+            value,
+            SLOT_DTYPE,
+            op,
+            self.timeout_s if timeout_s is None else timeout_s,
+        )
 
     def read(self, slot: int) -> int:
         """The current value of this rank's ``slot`` (no ordering implied)."""
@@ -191,8 +200,7 @@ class SignalPad:
         self._check_slot("wait_until", slot)
         if cmp not in COMPARISONS:
             raise _SignalArgumentError(
-                f"wait_until: invalid comparison (got {cmp!r}; expected one of "
-                f"{list(COMPARISONS)})"
+                f"wait_until: invalid comparison (got {cmp!r}; expected one of {list(COMPARISONS)})"
             )
         return self._raw_wait("wait_until", int(slot), cmp, int(value), timeout, peers)
 
@@ -260,27 +268,49 @@ class SignalPad:
         rank ``(r + 2**k) % P``'s round-``k`` flag and waits for ``(r - 2**k) % P`` to do the
         same to its own. Epochs only grow, so flags are never reset and a fast rank entering
         the next barrier cannot confuse a slow one. ``ceil(log2 P)`` rounds.
+
+        After a :class:`SignalTimeoutError` the barrier may be retried: calling ``barrier()``
+        again resumes the same barrier (its signals are idempotent), so a late peer is still
+        met.
         """
         heap = self._heap
         size, rank = heap.world_size, heap.rank
         self._epoch += 1
         epoch = self._epoch
         distance, k = 1, 0
-        while distance < size:
-            slot = self.slots + k
-            self._raw_signal((rank + distance) % size, slot, epoch, "set")
-            src = (rank - distance) % size
-            self._raw_wait(
-                "barrier",
-                slot,
-                "ge",
-                epoch,
-                timeout,
-                (src,),
-                f" in round {k} of barrier {epoch}",
-            )
-            distance *= 2
-            k += 1
+        try:
+            while distance < size:
+                slot = self.slots + k
+                dst = (rank + distance) % size
+                try:
+                    self._raw_signal(dst, slot, epoch, "set", timeout)
+                except RemoteTimeoutError as exc:
+                    t = self.timeout_s if timeout is None else timeout
+                    raise SignalTimeoutError(
+                        f"barrier: rank {rank} timed out after {t:g} s in round {k} of barrier "
+                        f"{epoch}: its signal to rank {dst} did not complete (rank {dst} made "
+                        "no MPI progress)",
+                        operation="barrier",
+                        slot=slot,
+                        expected=f">= {epoch}",
+                        last_value=int(self._flags[slot]),
+                        peers=(dst,),
+                    ) from exc
+                src = (rank - distance) % size
+                self._raw_wait(
+                    "barrier",
+                    slot,
+                    "ge",
+                    epoch,
+                    timeout,
+                    (src,),
+                    f" in round {k} of barrier {epoch}",
+                )
+                distance *= 2
+                k += 1
+        except SignalTimeoutError:
+            self._epoch -= 1  # a retry resumes this barrier
+            raise
         if size == 1:
             heap.fence()
 

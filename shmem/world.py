@@ -7,6 +7,7 @@ import math
 import os
 import socket
 import threading
+import weakref
 from contextlib import ExitStack
 from typing import Any
 
@@ -89,7 +90,7 @@ class World:
             self.local_rank = self.node_comm.Get_rank()
             self.local_size = self.node_comm.Get_size()
             self.backend = backend
-            host_heap = HostHeap(self.comm, self.node_comm, config.heap)
+            host_heap = HostHeap(self.comm, self.node_comm, config.heap, config.signal.timeout_s)
             stack.callback(host_heap.close)
             self.heap: SymmetricHeap = host_heap
             self.node = self.heap.node
@@ -97,11 +98,14 @@ class World:
             self._arena = Arena(config.heap.nbytes, config.heap.alignment)
             self._calls = 0
             self._finalized = False
-            self._live: dict[int, SHMEMBuffer] = {}
+            self._live: weakref.WeakValueDictionary[int, SHMEMBuffer] = (
+                weakref.WeakValueDictionary()
+            )
             pad_nbytes = SignalPad.nbytes_for(config.signal.slots)
             pad_offset = self._arena.alloc(pad_nbytes)
-            self.signals = SignalPad(self.heap, pad_offset, config.signal.slots,
-                                     config.signal.timeout_s)
+            self.signals = SignalPad(
+                self.heap, pad_offset, config.signal.slots, config.signal.timeout_s
+            )
             self.comm.Barrier()  # every pad is zeroed before anyone signals
             stack.pop_all()
         log.info(
@@ -138,7 +142,7 @@ class World:
 
     # -- collective symmetry check --------------------------------------------------------
 
-    def _agree(self, where: str, record: tuple[Any, ...], error: str | None) -> None:
+    def _agree(self, where: str, record: tuple[Any, ...], error: Exception | None) -> None:
         """All ranks compare ``record`` (and local argument errors) before any heap change.
 
         With ``heap.check_symmetry`` the records are all-gathered; any disagreement, or an
@@ -149,15 +153,14 @@ class World:
         self._calls += 1
         if not self.config.heap.check_symmetry:
             if error is not None:
-                raise _WorldArgumentError(error)
+                raise error
             self.signals.barrier()
             return
-        records = self.comm.allgather((self._calls, record, error))
+        records = self.comm.allgather((self._calls, record, None if error is None else str(error)))
         errors = [(r, e) for r, (_, _, e) in enumerate(records) if e is not None]
         if errors:
-            own = records[self.rank][2]
-            if own is not None:
-                raise _WorldArgumentError(own)
+            if error is not None:
+                raise error
             raise CollectiveMismatchError(
                 f"{where}: invalid arguments on other ranks: "
                 + "; ".join(f"rank {r}: {e}" for r, e in errors)
@@ -188,10 +191,9 @@ class World:
         try:
             dims = _normalise_shape("World.empty", shape)
             dt = as_dtype(dtype, "World.empty")
-            record: tuple[Any, ...] = ("alloc", math.prod(dims) * dt.itemsize, dtype_name(dt),
-                                       dims)
+            record: tuple[Any, ...] = ("alloc", math.prod(dims) * dt.itemsize, dtype_name(dt), dims)
         except (ValueError, TypeError) as exc:
-            error, record = str(exc), ("alloc", "invalid")
+            error, record = exc, ("alloc", "invalid")
         self._agree("World.empty", record, error)
         offset = self._arena.alloc(record[1])
         buf = SHMEMBuffer(self, offset, dims, dt)
@@ -223,8 +225,13 @@ class World:
         self.signals.signal(rank, slot, value, op)
 
     def wait_until(
-        self, slot: int, cmp: str, value: int, timeout: float | None = None,
-        *, peers: tuple[int, ...] = ()
+        self,
+        slot: int,
+        cmp: str,
+        value: int,
+        timeout: float | None = None,
+        *,
+        peers: tuple[int, ...] = (),
     ) -> int:
         """Wait on this rank's ``slot``; see :meth:`SignalPad.wait_until`."""
         self._check_open("World.wait_until")
@@ -248,7 +255,7 @@ class World:
                 _current = None
         if self._live:
             log.debug("finalize: %d buffer(s) still open are released", len(self._live))
-        for buf in self._live.values():
+        for buf in list(self._live.values()):
             buf._closed = True
         self._live.clear()
         self.comm.Barrier()
@@ -263,7 +270,7 @@ class World:
         with _lock:
             if _current is self:
                 _current = None
-        for buf in self._live.values():
+        for buf in list(self._live.values()):
             buf._closed = True
         self._live.clear()
         self.heap.close(collective=False)
@@ -284,7 +291,7 @@ def init(
     config: Config | str | os.PathLike[str] | None = None,
     comm: MPI.Intracomm | None = None,
     backend: str = "auto",
-    **overrides: object,
+    **overrides: Any,
 ) -> World:
     """Start the runtime on every rank of ``comm`` (collective) and return the :class:`World`.
 

@@ -15,6 +15,14 @@ a job therefore go through one window: the shared window when the job is one nod
 complete without the target's help), else the world window (target ranks must make MPI
 progress: every wait loop of this package calls :meth:`HostHeap.progress`).
 
+Progress
+--------
+A put to an off-node peer ends with ``Flush``, which returns once that peer's MPI progress
+engine has applied it: a peer that computes for a long time without calling MPI delays the
+put until it next waits, signals or calls MPI (the launcher's ``--timeout`` bounds a peer that
+never does). Atomics and signals to off-node peers are request-based and bounded by the
+deadline (``RemoteTimeoutError``); gets are ``Rget`` requests, bounded the same way.
+
 Ordering
 --------
 ``fence()`` is ``Win.Sync`` on the windows: a full memory barrier for load/store traffic.
@@ -25,15 +33,17 @@ signalled afterwards is ordered after the data.
 from __future__ import annotations
 
 import logging
+import time
 from contextlib import ExitStack
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from mpi4py import MPI
 
 from ..config import HeapConfig
-from ..errors import ShmemError
+from ..errors import RemoteTimeoutError, ShmemError
 from ..heap import ATOMIC_DTYPES
+from ..signals import poll_until
 
 __all__ = ["HostHeap"]
 
@@ -55,8 +65,8 @@ class _HeapArgumentError(ShmemError, ValueError):
 def split_nodes(comm: MPI.Intracomm, node_split: str) -> MPI.Intracomm:
     """The node communicator: ranks that share memory, or each rank alone (``"rank"``)."""
     if node_split == "rank":
-        return comm.Split(color=comm.Get_rank(), key=0)
-    return comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
+        return cast(MPI.Intracomm, comm.Split(color=comm.Get_rank(), key=0))
+    return cast(MPI.Intracomm, comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank()))
 
 
 class HostHeap:
@@ -74,13 +84,21 @@ class HostHeap:
 
     name = "host"
 
-    def __init__(self, comm: MPI.Intracomm, node_comm: MPI.Intracomm, config: HeapConfig) -> None:
+    def __init__(
+        self,
+        comm: MPI.Intracomm,
+        node_comm: MPI.Intracomm,
+        config: HeapConfig,
+        timeout_s: float = 60.0,
+    ) -> None:
         self.rank = comm.Get_rank()
         self.world_size = comm.Get_size()
         self.local_rank = node_comm.Get_rank()
         self.local_size = node_comm.Get_size()
         self.nbytes = config.nbytes
+        self.timeout_s = timeout_s
         self._comm = comm
+        self._pending: list[MPI.Request] = []  # remote atomics that passed their deadline
         # node index = order of each node's leader among world ranks
         leaders = comm.allgather(self.rank if self.local_rank == 0 else -1)
         leader_ranks = sorted(r for r in leaders if r >= 0)
@@ -99,7 +117,8 @@ class HostHeap:
             self._slabs: list[np.ndarray[Any, np.dtype[np.uint8]]] = []
             for lr in range(self.local_size):
                 mem, _ = self._shm_win.Shared_query(lr)
-                self._slabs.append(np.frombuffer(mem, dtype=np.uint8, count=self.nbytes))
+                slab = np.frombuffer(cast(Any, mem), dtype=np.uint8, count=self.nbytes)
+                self._slabs.append(slab)
             self._slab = self._slabs[self.local_rank]
             self._rma_win: MPI.Win | None = None
             if self.num_nodes > 1:
@@ -150,8 +169,14 @@ class HostHeap:
             raw[...] = view
             return
         win = self._remote_window()
-        win.Get(raw, rank, offset)
-        win.Flush(rank)
+        req = win.Rget(raw, rank, offset)
+        if not poll_until(req.Test, time.monotonic() + self.timeout_s, self.progress):
+            req.Wait()  # the destination buffer must not be released under MPI
+            raise RemoteTimeoutError(
+                f"get: rank {self.rank}: reading rank {rank} took longer than "
+                f"{self.timeout_s:g} s (rank {rank} made no MPI progress)",
+                peer=rank,
+            )
 
     def _remote_window(self) -> MPI.Win:
         if self._rma_win is None:  # pragma: no cover - is_local() is True for every rank then
@@ -166,8 +191,20 @@ class HostHeap:
         return self._rma_win, rank
 
     def atomic_fetch_op(
-        self, rank: int, offset: int, value: int, dtype: np.dtype[Any], op: str
+        self,
+        rank: int,
+        offset: int,
+        value: int,
+        dtype: np.dtype[Any],
+        op: str,
+        timeout_s: float | None = None,
     ) -> int:
+        """Atomically apply ``op`` and return the old value.
+
+        On the world window the operation is request-based (``Rget_accumulate``: the request
+        completes only once the target applied it) and polled against the deadline, so a peer
+        that makes no MPI progress raises :class:`RemoteTimeoutError` instead of blocking.
+        """
         if dtype not in ATOMIC_DTYPES:
             raise _HeapArgumentError(
                 f"atomic_fetch_op: unsupported dtype (got {dtype}; expected int32, int64, "
@@ -176,14 +213,22 @@ class HostHeap:
         win, target = self._atomic_target(rank)
         origin = np.array([value], dtype=dtype)
         result = np.empty(1, dtype=dtype)
-        win.Fetch_and_op(
-            [origin, _MPI_ATOMIC_TYPES[dtype]],
-            [result, _MPI_ATOMIC_TYPES[dtype]],
-            target,
-            offset,
-            _MPI_OPS[op],
+        mpi_t = _MPI_ATOMIC_TYPES[dtype]
+        if win is self._shm_win:  # served by the origin alone: cannot block on the target
+            win.Fetch_and_op([origin, mpi_t], [result, mpi_t], target, offset, _MPI_OPS[op])
+            win.Flush(target)
+            return int(result[0])
+        req = win.Rget_accumulate(
+            [origin, mpi_t], [result, mpi_t], target, (offset, 1, mpi_t), _MPI_OPS[op]
         )
-        win.Flush(target)
+        limit = self.timeout_s if timeout_s is None else timeout_s
+        if not poll_until(req.Test, time.monotonic() + limit, self.progress):
+            self._pending.append(req)  # completes later, when the peer progresses
+            raise RemoteTimeoutError(
+                f"atomic_fetch_op: rank {self.rank}: the atomic on rank {rank} did not complete "
+                f"within {limit:g} s (rank {rank} made no MPI progress)",
+                peer=rank,
+            )
         return int(result[0])
 
     def atomic_compare_swap(
@@ -218,6 +263,8 @@ class HostHeap:
     def progress(self) -> None:
         if self._rma_win is not None:
             self._comm.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG)
+            if self._pending:
+                self._pending = [r for r in self._pending if not r.Test()]
 
     # -- teardown ---------------------------------------------------------------------------
 
@@ -231,6 +278,8 @@ class HostHeap:
         if not collective:
             return
         if self._rma_win is not None:
+            MPI.Request.Waitall(self._pending)  # every peer is here, making progress
+            self._pending = []
             self._rma_win.Unlock_all()
             self._rma_win.Free()
             self._rma_win = None

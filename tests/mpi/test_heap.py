@@ -1,0 +1,207 @@
+"""The symmetric heap and SHMEMBuffer across ranks: views, put/get, atomics, dtypes, errors."""
+
+from __future__ import annotations
+
+import gc
+import warnings
+from typing import Any
+
+import numpy as np
+import pytest
+
+from shmem import SUPPORTED_DTYPES, World
+from shmem.errors import CollectiveMismatchError, HeapExhaustedError, ShmemError
+
+pytestmark = pytest.mark.mpi
+
+
+def test_same_offset_on_every_rank(world: World) -> None:
+    bufs = [world.empty((n,), "float32") for n in (1, 100, 4097)]
+    offsets = world.comm.allgather([b.offset for b in bufs])
+    assert all(o == offsets[0] for o in offsets)
+    for b in bufs:
+        b.close()
+
+
+def test_peer_views_see_peer_writes(world: World) -> None:
+    with world.zeros((8, 3), "int64") as x:
+        x.local()[...] = world.rank * 100 + np.arange(24).reshape(8, 3)
+        world.barrier()
+        for r in range(world.world_size):
+            view = x.peer(r)
+            if world.heap.is_local(r):
+                assert view is not None
+                np.testing.assert_array_equal(view, r * 100 + np.arange(24).reshape(8, 3))
+            else:
+                assert view is None
+        assert x.peer(world.rank) is not None
+        world.barrier()
+        # a store through a peer view lands in the peer's local copy
+        right = (world.rank + 1) % world.world_size
+        pv = x.peer(right)
+        if pv is not None:
+            pv[0, 0] = -world.rank - 1
+        world.barrier()
+        left = (world.rank - 1) % world.world_size
+        if x.peer(right) is not None:
+            assert x.local()[0, 0] == -left - 1
+        world.barrier()
+
+
+def test_put_get_across_ranks(world: World) -> None:
+    n = world.world_size
+    with world.zeros((n, 5), "float64") as x:
+        row = np.full(5, world.rank + 0.5)
+        for r in range(n):  # every rank writes its row into every rank's copy
+            x.put(r, row, offset=world.rank * 5 * 8)
+        world.barrier()
+        expected = np.repeat(np.arange(n) + 0.5, 5).reshape(n, 5)
+        np.testing.assert_array_equal(x.local(), expected)
+        for r in range(n):
+            np.testing.assert_array_equal(x.get(r), expected)
+            dst = np.empty(2, np.float64)
+            assert x.get(r, dst, offset=(n * 5 - 2) * 8) is dst
+            np.testing.assert_array_equal(dst, expected.reshape(-1)[-2:])
+            np.testing.assert_array_equal(
+                x.get(r, offset=8 * 5 * (n - 1)).reshape(-1), expected[-1]
+            )
+        world.barrier()
+
+
+def test_put_with_signal_orders_data(world: World) -> None:
+    right = (world.rank + 1) % world.world_size
+    left = (world.rank - 1) % world.world_size
+    with world.zeros(1000, "int32") as x:
+        x.put(right, np.arange(1000) + world.rank, signal=(3, 1))
+        world.wait_until(3, "ge", 1)
+        np.testing.assert_array_equal(x.local(), np.arange(1000) + left)
+        world.barrier()
+
+
+def test_atomics_across_ranks(world: World) -> None:
+    n = world.world_size
+    with world.zeros(4, "int64") as c, world.zeros(1, "uint32") as lock:
+        for r in range(n):
+            c.atomic_fetch_add(r, 1, world.rank + 1)
+        world.barrier()
+        assert c.local()[1] == n * (n + 1) // 2
+        # fetch-add hands out distinct tickets
+        ticket = c.atomic_fetch_add(0, 2, 1)
+        tickets = world.comm.allgather(ticket)
+        assert sorted(tickets) == list(range(n))
+        # compare-swap elects exactly one winner
+        old = lock.atomic_compare_swap(0, 0, 0, world.rank + 1)
+        winners = world.comm.allgather(old == 0)
+        assert sum(winners) == 1
+        world.barrier()
+        assert int(lock.get(0)[0]) == winners.index(True) + 1
+        assert c.atomic_swap(world.rank, 3, 7) == 0
+        assert c.local()[3] == 7
+        world.barrier()
+
+
+def test_atomics_reject_non_integer(world: World) -> None:
+    with world.zeros(2, "float32") as x, pytest.raises(TypeError, match="atomics need an integer"):
+        x.atomic_fetch_add(0, 0, 1)
+    with world.zeros(2, "int32") as y, pytest.raises(ValueError, match="index out of range"):
+        y.atomic_fetch_add(0, 2, 1)
+
+
+@pytest.mark.parametrize("name", sorted(SUPPORTED_DTYPES))
+def test_every_dtype_roundtrips(world: World, name: str) -> None:
+    dt = SUPPORTED_DTYPES[name]
+    values = np.arange(7).astype(np.float32) % 2 if name == "bool" else np.arange(7) % 5
+    src = np.asarray(values).astype(dt)
+    with world.zeros((7,), name) as x:
+        assert (x.dtype, x.shape, x.nbytes, len(x), x.count) == (dt, (7,), 7 * dt.itemsize, 7, 7)
+        x.put((world.rank + 1) % world.world_size, src)
+        world.barrier()
+        assert x.local().dtype == dt
+        np.testing.assert_array_equal(x.local().astype(np.float32), src.astype(np.float32))
+        back = np.zeros(7, dt)
+        x.enqueue_copy_to(back)
+        np.testing.assert_array_equal(back.astype(np.float32), src.astype(np.float32))
+        x.enqueue_copy_from(np.zeros(7, dt))
+        assert not x.local().astype(np.float32).any()
+        world.barrier()
+
+
+def test_dlpack_roundtrip(world: World) -> None:
+    with world.zeros((3, 4), "float32") as x:
+        x.local()[...] = np.arange(12).reshape(3, 4)
+        y = np.from_dlpack(x)
+        assert y.shape == (3, 4)
+        y[1, 1] = 42  # zero-copy: the heap sees it
+        assert x.local()[1, 1] == 42
+        assert x.__dlpack_device__() == (1, 0)
+        assert y.ctypes.data == x.unsafe_ptr()
+    with world.zeros(4, "bfloat16") as b, pytest.raises(BufferError, match="bfloat16"):
+        np.from_dlpack(b)
+
+
+def test_mismatched_alloc_raises_on_every_rank(world: World) -> None:
+    if world.world_size == 1:
+        pytest.skip("needs two ranks to disagree")
+    with pytest.raises(CollectiveMismatchError, match=r"ranks disagree.*rank 0: .*rank 1: "):
+        world.empty(10 + world.rank, "float32")
+    with pytest.raises(CollectiveMismatchError, match="ranks disagree"):
+        world.empty(10, "float32" if world.rank == 0 else "int32")
+    # the heap is unchanged and still symmetric
+    with world.empty(10) as ok:
+        assert len(set(world.comm.allgather(ok.offset))) == 1
+
+
+def test_bad_arguments_on_one_rank_raise_everywhere(world: World) -> None:
+    shape: Any = (-1,) if world.rank == 0 else (4,)
+    with pytest.raises((ValueError, CollectiveMismatchError), match="invalid"):
+        world.empty(shape, "float32")
+    with pytest.raises(TypeError, match="unsupported dtype"):
+        world.empty(4, "complex64")
+
+
+def test_exhaustion_and_recovery(world: World) -> None:
+    free = world.heap_stats().largest_free
+    with pytest.raises(HeapExhaustedError, match=r"largest free block \d+ bytes") as info:
+        world.empty(free + 1, "uint8")
+    assert info.value.largest_free == free
+    big = world.empty(free // 2, "uint8")  # still usable
+    with pytest.raises(HeapExhaustedError):
+        world.empty(free // 2 + 4096, "uint8")
+    big.close()
+    assert world.heap_stats().largest_free == free
+
+
+def test_buffer_argument_errors(world: World) -> None:
+    with world.zeros(4, "int32") as x:
+        with pytest.raises(ValueError, match=r"SHMEMBuffer.put: invalid rank"):
+            x.put(world.world_size, np.zeros(4, np.int32))
+        with pytest.raises(ValueError, match="out of bounds"):
+            x.put(0, np.zeros(5, np.int32))
+        with pytest.raises(ValueError, match="multiple of the item size"):
+            x.put(0, np.zeros(1, np.int32), offset=2)
+        with pytest.raises(TypeError, match="cannot cast"):
+            x.put(0, np.zeros(4, np.float32))
+        with pytest.raises(ValueError, match="invalid dst"):
+            x.get(0, np.zeros(4, np.int64))
+        with pytest.raises(ValueError, match="invalid signal"):
+            x.put(0, np.zeros(4, np.int32), signal=(1,))  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="wrong element count"):
+            x.enqueue_copy_from(np.zeros(3, np.int32))
+        assert isinstance(x.peer(0) if world.heap.is_local(0) else x.local(), np.ndarray)
+        world.barrier()
+
+
+def test_close_is_collective_and_del_only_warns(world: World) -> None:
+    before = world.heap_stats()
+    x = world.empty(100, "float32")
+    x.close()
+    x.close()  # a no-op
+    assert world.heap_stats() == before
+    y = world.empty(100, "float32")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        del y
+        gc.collect()
+    assert any(issubclass(w.category, ResourceWarning) for w in caught)
+    assert world.heap_stats().num_allocated == before.num_allocated + 1  # never freed by GC
+    assert issubclass(HeapExhaustedError, ShmemError)

@@ -1,0 +1,133 @@
+"""Signals and barriers: ordering under stress, late arrivals, comparisons, deadlines."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from shmem import World
+from shmem.errors import SignalTimeoutError
+
+pytestmark = pytest.mark.mpi
+
+
+def test_signal_ordering_stress(world: World) -> None:
+    """1000 rounds of write-data-then-signal around a ring; the reader checks every round."""
+    n = 256
+    right = (world.rank + 1) % world.world_size
+    left = (world.rank - 1) % world.world_size
+    with world.zeros((2, n), "int64") as data:
+        for i in range(1, 1001):
+            slot = i % 2  # double-buffered: round i uses row/slot i % 2
+            payload = np.full(n, i * 1000 + world.rank, dtype=np.int64)
+            payload[-1] = i  # the last element is written last
+            if data.peer(right) is not None and i % 3 == 0:
+                view = data.peer(right)
+                assert view is not None
+                view[slot] = payload  # plain stores, then a signal
+                world.signal(right, slot, i)
+            else:
+                data.put(right, payload, offset=slot * n * 8, signal=(slot, i))
+            world.wait_until(slot, "ge", i)
+            row = data.local()[slot]
+            assert row[-1] == i and (row[:-1] == i * 1000 + left).all(), f"round {i}"
+            # acknowledge so the writer does not overwrite the row before it was read
+            world.signal(left, 2 + slot, i)
+            world.wait_until(2 + slot, "ge", i)
+        world.barrier()
+
+
+def test_barrier_with_late_ranks(world: World) -> None:
+    arrivals = np.zeros(1, np.float64)
+    for late in range(world.world_size):
+        if world.rank == late:
+            time.sleep(0.05)
+        arrivals[0] = time.time()
+        world.barrier()
+        left = time.time()
+        latest = max(world.comm.allgather(float(arrivals[0])))
+        assert left >= latest - 1e-3, "nobody leaves before the late rank arrived"
+    for _ in range(200):
+        world.barrier()
+
+
+def test_signal_add_from_all_ranks(world: World) -> None:
+    base = world.signals.read(10)
+    world.barrier()
+    for r in range(world.world_size):
+        world.signal(r, 10, 2, op="add")
+    got = world.wait_until(10, "eq", base + 2 * world.world_size)
+    assert got == base + 2 * world.world_size
+    world.barrier()
+
+
+@pytest.mark.parametrize(
+    ("cmp", "target", "holds"),
+    [
+        ("eq", 5, True),
+        ("ne", 4, True),
+        ("gt", 4, True),
+        ("ge", 5, True),
+        ("lt", 6, True),
+        ("le", 5, True),
+        ("lt", 5, False),
+        ("gt", 5, False),
+    ],
+)
+def test_comparisons(world: World, cmp: str, target: int, holds: bool) -> None:
+    world.signal(world.rank, 20, 5)
+    if holds:
+        assert world.wait_until(20, cmp, target, timeout=1) == 5
+    else:
+        with pytest.raises(SignalTimeoutError):
+            world.wait_until(20, cmp, target, timeout=0.05)
+    world.barrier()
+
+
+def test_timeout_names_slot_value_and_peer(world: World) -> None:
+    world.signal(world.rank, 30, 7)
+    peer = (world.rank - 1) % world.world_size
+    start = time.monotonic()
+    with pytest.raises(SignalTimeoutError) as info:
+        world.wait_until(30, "ge", 8, timeout=0.2, peers=(peer,))
+    assert time.monotonic() - start < 5
+    err = info.value
+    assert (err.operation, err.slot, err.expected, err.last_value, err.peers) == (
+        "wait_until",
+        30,
+        ">= 8",
+        7,
+        (peer,),
+    )
+    assert isinstance(err, TimeoutError)
+    assert f"no signal from rank(s) [{peer}]" in str(err)
+    world.barrier()
+
+
+def test_barrier_timeout_when_a_peer_never_arrives(world: World) -> None:
+    if world.world_size == 1:
+        pytest.skip("a barrier of one rank cannot miss a peer")
+    if world.rank == 0:
+        time.sleep(1.5)  # rank 0 does not enter the barrier in time
+        world.barrier()  # ... but enters later, so the others' epoch stays consistent
+        return
+    with pytest.raises(
+        SignalTimeoutError, match=r"barrier: rank \d+ timed out after 0.3 s"
+    ) as info:
+        world.barrier(timeout=0.3)
+    assert info.value.operation == "barrier"
+    assert len(info.value.peers) == 1
+    world.barrier()  # completes once rank 0 arrives: late arrivals are tolerated
+
+
+def test_signal_argument_errors(world: World) -> None:
+    with pytest.raises(ValueError, match=r"signal: invalid slot \(got 100000"):
+        world.signal(0, 100000, 1)
+    with pytest.raises(ValueError, match="signal: invalid rank"):
+        world.signal(-1, 0, 1)
+    with pytest.raises(ValueError, match="signal: invalid op"):
+        world.signal(0, 0, 1, op="xor")
+    with pytest.raises(ValueError, match="wait_until: invalid comparison"):
+        world.wait_until(0, "approx", 1)
