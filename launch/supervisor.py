@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import shutil
 import signal
 import socket
@@ -124,19 +125,58 @@ def _pid_alive(pid: int) -> bool:
 
 
 class _DeathWatch:
-    """Notes when each local rank process disappears without a done or error record."""
+    """Records when each local rank process exits without a done or error record.
+
+    A thread waits on Linux pidfds (``os.pidfd_open`` + ``select.poll``), so each exit is
+    seen as it happens: the first rank to die is told apart from the ranks mpiexec kills in
+    its clean-up a moment later. Without pidfds it falls back to polling ``kill(pid, 0)``.
+    """
 
     def __init__(self, log_dir: Path) -> None:
         self._log_dir = log_dir
         self._host = socket.gethostname()
         self.died: dict[int, float] = {}
+        self._fds: dict[int, int] = {}  # fd -> rank
+        self._watched: set[int] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="launch-deaths", daemon=True)
 
-    def poll(self) -> None:
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        for fd in self._fds:
+            os.close(fd)
+        self._fds.clear()
+
+    def _refresh(self, poller: select.poll) -> None:
         for rank, start in load_starts(self._log_dir).items():
-            if rank in self.died or start.host != self._host:
+            if rank in self._watched or start.host != self._host:
                 continue
-            if not _pid_alive(start.pid):
-                self.died[rank] = time.time()
+            self._watched.add(rank)
+            try:
+                fd = os.pidfd_open(start.pid)
+            except (AttributeError, OSError):
+                if not _pid_alive(start.pid):
+                    self.died.setdefault(rank, time.monotonic())
+                continue
+            self._fds[fd] = rank
+            poller.register(fd, select.POLLIN)
+
+    def _loop(self) -> None:
+        poller = select.poll()
+        last_refresh = 0.0
+        while not self._stop.is_set():
+            now = time.monotonic()
+            if now - last_refresh > 0.05:
+                self._refresh(poller)
+                last_refresh = now
+            for fd, _ in poller.poll(20):
+                seen = time.monotonic()
+                poller.unregister(fd)
+                self.died.setdefault(self._fds[fd], seen)
 
 
 def _kill_job(proc: subprocess.Popen[bytes], log_dir: Path, dump_stacks: bool) -> None:
@@ -193,11 +233,11 @@ def run_job(
         )
         forwarder.start()
         watch = _DeathWatch(logs)
+        watch.start()
         timed_out = False
         try:
             while proc.poll() is None:
                 time.sleep(_POLL_S)
-                watch.poll()
                 if timeout_s and time.monotonic() - start > timeout_s:
                     timed_out = True
                     _kill_job(proc, logs, dump_stacks=True)
@@ -209,6 +249,7 @@ def run_job(
             if proc.poll() is None:
                 _kill_job(proc, logs, dump_stacks=False)
             proc.wait()
+            watch.stop()
             forwarder.stop()
     rc = proc.returncode if proc.returncode >= 0 else 128 - proc.returncode
     result = _summarise(logs, nranks, rc, timed_out, timeout_s, watch, verbose)
@@ -258,19 +299,28 @@ def _summarise(
             (r if r >= 0 else (by_pid[pid].rank if pid in by_pid else -1), pid, host, how)
             for r, pid, host, how in parse_mpiexec_failures(mpiexec_text)
         ]
-        deaths = sorted(watch.died.items(), key=lambda kv: kv[1])
-        if reported and reported[0][0] >= 0:
-            r, pid, host, how = reported[0]
+        done_or_failed = done | {e.rank for e in errors}
+        deaths = sorted(
+            (t, r) for r, t in watch.died.items() if r not in done_or_failed
+        )
+        first = [r for t, r in deaths if t - deaths[0][0] < 0.002] if deaths else []
+        named = [r for r, _, _, _ in reported if r >= 0]
+        if len(first) > 1 and named and named[0] in first:
+            first = [named[0]]  # a tie within 2 ms: mpiexec's report decides
+        if first:
+            r = first[0]
+            s = starts[r]
+            how = next((w for rr, _, _, w in reported if rr == r), None)
+            how = how or f"mpiexec exit code {rc}"
+            lines.append(
+                f"launch: job failed; root cause: rank {r} of {nranks} on {s.host} "
+                f"(pid {s.pid}) died first: {how} (no Python exception was recorded)"
+            )
+        elif named:
+            r, pid, host, how = next(x for x in reported if x[0] >= 0)
             lines.append(
                 f"launch: job failed; root cause: rank {r} of {nranks} on {host} (pid {pid}) "
                 f"{how} (no Python exception was recorded)"
-            )
-        elif deaths:
-            r = deaths[0][0]
-            s = starts[r]
-            lines.append(
-                f"launch: job failed; root cause: rank {r} of {nranks} on {s.host} "
-                f"(pid {s.pid}) disappeared first (no Python exception was recorded)"
             )
         else:
             lines.append(f"launch: job failed: mpiexec exited with code {rc}; its output:")

@@ -1,0 +1,106 @@
+"""The real launcher on real jobs: fault injection, timeouts, output tagging, dry runs."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.examples
+
+JOBS = Path(__file__).resolve().parent / "jobs"
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def launch(*args: str, timeout: float = 60) -> tuple[subprocess.CompletedProcess[str], float]:
+    cmd = [sys.executable, "-m", "launch", *args]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+                          check=False)
+    return proc, time.time()
+
+
+def _event_time(path: Path) -> float:
+    return float(path.read_text())
+
+
+@pytest.mark.parametrize(
+    ("mode", "code", "cause"),
+    [
+        ("raise", 1, r"root cause: rank 1 of 3 on \S+ \(pid \d+\) at [\d:.]+: ValueError: injected failure"),
+        ("exit3", 3, r"root cause: rank 1 of 3 .*SystemExit\(3\) \(exit code 3\)"),
+        ("thread", 1, r"root cause: rank 1 of 3 .*RuntimeError: injected failure in a thread"),
+        ("kill", 9, r"root cause: rank 1 of 3 on \S+ \(pid \d+\) died first"),
+    ],
+)
+def test_a_failing_rank_ends_the_job_and_is_named(
+    tmp_path: Path, mode: str, code: int, cause: str
+) -> None:
+    event = tmp_path / "event"
+    proc, end = launch("-n", "3", "--timeout", "60", str(JOBS / "faulty.py"), mode, str(event))
+    assert proc.returncode == code, proc.stderr
+    assert re.search(cause, proc.stderr), proc.stderr
+    assert end - _event_time(event) < 5.0, "the job ends within 5 s of the failure"
+    if mode in ("raise", "thread"):
+        assert "faulty.py" in proc.stderr  # the user's frame is in the traceback
+
+
+def test_a_hanging_rank_is_killed_at_the_deadline(tmp_path: Path) -> None:
+    event = tmp_path / "event"
+    proc, end = launch("-n", "3", "--timeout", "4", str(JOBS / "faulty.py"), "hang", str(event))
+    assert proc.returncode == 124
+    assert "job timed out after 4 s; rank(s) still running: [0, 1, 2]" in proc.stderr
+    assert "in main" in proc.stderr and "faulty.py" in proc.stderr  # stacks were dumped
+    assert end - _event_time(event) < 4 + 5.0
+
+
+def test_a_clean_job_exits_zero(tmp_path: Path) -> None:
+    proc, _ = launch("-n", "2", str(JOBS / "faulty.py"), "ok", str(tmp_path / "e"))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == "rank 0 finished"  # rank 0 only, untagged
+    assert "rank 1 finished" not in proc.stdout
+
+
+def test_interleaved_output_is_tagged_as_whole_lines(tmp_path: Path) -> None:
+    proc, _ = launch("-n", "4", "--console", "all", "--log-dir", str(tmp_path),
+                     str(JOBS / "chatty.py"))
+    assert proc.returncode == 0, proc.stderr
+    seen: dict[int, list[str]] = {r: [] for r in range(4)}
+    for line in proc.stdout.splitlines():
+        m = re.fullmatch(r"\[(\d)\] (.*)", line)
+        assert m, f"untagged or mid-line tag: {line!r}"
+        if "INFO" in m.group(2):
+            continue
+        seen[int(m.group(1))].append(m.group(2))
+    for r in range(4):
+        expected = [f"rank {r} line {i}" for i in range(200)] + [f"rank {r} last line without newline"]
+        assert seen[r] == expected
+        log = (tmp_path / f"rank.{r}.log").read_text()
+        assert f"\nrank {r} line 199\n" in log  # log files hold the rank's own, untagged lines
+        assert not any(ln.startswith(f"[{r}] rank") for ln in log.splitlines())
+
+
+def test_config_errors_stop_before_launch(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[heap]\nsize = 1\n")
+    proc, _ = launch("-n", "2", "--config", str(bad), str(JOBS / "faulty.py"), "ok", "x")
+    assert proc.returncode == 2
+    assert "bad.toml: unknown key 'size' in [heap]" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "pattern"),
+    [
+        ([], r"/mpiexec -n 2 -genv SHMEM_CONFIG \S+/configs/ci.toml \S*python\S* -m launch.rank job.py a$"),
+        (["--mpi", "openmpi"], r"OMPI_ALLOW_RUN_AS_ROOT=1 .*/mpiexec -n 2 -x SHMEM_CONFIG \S*python\S* -m launch.rank job.py a$"),
+        (["--launcher", "srun"], r"^SHMEM_CONFIG=\S+ srun -n 2 --kill-on-bad-exit=1 --export=ALL \S*python\S* -m launch.rank job.py a$"),
+    ],
+    ids=["mpich", "openmpi", "srun"],
+)
+def test_dry_run_command_lines(args: list[str], pattern: str) -> None:
+    proc, _ = launch("-n", "2", "--config", "configs/ci.toml", *args, "--dry-run", "job.py", "a")
+    assert proc.returncode == 0, proc.stderr
+    assert re.search(pattern, proc.stdout.strip()), proc.stdout
