@@ -300,9 +300,7 @@ def _summarise(
             for r, pid, host, how in parse_mpiexec_failures(mpiexec_text)
         ]
         done_or_failed = done | {e.rank for e in errors}
-        deaths = sorted(
-            (t, r) for r, t in watch.died.items() if r not in done_or_failed
-        )
+        deaths = sorted((t, r) for r, t in watch.died.items() if r not in done_or_failed)
         first = [r for t, r in deaths if t - deaths[0][0] < 0.002] if deaths else []
         named = [r for r, _, _, _ in reported if r >= 0]
         if len(first) > 1 and named and named[0] in first:

@@ -53,6 +53,8 @@ class SHMEMBuffer:
         self._count = math.prod(shape)
         self._nbytes = self._count * dtype.itemsize
         self._closed = False
+        # flat typed views of each rank's copy, made on first use (None: not reachable)
+        self._flat: dict[int, np.ndarray[Any, Any] | None] = {}
 
     # -- properties -------------------------------------------------------------------------
 
@@ -163,6 +165,15 @@ class SHMEMBuffer:
                 ) from None
         return np.ascontiguousarray(arr)
 
+    def _flat_view(self, rank: int) -> np.ndarray[Any, Any] | None:
+        try:
+            return self._flat[rank]
+        except KeyError:
+            raw = self._world.heap.peer_view(rank, self._offset, self._nbytes)
+            flat = None if raw is None else raw.view(self._dtype)
+            self._flat[rank] = flat
+            return flat
+
     def put(
         self,
         rank: int,
@@ -175,12 +186,23 @@ class SHMEMBuffer:
         With ``signal=(slot, value[, op])`` the signal is raised on ``rank`` after the data:
         a rank that sees the signal through ``wait_until`` sees the data (put-with-signal).
         """
-        self._live("put")
-        rank = self._check_rank("put", rank)
-        data = self._as_source("put", src)
-        self._check_span("put", offset, data.nbytes)
+        if self._closed or self._world._finalized:
+            self._live("put")
+        if type(rank) is not int or not 0 <= rank < self._world.world_size:
+            rank = self._check_rank("put", rank)
+        if type(src) is np.ndarray and src.dtype == self._dtype:
+            data: np.ndarray[Any, Any] = src
+        else:
+            data = self._as_source("put", src)
+        if offset or data.nbytes > self._nbytes or type(offset) is not int:
+            self._check_span("put", offset, data.nbytes)
         sig = self._check_signal(signal) if signal is not None else None
-        self._world.heap.put_bytes(rank, self._offset + int(offset), data)
+        flat = self._flat_view(rank)
+        if flat is not None:
+            start = offset // self._dtype.itemsize
+            flat[start : start + data.size] = data.reshape(-1)
+        else:
+            self._world.heap.put_bytes(rank, self._offset + int(offset), np.ascontiguousarray(data))
         if sig is not None:
             self._world.signals.signal(rank, *sig)
 

@@ -60,6 +60,10 @@ class _SignalArgumentError(ShmemError, ValueError):
     pass
 
 
+def _int64_view(arr: np.ndarray[Any, Any]) -> memoryview:
+    return memoryview(arr).cast("B").cast("q")
+
+
 def poll_until(
     probe: Callable[[], bool], deadline: float, progress: Callable[[], None] | None = None
 ) -> bool:
@@ -99,9 +103,17 @@ class SignalPad:
         self.offset = offset
         self.slots = slots
         self.timeout_s = timeout_s
-        self._flags = heap.local_view(offset, self.nbytes_for(slots)).view(SLOT_DTYPE)
+        nbytes = self.nbytes_for(slots)
+        self._flags = heap.local_view(offset, nbytes).view(SLOT_DTYPE)
         self._flags[...] = 0
         self._epoch = 0
+        self._size = heap.world_size
+        # memoryviews load and store an int64 in ~15 ns, several times faster than numpy
+        self._mine = _int64_view(self._flags)
+        self._peers: list[memoryview | None] = []
+        for r in range(self._size):
+            view = heap.peer_view(r, offset, nbytes)
+            self._peers.append(None if view is None else _int64_view(view))
 
     @staticmethod
     def nbytes_for(slots: int) -> int:
@@ -125,7 +137,7 @@ class SignalPad:
 
     # -- signal / wait ----------------------------------------------------------------------
 
-    def signal(self, rank: int, slot: int, value: int, op: str = "set") -> None:
+    def signal(self, rank: int, slot: int, value: int, op: str = "set") -> None:  # noqa: D417
         """Set or add ``value`` to ``slot`` of ``rank``'s pad (release: orders prior writes).
 
         Parameters
@@ -138,9 +150,11 @@ class SignalPad:
             A signed 64-bit value.
         op : {"set", "add"}
         """
-        self._check_rank("signal", rank)
-        self._check_slot("signal", slot)
-        if op not in SIGNAL_OPS:
+        if type(rank) is not int or not 0 <= rank < self._size:
+            self._check_rank("signal", rank)
+        if type(slot) is not int or not 0 <= slot < self.slots:
+            self._check_slot("signal", slot)
+        if op != "set" and op != "add":  # noqa: PLR1714 - faster than a set lookup here
             raise _SignalArgumentError(
                 f"signal: invalid op (got {op!r}; expected one of {list(SIGNAL_OPS)})"
             )
@@ -151,12 +165,12 @@ class SignalPad:
     ) -> None:
         heap = self._heap
         heap.fence()
-        byte_offset = self.offset + slot * SLOT_DTYPE.itemsize
         if op == "set":
-            view = heap.peer_view(rank, byte_offset, SLOT_DTYPE.itemsize)
-            if view is not None:
-                view.view(SLOT_DTYPE)[0] = value  # one aligned 8-byte store
+            peer = self._peers[rank]
+            if peer is not None:
+                peer[slot] = value  # one aligned 8-byte store
                 return
+        byte_offset = self.offset + slot * SLOT_DTYPE.itemsize
         heap.atomic_fetch_op(
             rank,
             byte_offset,
@@ -169,7 +183,7 @@ class SignalPad:
     def read(self, slot: int) -> int:
         """The current value of this rank's ``slot`` (no ordering implied)."""
         self._check_slot("read", slot)
-        return int(self._flags[slot])
+        return int(self._mine[slot])
 
     def wait_until(
         self,
@@ -197,7 +211,8 @@ class SignalPad:
         SignalTimeoutError
             The deadline passed first.
         """
-        self._check_slot("wait_until", slot)
+        if type(slot) is not int or not 0 <= slot < self.slots:
+            self._check_slot("wait_until", slot)
         if cmp not in COMPARISONS:
             raise _SignalArgumentError(
                 f"wait_until: invalid comparison (got {cmp!r}; expected one of {list(COMPARISONS)})"
@@ -215,9 +230,9 @@ class SignalPad:
         context: str = "",
     ) -> int:
         test = COMPARISONS[cmp]
-        flags = self._flags
+        flags = self._mine
         # fast path: already there
-        seen = int(flags[slot])
+        seen = flags[slot]
         if not test(seen, value):
             timeout_s = self.timeout_s if timeout is None else timeout
             if timeout_s < 0:
@@ -227,7 +242,7 @@ class SignalPad:
             last = [seen]
 
             def probe() -> bool:
-                last[0] = int(flags[slot])
+                last[0] = flags[slot]
                 return test(last[0], value)
 
             if not poll_until(probe, time.monotonic() + timeout_s, self._heap.progress):

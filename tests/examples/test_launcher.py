@@ -18,8 +18,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def launch(*args: str, timeout: float = 60) -> tuple[subprocess.CompletedProcess[str], float]:
     cmd = [sys.executable, "-m", "launch", *args]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT,
-                          check=False)
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT, check=False
+    )
     return proc, time.time()
 
 
@@ -30,7 +31,11 @@ def _event_time(path: Path) -> float:
 @pytest.mark.parametrize(
     ("mode", "code", "cause"),
     [
-        ("raise", 1, r"root cause: rank 1 of 3 on \S+ \(pid \d+\) at [\d:.]+: ValueError: injected failure"),
+        (
+            "raise",
+            1,
+            r"root cause: rank 1 of 3 on \S+ \(pid \d+\) at [\d:.]+: ValueError: injected failure",
+        ),
         ("exit3", 3, r"root cause: rank 1 of 3 .*SystemExit\(3\) \(exit code 3\)"),
         ("thread", 1, r"root cause: rank 1 of 3 .*RuntimeError: injected failure in a thread"),
         ("kill", 9, r"root cause: rank 1 of 3 on \S+ \(pid \d+\) died first"),
@@ -65,8 +70,9 @@ def test_a_clean_job_exits_zero(tmp_path: Path) -> None:
 
 
 def test_interleaved_output_is_tagged_as_whole_lines(tmp_path: Path) -> None:
-    proc, _ = launch("-n", "4", "--console", "all", "--log-dir", str(tmp_path),
-                     str(JOBS / "chatty.py"))
+    proc, _ = launch(
+        "-n", "4", "--console", "all", "--log-dir", str(tmp_path), str(JOBS / "chatty.py")
+    )
     assert proc.returncode == 0, proc.stderr
     seen: dict[int, list[str]] = {r: [] for r in range(4)}
     for line in proc.stdout.splitlines():
@@ -76,7 +82,9 @@ def test_interleaved_output_is_tagged_as_whole_lines(tmp_path: Path) -> None:
             continue
         seen[int(m.group(1))].append(m.group(2))
     for r in range(4):
-        expected = [f"rank {r} line {i}" for i in range(200)] + [f"rank {r} last line without newline"]
+        expected = [f"rank {r} line {i}" for i in range(200)] + [
+            f"rank {r} last line without newline"
+        ]
         assert seen[r] == expected
         log = (tmp_path / f"rank.{r}.log").read_text()
         assert f"\nrank {r} line 199\n" in log  # log files hold the rank's own, untagged lines
@@ -94,9 +102,18 @@ def test_config_errors_stop_before_launch(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("args", "pattern"),
     [
-        ([], r"/mpiexec -n 2 -genv SHMEM_CONFIG \S+/configs/ci.toml \S*python\S* -m launch.rank job.py a$"),
-        (["--mpi", "openmpi"], r"OMPI_ALLOW_RUN_AS_ROOT=1 .*/mpiexec -n 2 -x SHMEM_CONFIG \S*python\S* -m launch.rank job.py a$"),
-        (["--launcher", "srun"], r"^SHMEM_CONFIG=\S+ srun -n 2 --kill-on-bad-exit=1 --export=ALL \S*python\S* -m launch.rank job.py a$"),
+        (
+            [],
+            r"/mpiexec -n 2 -genv SHMEM_CONFIG \S+/configs/ci.toml \S*python\S* -m launch.rank job.py a$",
+        ),
+        (
+            ["--mpi", "openmpi"],
+            r"OMPI_ALLOW_RUN_AS_ROOT=1 .*/mpiexec -n 2 -x SHMEM_CONFIG \S*python\S* -m launch.rank job.py a$",
+        ),
+        (
+            ["--launcher", "srun"],
+            r"^SHMEM_CONFIG=\S+ srun -n 2 --kill-on-bad-exit=1 --export=ALL \S*python\S* -m launch.rank job.py a$",
+        ),
     ],
     ids=["mpich", "openmpi", "srun"],
 )

@@ -1,0 +1,191 @@
+"""Signal ping-pong and put bandwidth on the symmetric heap, against MPI in the same run.
+
+Run through the launcher (2 or more ranks; ranks 0 and 1 take part, the others wait)::
+
+    python -m launch -n 2 benchmarks/signal_latency.py --out results/signal_latency.jsonl
+    SHMEM_HEAP_NODE_SPLIT=rank python -m launch -n 2 benchmarks/signal_latency.py  # RMA path
+
+Measurements, interleaved block by block so both sides see the same machine state:
+
+* ``signal_pingpong``: round-trip time of ``world.signal`` + ``wait_until`` between ranks 0
+  and 1, against ``comm.Send``/``comm.Recv`` of 8 bytes (mpi4py buffer API).
+  Figure: microseconds per round trip (median, p10, p90 over blocks).
+* ``put``: ``SHMEMBuffer.put`` of ``nbytes`` from rank 0 into rank 1's copy, against
+  ``MPI.Win.Put`` + ``Win.Flush`` on a window from ``MPI.Win.Allocate``.
+  Figure: bandwidth = nbytes / time per put, in GB/s (10**9 bytes/s).
+
+Each result is one JSON line (git sha, backend, world size, node split, sizes, median/p10/p90
+of ours and of MPI's, and the ratio MPI time / our time: above 1 means faster than MPI).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from mpi4py import MPI
+
+import shmem
+
+
+def git_sha() -> str:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=False,
+            cwd=Path(__file__).parent,
+        )
+        return out.stdout.strip() or "unknown"
+    except OSError:
+        return "unknown"
+
+
+def stats_us(samples: list[float]) -> dict[str, float]:
+    a = np.asarray(samples) * 1e6
+    return {
+        "median_us": float(np.median(a)),
+        "p10_us": float(np.percentile(a, 10)),
+        "p90_us": float(np.percentile(a, 90)),
+    }
+
+
+def pingpong(world: shmem.World, comm: Any, iters: int, blocks: int) -> dict[str, Any]:
+    rank = world.rank
+    ours: list[float] = []
+    theirs: list[float] = []
+    msg = np.zeros(1, np.int64)
+    seq = 0
+    for _ in range(blocks):
+        # ours: signal + wait_until round trips
+        world.barrier()
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            seq += 1
+            if rank == 0:
+                world.signal(1, 0, seq)
+                world.wait_until(1, "ge", seq)
+            elif rank == 1:
+                world.wait_until(0, "ge", seq)
+                world.signal(0, 1, seq)
+        ours.append((time.perf_counter() - t0) / iters)
+        # MPI: 8-byte Send/Recv round trips
+        comm.Barrier()
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            if rank == 0:
+                comm.Send(msg, dest=1, tag=1)
+                comm.Recv(msg, source=1, tag=2)
+            elif rank == 1:
+                comm.Recv(msg, source=0, tag=1)
+                comm.Send(msg, dest=0, tag=2)
+        theirs.append((time.perf_counter() - t0) / iters)
+    return {"ours": stats_us(ours), "mpi": stats_us(theirs)}
+
+
+def put_bandwidth(
+    world: shmem.World, comm: Any, nbytes: int, iters: int, blocks: int
+) -> dict[str, Any]:
+    rank = world.rank
+    buf = world.empty(nbytes, "uint8")
+    win = MPI.Win.Allocate(nbytes, 1, comm=comm)
+    win.Lock_all(MPI.MODE_NOCHECK)
+    src = np.full(nbytes, 7, dtype=np.uint8)
+    ours: list[float] = []
+    theirs: list[float] = []
+    for _ in range(blocks):
+        comm.Barrier()  # the target rank waits here, making MPI progress
+        if rank == 0:
+            t0 = time.perf_counter()
+            for _ in range(iters):
+                buf.put(1, src)
+            ours.append((time.perf_counter() - t0) / iters)
+        comm.Barrier()
+        if rank == 0:
+            t0 = time.perf_counter()
+            for _ in range(iters):
+                win.Put(src, 1, 0)
+                win.Flush(1)
+            theirs.append((time.perf_counter() - t0) / iters)
+    comm.Barrier()
+    if rank == 1:
+        assert (buf.local() == 7).all(), "the puts landed"
+    win.Unlock_all()
+    win.Free()
+    buf.close()
+    return {"ours": stats_us(ours), "mpi": stats_us(theirs)} if rank == 0 else {}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--iters", type=int, default=200, help="round trips / puts per block")
+    ap.add_argument("--blocks", type=int, default=25, help="timed blocks per measurement")
+    ap.add_argument("--max-bytes", default="16MiB", help="largest put")
+    ap.add_argument("--out", type=Path, help="append JSON lines here")
+    args = ap.parse_args()
+    max_bytes = shmem.parse_size(args.max_bytes)
+    with shmem.init(heap_nbytes=max(64 << 20, 2 * max_bytes)) as world:
+        if world.world_size < 2:
+            raise SystemExit("signal_latency: needs at least 2 ranks (got 1)")
+        comm = world.comm
+        common = {
+            "git_sha": git_sha(),
+            "backend": world.backend,
+            "world_size": world.world_size,
+            "node_split": world.config.heap.node_split,
+            "host": MPI.Get_processor_name(),
+        }
+        records: list[dict[str, Any]] = []
+        pp = pingpong(world, comm, args.iters, args.blocks)
+        if world.rank == 0:
+            records.append(
+                {
+                    "bench": "signal_pingpong",
+                    "nbytes": 8,
+                    **common,
+                    "ours": pp["ours"],
+                    "mpi": pp["mpi"],
+                    "ratio": pp["mpi"]["median_us"] / pp["ours"]["median_us"],
+                }
+            )
+        nbytes = 8
+        while nbytes <= max_bytes:
+            iters = max(2, min(args.iters, (64 << 20) // nbytes))
+            res = put_bandwidth(world, comm, nbytes, iters, args.blocks)
+            if world.rank == 0:
+                gbs = {k: nbytes / (v["median_us"] * 1e-6) / 1e9 for k, v in res.items()}
+                records.append(
+                    {
+                        "bench": "put",
+                        "nbytes": nbytes,
+                        **common,
+                        "ours": res["ours"],
+                        "mpi": res["mpi"],
+                        "ours_GBps": gbs["ours"],
+                        "mpi_GBps": gbs["mpi"],
+                        "ratio": res["mpi"]["median_us"] / res["ours"]["median_us"],
+                    }
+                )
+            nbytes *= 8
+        if world.rank == 0:
+            print(f"{'bench':16} {'bytes':>9} {'ours us':>10} {'MPI us':>10} {'MPI/ours':>9}")
+            for rec in records:
+                print(
+                    f"{rec['bench']:16} {rec['nbytes']:>9} {rec['ours']['median_us']:>10.2f} "
+                    f"{rec['mpi']['median_us']:>10.2f} {rec['ratio']:>9.2f}"
+                )
+            if args.out:
+                args.out.parent.mkdir(parents=True, exist_ok=True)
+                with args.out.open("a") as fh:
+                    for rec in records:
+                        fh.write(json.dumps(rec) + "\n")
+
+
+if __name__ == "__main__":
+    main()
