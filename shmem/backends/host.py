@@ -165,6 +165,7 @@ class HostHeap:
             view[...] = raw
             return
         win = self._remote_window()
+        self.progress()
         win.Put(raw, rank, offset)
         win.Flush(rank)
 
@@ -175,6 +176,7 @@ class HostHeap:
             raw[...] = view
             return
         win = self._remote_window()
+        self.progress()
         req = win.Rget(raw, rank, offset)
         if not poll_until(req.Test, time.monotonic() + self.timeout_s, self.progress):
             req.Wait()  # the destination buffer must not be released under MPI
@@ -224,6 +226,7 @@ class HostHeap:
             win.Fetch_and_op([origin, mpi_t], [result, mpi_t], target, offset, _MPI_OPS[op])
             win.Flush(target)
             return int(result[0])
+        self.progress()  # serve peers' operations aimed at us, so no rank starves
         req = win.Rget_accumulate(
             [origin, mpi_t], [result, mpi_t], target, (offset, 1, mpi_t), _MPI_OPS[op]
         )
@@ -246,6 +249,7 @@ class HostHeap:
                 "uint32 or uint64)"
             )
         win, target = self._atomic_target(rank)
+        self.progress()
         origin = np.array([value], dtype=dtype)
         cmp = np.array([compare], dtype=dtype)
         result = np.empty(1, dtype=dtype)

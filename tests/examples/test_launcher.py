@@ -99,20 +99,23 @@ def test_config_errors_stop_before_launch(tmp_path: Path) -> None:
     assert "bad.toml: unknown key 'size' in [heap]" in proc.stderr
 
 
+RANK_CMD = r"\S*python\S* -m launch.rank job.py a$"
+
+
 @pytest.mark.parametrize(
     ("args", "pattern"),
     [
         (
             [],
-            r"/mpiexec -n 2 -genv SHMEM_CONFIG \S+/configs/ci.toml \S*python\S* -m launch.rank job.py a$",
+            r"/mpiexec -n 2 -genv SHMEM_CONFIG \S+/configs/ci.toml " + RANK_CMD,
         ),
         (
             ["--mpi", "openmpi"],
-            r"OMPI_ALLOW_RUN_AS_ROOT=1 .*/mpiexec -n 2 -x SHMEM_CONFIG \S*python\S* -m launch.rank job.py a$",
+            r"OMPI_ALLOW_RUN_AS_ROOT=1 .*/mpiexec -n 2 -x SHMEM_CONFIG " + RANK_CMD,
         ),
         (
             ["--launcher", "srun"],
-            r"^SHMEM_CONFIG=\S+ srun -n 2 --kill-on-bad-exit=1 --export=ALL \S*python\S* -m launch.rank job.py a$",
+            r"^SHMEM_CONFIG=\S+ srun -n 2 --kill-on-bad-exit=1 --export=ALL " + RANK_CMD,
         ),
     ],
     ids=["mpich", "openmpi", "srun"],

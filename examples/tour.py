@@ -1,0 +1,176 @@
+"""The main job: a tour of what the service does, checked as it goes, ending with a table.
+
+    ./dev tour                        # 4 ranks on the host backend (creates .venv if needed)
+    python -m launch -n 4 examples/tour.py
+
+Every capability adds its step here as it lands. A failed check raises, and the launcher
+names the rank and the check.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+import shmem
+
+
+@dataclass
+class Step:
+    name: str
+    checked: str
+    figure: str
+
+
+def _timed(fn: Callable[[], None], repeat: int) -> float:
+    """Median seconds per call over ``repeat`` calls, timed in blocks of 20."""
+    blocks = []
+    for _ in range(max(1, repeat // 20)):
+        t0 = time.perf_counter()
+        for _ in range(20):
+            fn()
+        blocks.append((time.perf_counter() - t0) / 20)
+    return statistics.median(blocks)
+
+
+def heap_step(world: shmem.World) -> Step:
+    bufs = [world.zeros(n, "float32") for n in (1, 1000, 123_457)]
+    offsets = world.comm.allgather([b.offset for b in bufs])
+    assert all(o == offsets[0] for o in offsets), f"offsets differ: {offsets}"
+    x = bufs[1]
+    x.local()[...] = world.rank
+    world.barrier()
+    local_peers = [r for r in range(world.world_size) if x.peer(r) is not None]
+    for r in local_peers:
+        view = x.peer(r)
+        assert view is not None and (view == r).all(), f"peer view of rank {r} is wrong"
+    for b in bufs:
+        b.close()
+    stats = world.heap_stats()
+    return Step(
+        "symmetric heap",
+        f"same offsets on {world.world_size} ranks; peer views of {len(local_peers)} ranks",
+        f"{world.config.heap.nbytes >> 20} MiB/rank, {stats.free_total >> 20} MiB free",
+    )
+
+
+def put_get_step(world: shmem.World) -> Step:
+    right = (world.rank + 1) % world.world_size
+    left = (world.rank - 1) % world.world_size
+    for name, dt in shmem.SUPPORTED_DTYPES.items():
+        with world.zeros(64, name) as x:
+            src = (np.arange(64) % 2 + world.rank % 2).astype(dt)
+            x.put(right, src)
+            world.barrier()
+            expect = (np.arange(64) % 2 + left % 2).astype(dt)
+            assert (x.local() == expect).all(), f"put of {name} is wrong"
+            assert (x.get(right) == src).all(), f"get of {name} is wrong"
+            world.barrier()
+    return Step("put / get", f"ring put and get of all {len(shmem.SUPPORTED_DTYPES)} dtypes", "-")
+
+
+def atomics_step(world: shmem.World) -> Step:
+    with world.zeros(1, "int64") as counter:
+        tickets = [counter.atomic_fetch_add(0, 0, 1) for _ in range(50)]
+        everyone = sorted(t for ts in world.comm.allgather(tickets) for t in ts)
+        assert everyone == list(range(50 * world.world_size)), "fetch-add tickets repeat"
+    return Step("atomics", f"{50 * world.world_size} fetch-add tickets, all distinct", "-")
+
+
+def signal_step(world: shmem.World) -> Step:
+    rounds = 500
+    right = (world.rank + 1) % world.world_size
+    left = (world.rank - 1) % world.world_size
+    with world.zeros((2, 512), "int64") as data:
+        t0 = time.perf_counter()
+        for i in range(1, rounds + 1):
+            s = i % 2
+            data.put(right, np.full(512, i * 10 + world.rank), offset=s * 512 * 8, signal=(s, i))
+            world.wait_until(s, "ge", i)
+            assert (data.local()[s] == i * 10 + left).all(), f"round {i}: stale data"
+            world.signal(left, 2 + s, i)
+            world.wait_until(2 + s, "ge", i)
+        per_round = (time.perf_counter() - t0) / rounds
+    return Step(
+        "signals",
+        f"{rounds} rounds of put-with-signal, data checked every round",
+        f"{per_round * 1e6:.1f} us/round",
+    )
+
+
+def barrier_step(world: shmem.World) -> Step:
+    ours = _timed(world.barrier, 400)
+    mpi = _timed(world.comm.Barrier, 400)
+    return Step(
+        "barrier",
+        "epoch-flag barrier vs MPI_Barrier, same run",
+        f"{ours * 1e6:.1f} us vs {mpi * 1e6:.1f} us (x{mpi / ours:.2f})",
+    )
+
+
+def pingpong_step(world: shmem.World) -> Step:
+    if world.world_size < 2:
+        return Step("ping-pong", "skipped: needs 2 ranks", "-")
+    seq = [0]
+    msg = np.zeros(1, np.int64)
+
+    def ours() -> None:
+        seq[0] += 1
+        if world.rank == 0:
+            world.signal(1, 0, seq[0])
+            world.wait_until(1, "ge", seq[0])
+        elif world.rank == 1:
+            world.wait_until(0, "ge", seq[0])
+            world.signal(0, 1, seq[0])
+
+    def mpi() -> None:
+        if world.rank == 0:
+            world.comm.Send(msg, 1, 5)
+            world.comm.Recv(msg, 1, 6)
+        elif world.rank == 1:
+            world.comm.Recv(msg, 0, 5)
+            world.comm.Send(msg, 0, 6)
+
+    world.barrier()
+    t_ours = _timed(ours, 2000)
+    world.comm.Barrier()
+    t_mpi = _timed(mpi, 2000)
+    t_ours, t_mpi = world.comm.bcast((t_ours, t_mpi), root=0)
+    return Step(
+        "ping-pong",
+        "signal round trip vs 8-byte Send/Recv (ranks 0-1)",
+        f"{t_ours * 1e6:.2f} us vs {t_mpi * 1e6:.2f} us (x{t_mpi / t_ours:.2f})",
+    )
+
+
+def main() -> None:
+    with shmem.init() as world:
+        steps = [
+            heap_step(world),
+            put_get_step(world),
+            atomics_step(world),
+            signal_step(world),
+            barrier_step(world),
+            pingpong_step(world),
+        ]
+        world.barrier()
+        if world.rank == 0:
+            print(
+                f"\nshmem {shmem.__version__}: {world.world_size} ranks on {world.num_nodes} "
+                f"node(s), backend {world.backend}, node_split {world.config.heap.node_split}"
+            )
+            w1 = max(len(s.name) for s in steps)
+            w2 = max(len(s.checked) for s in steps)
+            print(f"{'step':<{w1}}  {'checked':<{w2}}  figure")
+            print(f"{'-' * w1}  {'-' * w2}  {'-' * 6}")
+            for s in steps:
+                print(f"{s.name:<{w1}}  {s.checked:<{w2}}  {s.figure}")
+            print(f"all {len(steps)} steps passed")
+
+
+if __name__ == "__main__":
+    main()
