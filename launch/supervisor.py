@@ -301,12 +301,12 @@ def _summarise(
         ]
         done_or_failed = done | {e.rank for e in errors}
         deaths = sorted((t, r) for r, t in watch.died.items() if r not in done_or_failed)
-        first = [r for t, r in deaths if t - deaths[0][0] < 0.002] if deaths else []
+        earliest = [r for t, r in deaths if t - deaths[0][0] < 0.002] if deaths else []
         named = [r for r, _, _, _ in reported if r >= 0]
-        if len(first) > 1 and named and named[0] in first:
-            first = [named[0]]  # a tie within 2 ms: mpiexec's report decides
-        if first:
-            r = first[0]
+        if len(earliest) > 1 and named and named[0] in earliest:
+            earliest = [named[0]]  # a tie within 2 ms: mpiexec's report decides
+        if earliest:
+            r = earliest[0]
             s = starts[r]
             how = next((w for rr, _, _, w in reported if rr == r), None)
             how = how or f"mpiexec exit code {rc}"

@@ -27,7 +27,7 @@ import operator
 import os
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -63,7 +63,7 @@ class _SignalArgumentError(ShmemError, ValueError):
 
 
 def _int64_view(arr: np.ndarray[Any, Any]) -> memoryview:
-    return memoryview(arr).cast("B").cast("q")
+    return memoryview(cast(Any, arr)).cast("B").cast("q")
 
 
 def spin_seconds(local_size: int) -> float:

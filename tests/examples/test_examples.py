@@ -1,0 +1,41 @@
+"""Every example runs through the real launcher and prints its success line."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.examples
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
+EXPECT = {
+    "01_ring_exchange.py": "ring exchange ok",
+    "02_work_queue.py": "work queue ok: 200 tasks",
+    "tour.py": "steps passed",
+}
+
+
+def test_every_example_is_listed() -> None:
+    assert {p.name for p in EXAMPLES} == set(EXPECT)
+
+
+@pytest.mark.parametrize("split", ["node", "rank"])
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_example_runs(path: Path, split: str) -> None:
+    env = {**os.environ, "SHMEM_HEAP_NODE_SPLIT": split, "SHMEM_HEAP_NBYTES": "64MiB"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "launch", "-n", "3", "--timeout", "120", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=ROOT,
+        env=env,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert EXPECT[path.name] in proc.stdout
