@@ -45,8 +45,17 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
+    """Meet the other ranks once every report is written, then exit.
+
+    With failures every rank exits non-zero and the launcher aborts the job on the first
+    exit; without this meeting, that could cut rank 0's final summary short.
+    """
     if _Mpi.comm is not None:
-        _Mpi.comm.Free()
+        sys.stdout.flush()
+        req = _Mpi.comm.Ibarrier()
+        deadline = time.monotonic() + VERDICT_TIMEOUT_S
+        while not req.Test() and time.monotonic() < deadline:
+            time.sleep(0.001)
         _Mpi.comm = None
 
 
