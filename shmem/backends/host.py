@@ -68,6 +68,13 @@ class _HeapArgumentError(ShmemError, ValueError):
     pass
 
 
+def _check_atomic_dtype(where: str, dtype: np.dtype[Any]) -> None:
+    if dtype not in ATOMIC_DTYPES:
+        raise _HeapArgumentError(
+            f"{where}: unsupported dtype (got {dtype}; expected int32, int64, uint32 or uint64)"
+        )
+
+
 def split_nodes(comm: MPI.Intracomm, node_split: str) -> MPI.Intracomm:
     """The node communicator: ranks that share memory, or each rank alone (``"rank"``)."""
     if node_split == "rank":
@@ -213,11 +220,7 @@ class HostHeap:
         completes only once the target applied it) and polled against the deadline, so a peer
         that makes no MPI progress raises :class:`RemoteTimeoutError` instead of blocking.
         """
-        if dtype not in ATOMIC_DTYPES:
-            raise _HeapArgumentError(
-                f"atomic_fetch_op: unsupported dtype (got {dtype}; expected int32, int64, "
-                "uint32 or uint64)"
-            )
+        _check_atomic_dtype("atomic_fetch_op", dtype)
         win, target = self._atomic_target(rank)
         origin = np.array([value], dtype=dtype)
         result = np.empty(1, dtype=dtype)
@@ -243,11 +246,7 @@ class HostHeap:
     def atomic_compare_swap(
         self, rank: int, offset: int, compare: int, value: int, dtype: np.dtype[Any]
     ) -> int:
-        if dtype not in ATOMIC_DTYPES:
-            raise _HeapArgumentError(
-                f"atomic_compare_swap: unsupported dtype (got {dtype}; expected int32, int64, "
-                "uint32 or uint64)"
-            )
+        _check_atomic_dtype("atomic_compare_swap", dtype)
         win, target = self._atomic_target(rank)
         self.progress()
         origin = np.array([value], dtype=dtype)
