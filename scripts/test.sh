@@ -51,7 +51,7 @@ MPI_PYTEST=(-m pytest -p no:cacheprovider --color=no -q --only-mpi --timeout=120
 run_step ruff-check no-count timeout 300 "$PY" -m ruff check .
 run_step ruff-format no-count timeout 300 "$PY" -m ruff format --check .
 run_step mypy no-count timeout 600 "$PY" -m mypy
-run_step unit strict timeout 600 "${PYTEST[@]}" --timeout=120 tests/unit
+run_step unit strict timeout 600 env SHMEM_REQUIRE_NVRTC=1 "${PYTEST[@]}" --timeout=120 tests/unit
 for n in 1 2 3 4; do
     run_step "mpi-$n" strict timeout 600 "$PY" -m launch -n "$n" --timeout 540 \
         --log-dir "$LOGS/mpi-$n.ranks" "${MPI_PYTEST[@]}"

@@ -18,30 +18,51 @@ from ._version import __version__
 from .arena import Arena, ArenaStats
 from .buffer import SHMEMBuffer
 from .config import Config, load_config, parse_size
+from .context import Block, DeviceContext, Dim3, DriverVersion, Event, Function
+from .device import CPU, Accelerator, Device, DeviceAttributes, MemoryInfo
 from .dtypes import SUPPORTED_DTYPES, as_dtype
 from .errors import (
+    AsyncExecutionError,
     BackendUnavailableError,
     CollectiveMismatchError,
     ConfigError,
     DescriptorError,
+    DeviceUnavailableError,
     HeapExhaustedError,
+    RemoteTimeoutError,
     ShmemError,
     ShmemStateError,
     SignalTimeoutError,
 )
+from .memory import Buffer
 from .signals import SignalPad
 from .world import World, finalize, get_world, init
 
 __all__ = [
+    "CPU",
     "SUPPORTED_DTYPES",
+    "Accelerator",
     "Arena",
     "ArenaStats",
+    "AsyncExecutionError",
     "BackendUnavailableError",
+    "Block",
+    "Buffer",
     "CollectiveMismatchError",
     "Config",
     "ConfigError",
     "DescriptorError",
+    "Device",
+    "DeviceAttributes",
+    "DeviceContext",
+    "DeviceUnavailableError",
+    "Dim3",
+    "DriverVersion",
+    "Event",
+    "Function",
     "HeapExhaustedError",
+    "MemoryInfo",
+    "RemoteTimeoutError",
     "SHMEMBuffer",
     "ShmemError",
     "ShmemStateError",

@@ -11,8 +11,10 @@ import numpy as np
 from .dtypes import dtype_name
 from .errors import ShmemError, ShmemStateError
 from .heap import ATOMIC_DTYPES
+from .memory import Buffer
 
 if TYPE_CHECKING:
+    from .context import DeviceContext
     from .world import World
 
 __all__ = ["SHMEMBuffer"]
@@ -246,29 +248,38 @@ class SHMEMBuffer:
         self._world.heap.get_bytes(rank, self._offset + int(offset), out)
         return out
 
-    def enqueue_copy_to(self, host_array: np.ndarray[Any, Any]) -> None:
-        """Copy this rank's copy into ``host_array`` (same count and dtype). On the host
-        backend the copy is complete on return."""
+    def enqueue_copy_to(self, host_array: Any, ctx: DeviceContext | None = None) -> None:
+        """Copy this rank's copy into ``host_array`` (a numpy array or host Buffer of the same
+        dtype and element count), stream-ordered on ``ctx`` (default: the World's context):
+        synchronize it before reading ``host_array``."""
         self._live("enqueue_copy_to")
         self._check_host_array("enqueue_copy_to", host_array)
-        np.copyto(host_array.reshape(-1), self.local().reshape(-1))
+        (ctx or self._world.ctx).enqueue_copy(host_array, self.local())
 
-    def enqueue_copy_from(self, host_array: Any) -> None:
-        """Copy ``host_array`` (same count) into this rank's copy. On the host backend the
-        copy is complete on return."""
+    def enqueue_copy_from(self, host_array: Any, ctx: DeviceContext | None = None) -> None:
+        """Copy ``host_array`` (same dtype and element count) into this rank's copy,
+        stream-ordered on ``ctx`` (default: the World's context)."""
         self._live("enqueue_copy_from")
-        src = self._as_source("enqueue_copy_from", host_array)
-        if src.size != self._count:
+        src = host_array
+        if not isinstance(src, np.ndarray | Buffer):
+            src = self._as_source("enqueue_copy_from", src)
+        count = src.num_elements if isinstance(src, Buffer) else src.size
+        if count != self._count:
             raise _BufferArgumentError(
-                f"SHMEMBuffer.enqueue_copy_from: wrong element count (got {src.size}; "
+                f"SHMEMBuffer.enqueue_copy_from: wrong element count (got {count}; "
                 f"expected {self._count})"
             )
-        self.local().reshape(-1)[...] = src.reshape(-1)
+        if isinstance(src, np.ndarray) and src.dtype != self._dtype:
+            src = self._as_source("enqueue_copy_from", src)
+        (ctx or self._world.ctx).enqueue_copy(self.local(), src)
 
     def _check_host_array(self, where: str, arr: Any) -> None:
+        if isinstance(arr, Buffer):
+            arr = arr.to_numpy()
         if not isinstance(arr, np.ndarray):
             raise _BufferTypeError(
-                f"SHMEMBuffer.{where}: expected a numpy array (got {type(arr).__name__})"
+                f"SHMEMBuffer.{where}: expected a numpy array or host Buffer (got "
+                f"{type(arr).__name__})"
             )
         if arr.dtype != self._dtype or arr.size != self._count or not arr.flags.writeable:
             raise _BufferArgumentError(

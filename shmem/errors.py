@@ -9,10 +9,12 @@ naturally catch (``ValueError``, ``MemoryError``, ``TimeoutError``, ...), so bot
 from __future__ import annotations
 
 __all__ = [
+    "AsyncExecutionError",
     "BackendUnavailableError",
     "CollectiveMismatchError",
     "ConfigError",
     "DescriptorError",
+    "DeviceUnavailableError",
     "HeapExhaustedError",
     "RemoteTimeoutError",
     "ShmemError",
@@ -93,6 +95,17 @@ class SignalTimeoutError(ShmemError, TimeoutError):
         self.expected = expected
         self.last_value = last_value
         self.peers = peers
+
+
+class DeviceUnavailableError(ShmemError, RuntimeError):
+    """The requested device does not exist or cannot be used (no driver, bad id)."""
+
+
+class AsyncExecutionError(ShmemError, RuntimeError):
+    """Work queued on a DeviceContext failed; raised at ``synchronize()``.
+
+    The original exception is the ``__cause__`` and its traceback is in the message.
+    """
 
 
 class RemoteTimeoutError(ShmemError, TimeoutError):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -18,6 +19,8 @@ from .arena import Arena
 from .backends import resolve_backend
 from .buffer import SHMEMBuffer
 from .config import Config, load_config
+from .context import DeviceContext
+from .device import CPU
 from .dtypes import as_dtype, dtype_name
 from .errors import CollectiveMismatchError, ShmemError, ShmemStateError
 from .heap import SymmetricHeap
@@ -74,6 +77,9 @@ class World:
         The duplicated world communicator and the node communicator (owned by the World).
     signals : SignalPad
         The world's signal pad (``config.signal.slots`` user slots).
+    ctx : DeviceContext
+        The stream this rank's heap copies are ordered on (the host device on the host
+        backend).
     """
 
     def __init__(self, config: Config, comm: MPI.Intracomm, backend: str, why: str) -> None:
@@ -106,6 +112,8 @@ class World:
             self.signals = SignalPad(
                 self.heap, pad_offset, config.signal.slots, config.signal.timeout_s
             )
+            self.ctx = DeviceContext(CPU())
+            stack.callback(self.ctx.close)
             self.comm.Barrier()  # every pad is zeroed before anyone signals
             stack.pop_all()
         log.info(
@@ -258,10 +266,13 @@ class World:
         for buf in list(self._live.values()):
             buf._closed = True
         self._live.clear()
-        self.comm.Barrier()
-        self.heap.close()
-        self.node_comm.Free()
-        self.comm.Free()
+        try:
+            self.ctx.close()
+        finally:
+            self.comm.Barrier()
+            self.heap.close()
+            self.node_comm.Free()
+            self.comm.Free()
 
     def _abandon(self) -> None:
         """Local teardown after an exception: no collective call (peers may be gone)."""
@@ -273,6 +284,8 @@ class World:
         for buf in list(self._live.values()):
             buf._closed = True
         self._live.clear()
+        with contextlib.suppress(Exception):
+            self.ctx.close()
         self.heap.close(collective=False)
 
     def __enter__(self) -> World:

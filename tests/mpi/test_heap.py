@@ -119,9 +119,11 @@ def test_every_dtype_roundtrips(world: World, name: str) -> None:
         assert x.local().dtype == dt
         np.testing.assert_array_equal(x.local().astype(np.float32), src.astype(np.float32))
         back = np.zeros(7, dt)
-        x.enqueue_copy_to(back)
+        x.enqueue_copy_to(back)  # stream-ordered on world.ctx
+        world.ctx.synchronize()
         np.testing.assert_array_equal(back.astype(np.float32), src.astype(np.float32))
         x.enqueue_copy_from(np.zeros(7, dt))
+        world.ctx.synchronize()
         assert not x.local().astype(np.float32).any()
         world.barrier()
 

@@ -1,0 +1,482 @@
+"""CUDA devices, streams, memory and kernels through cuda.core: the GPU half of
+:mod:`shmem.device`, :mod:`shmem.context` and :mod:`shmem.memory`.
+
+Imported only when a CUDA device is asked for (or pinned memory). Without a driver or without
+cuda.core everything degrades to "no GPU": :func:`device_count` is 0, :func:`pinned_host_array`
+returns None, :func:`CudaDevice.get` raises :class:`DeviceUnavailableError`.
+
+cuda.core facts used here (cuda-core 1.2.2, cuda-bindings 13.4): ``Device(i).set_current()``
+before streams or allocations; ``allocate(size, stream=...)`` with the stream required;
+``launch`` passes a Python int as a 64-bit pointer, so scalars go as numpy scalars;
+event subtraction needs ``EventOptions(timing_enabled=True)``; ``cuda.core.system`` queries
+need NVML, so devices are counted with ``Device.get_all_devices()``.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import math
+import os
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .context import DriverVersion
+from .device import Device, DeviceAttributes, MemoryInfo
+from .errors import DeviceUnavailableError, ShmemError
+from .views import is_contiguous
+
+if TYPE_CHECKING:
+    from ._dlpack import DLPackView
+    from .context import Dim3
+    from .memory import Buffer
+
+__all__ = [
+    "CudaDevice",
+    "GpuStream",
+    "allocate",
+    "buffer_from_dlpack",
+    "copy",
+    "default_sync",
+    "device_count",
+    "fill",
+    "kernel_sources",
+    "pinned_host_array",
+]
+
+KERNEL_DIR = Path(__file__).resolve().parent / "kernels"
+_THREADS = 256
+_PEER_ALREADY_ENABLED = 704  # CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED
+
+
+class CudaError(ShmemError, RuntimeError):
+    """A CUDA driver call failed."""
+
+
+def _cc() -> Any:
+    return importlib.import_module("cuda.core")
+
+
+def _drv() -> Any:
+    return importlib.import_module("cuda.bindings.driver")
+
+
+def _check(result: Any, call: str) -> Any:
+    """Unpack a cuda.bindings ``(err, *values)`` tuple, raising on error."""
+    err, *values = result
+    if int(err) != 0:
+        _, text = _drv().cuGetErrorString(err)
+        raise CudaError(f"{call}: CUDA error {int(err)} ({text.decode() if text else '?'})")
+    if not values:
+        return None
+    return values[0] if len(values) == 1 else tuple(values)
+
+
+def _driver_present() -> bool:
+    return os.path.exists("/dev/nvidiactl") or os.path.exists("/dev/nvidia0")
+
+
+@functools.cache
+def device_count() -> int:
+    """CUDA devices visible to this process; 0 without a driver or cuda.core."""
+    if not _driver_present():
+        return 0
+    try:
+        return len(_cc().Device.get_all_devices())
+    except Exception:  # no cuda.core, no driver, a broken install: no GPU
+        return 0
+
+
+def kernel_sources() -> dict[str, str]:
+    """The runtime's own CUDA C++ sources, by file name (compiled on first use)."""
+    return {p.name: p.read_text() for p in sorted(KERNEL_DIR.glob("*.cu"))}
+
+
+# -- devices ------------------------------------------------------------------------------------
+
+
+class CudaDevice(Device):
+    """A CUDA device, backed by ``cuda.core.Device``."""
+
+    api = "cuda"
+    _instances: dict[int, CudaDevice] = {}  # noqa: RUF012 - one per id, process-wide
+    _lock = threading.Lock()
+
+    def __init__(self, id: int) -> None:
+        super().__init__(id)
+        self._dev = _cc().Device(id)
+
+    @classmethod
+    def get(cls, device_id: int) -> CudaDevice:
+        count = device_count()
+        if not 0 <= device_id < count:
+            raise DeviceUnavailableError(
+                f"Accelerator({device_id}): no such CUDA device (got id {device_id}; this "
+                f"process sees {count} device(s); without a GPU, driver or the 'gpu' extra "
+                "it sees none)"
+            )
+        with cls._lock:
+            if device_id not in cls._instances:
+                cls._instances[device_id] = cls(device_id)
+            return cls._instances[device_id]
+
+    def current(self) -> Any:
+        """Make this device current in this thread and return the cuda.core Device."""
+        self._dev.set_current()
+        return self._dev
+
+    @property
+    def cc_device(self) -> Any:
+        return self._dev
+
+    @property
+    def name(self) -> str:
+        return str(self._dev.name)
+
+    @property
+    def memory_info(self) -> MemoryInfo:
+        self.current()
+        free, total = _check(_drv().cuMemGetInfo(), "cuMemGetInfo")
+        return MemoryInfo(free=int(free), total=int(total))
+
+    @property
+    def attributes(self) -> DeviceAttributes:
+        props = self._dev.properties
+        cc = self._dev.compute_capability
+        return DeviceAttributes(
+            multiprocessor_count=int(props.multiprocessor_count),
+            compute_capability=(int(cc.major), int(cc.minor)),
+            max_threads_per_block=int(props.max_threads_per_block),
+        )
+
+    @property
+    def arch(self) -> str:
+        """``"sm_90"`` for an H100."""
+        return f"sm_{self._dev.arch}"
+
+    @property
+    def pci_bus_id(self) -> str:
+        raw = _check(_drv().cuDeviceGetPCIBusId(32, self.id), "cuDeviceGetPCIBusId")
+        return bytes(raw).split(b"\0", 1)[0].decode()
+
+    @property
+    def is_compatible(self) -> bool:
+        cc = self._dev.compute_capability
+        return (int(cc.major), int(cc.minor)) >= (7, 0)
+
+    def can_access(self, peer: Device) -> bool:
+        if peer.api != "cuda":
+            return False
+        return peer.id == self.id or bool(self._dev.can_access_peer(peer.id))
+
+    def enable_peer_access(self, peer: Device) -> None:
+        if peer == self:
+            return
+        if not self.can_access(peer):
+            raise DeviceUnavailableError(
+                f"Device.enable_peer_access: {self.label} cannot reach {peer.label} directly "
+                "(no P2P path between them; copy through a DeviceContext instead)"
+            )
+        peer_dev = CudaDevice.get(peer.id)
+        peer_ctx = peer_dev.current().context.handle
+        self.current()
+        err, *_ = _drv().cuCtxEnablePeerAccess(peer_ctx, 0)
+        if int(err) not in (0, _PEER_ALREADY_ENABLED):
+            _check((err,), "cuCtxEnablePeerAccess")
+
+
+# -- memory -------------------------------------------------------------------------------------
+
+
+class _DeviceMemory:
+    """Device memory: a cuda.core Buffer (or a foreign pointer kept alive by its owner)."""
+
+    def __init__(self, ptr: int, nbytes: int, owner: Any) -> None:
+        self.ptr = ptr
+        self.nbytes = nbytes
+        self.owner = owner
+
+
+class _PinnedHolder:
+    """Exposes pinned memory to numpy; keeps the cuda.core Buffer alive as the array's base."""
+
+    def __init__(self, buf: Any, nbytes: int) -> None:
+        self._buf = buf
+        self.__array_interface__ = {
+            "shape": (nbytes,),
+            "typestr": "|u1",
+            "data": (int(buf.handle), False),
+            "version": 3,
+        }
+
+
+def pinned_host_array(nbytes: int) -> np.ndarray[Any, np.dtype[np.uint8]] | None:
+    """Page-locked host memory as a uint8 array, or None when there is no CUDA device."""
+    if device_count() == 0:
+        return None
+    CudaDevice.get(0).current()
+    buf = _cc().LegacyPinnedMemoryResource().allocate(max(nbytes, 1))
+    return np.asarray(_PinnedHolder(buf, nbytes))
+
+
+def _stream_of(device: Device, ctx: Any) -> Any:
+    if ctx is not None and ctx._gpu is not None:
+        return ctx._gpu.stream
+    return CudaDevice.get(device.id).current().default_stream
+
+
+def allocate(device: Device, nbytes: int, ctx: Any) -> _DeviceMemory:
+    """Device memory of ``nbytes`` (stream-ordered on ``ctx``, else the default stream)."""
+    dev = CudaDevice.get(device.id)
+    stream = _stream_of(device, ctx)
+    buf = dev.current().allocate(max(nbytes, 1), stream=stream)
+    return _DeviceMemory(int(buf.handle), nbytes, buf)
+
+
+def default_sync(device: Device) -> None:
+    """Wait for work issued on ``device``'s default stream."""
+    if not device.is_host:
+        CudaDevice.get(device.id).current().default_stream.sync()
+
+
+def buffer_from_dlpack(view: DLPackView) -> Buffer:
+    """A device Buffer over a DLPack tensor's memory (zero-copy; ``view`` keeps it alive)."""
+    from .memory import Buffer
+
+    itemsize = view.dtype.itemsize
+    shape = tuple(view.shape)
+    strides = tuple(s * itemsize for s in view.strides)
+    extent = sum((n - 1) * abs(s) for n, s in zip(shape, strides, strict=True)) + itemsize
+    mem = _DeviceMemory(view.ptr, extent if math.prod(shape) else 0, view)
+    return Buffer._device_view(
+        CudaDevice.get(view.device_id), mem, view.dtype, shape, strides, view.byte_offset
+    )
+
+
+# -- copies and fills ------------------------------------------------------------------------------
+
+
+def _kernel(device: CudaDevice, name: str) -> Any:
+    return _compiled(device.id, "strided_copy.cu", name)
+
+
+@functools.cache
+def _compiled(device_id: int, filename: str, name: str) -> Any:
+    dev = CudaDevice.get(device_id)
+    dev.current()
+    cc = _cc()
+    source = (KERNEL_DIR / filename).read_text()
+    options = cc.ProgramOptions(arch=dev.arch, std="c++17", name=filename)
+    return cc.Program(source, "c++", options=options).compile("cubin").get_kernel(name)
+
+
+def _launch_strided_copy(
+    device: CudaDevice,
+    stream: Any,
+    dst_ptr: int,
+    dst_strides: tuple[int, ...],
+    src_ptr: int,
+    src_strides: tuple[int, ...],
+    shape: tuple[int, ...],
+    itemsize: int,
+) -> None:
+    n = math.prod(shape)
+    if n == 0:
+        return
+    rank = max(len(shape), 1)
+    meta = np.array(
+        [*(shape or (1,)), *(dst_strides or (itemsize,)), *(src_strides or (itemsize,))],
+        dtype=np.int64,
+    )
+    cc = _cc()
+    dev = device.current()
+    meta_dev = dev.allocate(meta.nbytes, stream=stream)
+    meta_dev.copy_from(_host_view(meta), stream=stream)
+    blocks = min(math.ceil(n / _THREADS), 32 * (device.attributes.multiprocessor_count or 1))
+    config = cc.LaunchConfig(grid=blocks, block=_THREADS)
+    cc.launch(
+        stream,
+        config,
+        _kernel(device, "shmem_strided_copy"),
+        dst_ptr,
+        src_ptr,
+        np.uint64(n),
+        np.int32(rank),
+        np.int32(itemsize),
+        meta_dev,
+    )
+    meta_dev.close(stream)
+
+
+def _host_view(arr: np.ndarray[Any, Any]) -> Any:
+    """A cuda.core Buffer over host memory (non-owning) for ``copy_from``."""
+    return _cc().Buffer.from_handle(int(arr.ctypes.data), arr.nbytes)
+
+
+def _memcpy(dst_ptr: int, src_ptr: int, nbytes: int, stream: Any) -> None:
+    if nbytes:
+        _check(_drv().cuMemcpyAsync(dst_ptr, src_ptr, nbytes, stream.handle), "cuMemcpyAsync")
+
+
+def copy(dst: Buffer, src: Buffer, ctx: Any) -> None:
+    """Copy ``src`` into ``dst`` where at least one side is device memory.
+
+    Contiguous pairs are one ``cuMemcpyAsync``; strided device views use the strided-copy
+    kernel; strided host views are staged through a contiguous host copy.
+    """
+    device = dst.device if not dst.is_host else src.device
+    stream = _stream_of(device, ctx)
+    gpu = CudaDevice.get(device.id)
+    itemsize = dst.dtype.itemsize
+    if dst.is_contiguous and src.is_contiguous:
+        _memcpy(dst._ptr, src._ptr, dst.nbytes, stream)
+        return
+    if src.is_host:  # strided host source -> contiguous staging, then to the device view
+        staged = np.ascontiguousarray(src.to_numpy())
+        tmp = gpu.current().allocate(max(staged.nbytes, 1), stream=stream)
+        _memcpy(int(tmp.handle), int(staged.ctypes.data), staged.nbytes, stream)
+        _launch_strided_copy(
+            gpu,
+            stream,
+            dst._ptr,
+            dst.strides,
+            int(tmp.handle),
+            _contig(dst.shape, itemsize),
+            dst.shape,
+            itemsize,
+        )
+        stream.sync()  # the staging array must outlive the copy
+        tmp.close(stream)
+        return
+    if dst.is_host:  # strided device source -> contiguous staging on the device, then out
+        tmp = gpu.current().allocate(max(dst.nbytes, 1), stream=stream)
+        _launch_strided_copy(
+            gpu,
+            stream,
+            int(tmp.handle),
+            _contig(src.shape, itemsize),
+            src._ptr,
+            src.strides,
+            src.shape,
+            itemsize,
+        )
+        out = np.empty(dst.shape, dtype=dst.dtype)
+        _memcpy(int(out.ctypes.data), int(tmp.handle), out.nbytes, stream)
+        stream.sync()
+        np.copyto(dst.to_numpy(), out)
+        tmp.close(stream)
+        return
+    _launch_strided_copy(
+        gpu, stream, dst._ptr, dst.strides, src._ptr, src.strides, src.shape, itemsize
+    )
+
+
+def _contig(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
+    from .views import contiguous_strides
+
+    return contiguous_strides(shape, itemsize)
+
+
+def fill(buf: Buffer, scalar: np.ndarray[Any, Any], ctx: Any) -> None:
+    """Set every element of a device buffer to ``scalar`` (a 0-d array of its dtype)."""
+    stream = _stream_of(buf.device, ctx)
+    drv = _drv()
+    n = buf.num_elements
+    if n == 0:
+        return
+    if not is_contiguous(buf.shape, buf.strides, buf.dtype.itemsize):
+        from .memory import Buffer
+
+        tmp = Buffer(buf.dtype, buf.shape, device=buf.device, stream=ctx)
+        fill(tmp, scalar, ctx)
+        copy(buf, tmp, ctx)
+        return
+    bits = scalar.reshape(1).view(
+        {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[buf.dtype.itemsize]
+    )[0]
+    ptr, h = buf._ptr, stream.handle
+    size = buf.dtype.itemsize
+    if size == 1:
+        _check(drv.cuMemsetD8Async(ptr, int(bits), n, h), "cuMemsetD8Async")
+    elif size == 2:
+        _check(drv.cuMemsetD16Async(ptr, int(bits), n, h), "cuMemsetD16Async")
+    elif size == 4:
+        _check(drv.cuMemsetD32Async(ptr, int(bits), n, h), "cuMemsetD32Async")
+    else:  # 8 bytes: the low and high words as two columns of a pitch-8 2-D memset
+        lo, hi = int(bits) & 0xFFFFFFFF, int(bits) >> 32
+        _check(drv.cuMemsetD2D32Async(ptr, 8, lo, 1, n, h), "cuMemsetD2D32Async")
+        _check(drv.cuMemsetD2D32Async(ptr + 4, 8, hi, 1, n, h), "cuMemsetD2D32Async")
+
+
+# -- streams ------------------------------------------------------------------------------------
+
+
+class GpuStream:
+    """The GPU side of a DeviceContext: a cuda.core Stream on one device."""
+
+    def __init__(self, device: Device) -> None:
+        self._device = CudaDevice.get(device.id)
+        self._dev = self._device.current()
+        self.stream = self._dev.create_stream()
+
+    def record(self) -> Any:
+        self._device.current()
+        return self.stream.record(options=_cc().EventOptions(timing_enabled=True))
+
+    def wait(self, event: Any) -> None:
+        from .context import Event
+
+        if isinstance(event, Event) and event._impl is not None:
+            self.stream.wait(event._impl)
+        else:  # a host event: wait on the host, then carry on (rare: mixed contexts)
+            event.synchronize()
+
+    def sync(self) -> None:
+        self.stream.sync()
+
+    def compile(self, source: str, name: str, options: Any = None) -> Any:
+        cc = _cc()
+        self._device.current()
+        opts = options or cc.ProgramOptions(arch=self._device.arch, std="c++17", name=name)
+        return cc.Program(source, "c++", options=opts).compile("cubin").get_kernel(name)
+
+    def launch(
+        self, kernel: Any, args: tuple[Any, ...], grid: Dim3, block: Dim3, shmem_bytes: int
+    ) -> None:
+        from .memory import Buffer
+
+        cc = _cc()
+        self._device.current()
+        converted = []
+        for arg in args:
+            if isinstance(arg, Buffer):
+                if arg.is_host and not arg.pinned:
+                    raise _LaunchArgumentError(
+                        "DeviceContext.enqueue_function: a pageable host Buffer cannot be "
+                        "passed to a GPU kernel (expected device or pinned memory)"
+                    )
+                converted.append(arg._ptr)
+            elif isinstance(arg, bool | int | float) and not isinstance(arg, np.generic):
+                raise _LaunchArgumentError(
+                    "DeviceContext.enqueue_function: pass scalars to GPU kernels as numpy "
+                    f"scalars of the kernel's parameter type (got Python {type(arg).__name__} "
+                    f"{arg!r}; e.g. np.int32(n), np.float32(x))"
+                )
+            else:
+                converted.append(arg)
+        config = cc.LaunchConfig(grid=tuple(grid), block=tuple(block), shmem_size=shmem_bytes)
+        cc.launch(self.stream, config, kernel, *converted)
+
+    def driver_version(self) -> DriverVersion:
+        v = int(_check(_drv().cuDriverGetVersion(), "cuDriverGetVersion"))
+        return DriverVersion(v // 1000, (v % 1000) // 10)
+
+    def close(self) -> None:
+        self.stream.close()
+
+
+class _LaunchArgumentError(ShmemError, TypeError):
+    pass
