@@ -13,6 +13,7 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -147,6 +148,30 @@ def pingpong_step(world: shmem.World) -> Step:
     )
 
 
+def device_step(world: shmem.World) -> Step:
+    n, tile = 1 << 15, 1 << 10
+    with shmem.DeviceContext(shmem.CPU()) as ctx:
+        x = ctx.enqueue_create_buffer("float32", n)
+        ctx.enqueue_copy(x, np.arange(n, dtype=np.float32))
+
+        def square(block: shmem.Block, v: np.ndarray[Any, Any]) -> None:
+            lo = block.block_idx.x * tile
+            v[lo : lo + tile] *= v[lo : lo + tile]
+
+        ctx.enqueue_function(square, x, grid_dim=n // tile)
+        out = np.empty(n, np.float32)
+        ctx.enqueue_copy(out, x)  # stream-ordered after the kernel
+        ctx.synchronize()
+        assert np.array_equal(out, np.arange(n, dtype=np.float32) ** 2), "kernel result"
+        view = shmem.Buffer.from_numpy(out.reshape(128, 256))[::2, 1::4]
+        assert np.array_equal(view.to_numpy(), out.reshape(128, 256)[::2, 1::4])
+    return Step(
+        "devices & streams",
+        f"host kernel over {n // tile} blocks, copies in stream order, strided views",
+        f"{shmem.CPU().attributes.cores} core(s)",
+    )
+
+
 def main() -> None:
     with shmem.init() as world:
         steps = [
@@ -156,6 +181,7 @@ def main() -> None:
             signal_step(world),
             barrier_step(world),
             pingpong_step(world),
+            device_step(world),
         ]
         world.barrier()
         if world.rank == 0:

@@ -310,7 +310,7 @@ class Buffer:
             view._array[...] = scalar
         else:
             view._copy_from(Buffer.from_numpy(np.ascontiguousarray(scalar)), self._stream)
-            view._sync_if_unordered()
+            view._sync_if_unordered(self._stream)
 
     def view(self, dtype: Any, shape: Any = None) -> Buffer:
         """The same bytes as ``dtype`` (and ``shape``); the buffer must be contiguous.
@@ -368,7 +368,7 @@ class Buffer:
         dst_stream = ctx if ctx is not None and (dev.is_host or ctx.device == dev) else None
         out = Buffer(self._dtype, self._shape, device=dev, stream=dst_stream)
         out._copy_from(self, ctx)
-        out._sync_if_unordered(ctx)
+        out._sync_if_unordered(ctx, self)
         return out
 
     def to(self, target: Any) -> Any:
@@ -392,7 +392,7 @@ class Buffer:
         Buffer._check_copy_pair(self, s, "Buffer.inplace_copy_from", contiguous=False)
         ctx = self._stream
         self._copy_from(s, ctx)
-        self._sync_if_unordered(ctx)
+        self._sync_if_unordered(ctx, s)
 
     @staticmethod
     def _coerce(obj: Any, where: str, name: str) -> Buffer:
@@ -447,12 +447,19 @@ class Buffer:
 
         _cuda.copy(self, src, ctx)
 
-    def _sync_if_unordered(self, ctx: DeviceContext | None = None) -> None:
-        """Device work issued without a stream completes before the call returns."""
-        if ctx is None and not (self.is_host and self._array is not None):
-            from . import _cuda
+    def _sync_if_unordered(
+        self, ctx: DeviceContext | None = None, src: Buffer | None = None
+    ) -> None:
+        """Device work that no GPU stream orders (no ``ctx``, or a host one) completes before
+        the call returns: wait for the default stream of whichever side is device memory."""
+        if ctx is not None and not ctx.device.is_host:
+            return
+        for buf in (self, src):
+            if buf is not None and not buf.is_host:
+                from . import _cuda
 
-            _cuda.default_sync(self._device)
+                _cuda.default_sync(buf.device)
+                return
 
     def _fill(self, value: Any, ctx: DeviceContext | None) -> None:
         self._live("fill")

@@ -16,6 +16,7 @@ EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
 EXPECT = {
     "01_ring_exchange.py": "ring exchange ok",
     "02_work_queue.py": "work queue ok: 200 tasks",
+    "03_device_context.py": "device context ok on cpu:0",
     "tour.py": "steps passed",
 }
 
