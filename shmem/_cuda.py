@@ -181,7 +181,13 @@ class CudaDevice(Device):
                 "(no P2P path between them; copy through a DeviceContext instead)"
             )
         peer_dev = CudaDevice.get(peer.id)
-        peer_ctx = peer_dev.current().context.handle
+        peer_cc = peer_dev.current()
+        peer_ctx = peer_cc.context.handle
+        # Buffers come from the peer's memory pool (cuMemAllocFromPoolAsync), which
+        # cuCtxEnablePeerAccess does not map: the pool grants access itself.
+        pool = peer_cc.memory_resource
+        if hasattr(pool, "peer_accessible_by"):
+            pool.peer_accessible_by.add(self.id)
         self.current()
         err, *_ = _drv().cuCtxEnablePeerAccess(peer_ctx, 0)
         if int(err) not in (0, _PEER_ALREADY_ENABLED):
@@ -223,9 +229,16 @@ def pinned_host_array(nbytes: int) -> np.ndarray[Any, np.dtype[np.uint8]] | None
 
 
 def _stream_of(device: Device, ctx: Any) -> Any:
-    if ctx is not None and ctx._gpu is not None:
+    """``ctx``'s stream when it is a GPU context on ``device``, else ``device``'s default
+    stream: kernels and allocations need a stream of the device they run on."""
+    if ctx is not None and ctx._gpu is not None and ctx.device == device:
         return ctx._gpu.stream
     return CudaDevice.get(device.id).current().default_stream
+
+
+def _foreign(device: Device, ctx: Any) -> bool:
+    """``ctx`` is a GPU context on another device than ``device``."""
+    return ctx is not None and ctx._gpu is not None and ctx.device != device
 
 
 def allocate(device: Device, nbytes: int, ctx: Any) -> _DeviceMemory:
@@ -324,16 +337,34 @@ def _memcpy(dst_ptr: int, src_ptr: int, nbytes: int, stream: Any) -> None:
 def copy(dst: Buffer, src: Buffer, ctx: Any) -> None:
     """Copy ``src`` into ``dst`` where at least one side is device memory.
 
-    Contiguous pairs are one ``cuMemcpyAsync``; strided device views use the strided-copy
-    kernel; strided host views are staged through a contiguous host copy.
+    Contiguous pairs are one ``cuMemcpyAsync`` (on ``ctx``'s stream, whatever its device);
+    strided device views use the strided-copy kernel on their own device; strided host views
+    are staged through a contiguous host copy. Kernels need a stream of their own device, so
+    with a GPU ``ctx`` on another device the work goes on that device's default stream, with
+    ``ctx`` synchronized before and the work after.
     """
     device = dst.device if not dst.is_host else src.device
-    stream = _stream_of(device, ctx)
-    gpu = CudaDevice.get(device.id)
-    itemsize = dst.dtype.itemsize
     if dst.is_contiguous and src.is_contiguous:
-        _memcpy(dst._ptr, src._ptr, dst.nbytes, stream)
+        on_ctx = ctx is not None and ctx._gpu is not None
+        _memcpy(
+            dst._ptr, src._ptr, dst.nbytes, ctx._gpu.stream if on_ctx else _stream_of(device, ctx)
+        )
         return
+    foreign = _foreign(device, ctx)
+    if foreign:
+        ctx._gpu.sync()
+    stream = _stream_of(device, ctx)
+    if not dst.is_host and not src.is_host and dst.device != src.device:
+        _copy_between_gpus(dst, src, ctx, stream)
+    else:
+        _copy_strided(dst, src, CudaDevice.get(device.id), stream)
+    if foreign:
+        stream.sync()
+
+
+def _copy_strided(dst: Buffer, src: Buffer, gpu: CudaDevice, stream: Any) -> None:
+    """A strided copy on ``gpu`` (both sides on ``gpu`` or the host), ordered on ``stream``."""
+    itemsize = dst.dtype.itemsize
     if src.is_host:  # strided host source -> contiguous staging, then to the device view
         staged = np.ascontiguousarray(src.to_numpy())
         tmp = gpu.current().allocate(max(staged.nbytes, 1), stream=stream)
@@ -374,6 +405,54 @@ def copy(dst: Buffer, src: Buffer, ctx: Any) -> None:
     )
 
 
+def _copy_between_gpus(dst: Buffer, src: Buffer, ctx: Any, stream: Any) -> None:
+    """A strided copy between two GPUs, ordered on ``stream`` (a stream of ``dst``'s device).
+
+    Each kernel touches only its own GPU's memory (pool memory is not mapped on peers unless
+    access was granted): ``src`` is gathered on its GPU, one contiguous ``cuMemcpyAsync``
+    crosses, and the result is scattered into ``dst`` on its GPU.
+    """
+    itemsize = dst.dtype.itemsize
+    src_ptr, gathered = src._ptr, None
+    if not src.is_contiguous:
+        src_gpu = CudaDevice.get(src.device.id)
+        src_stream = _stream_of(src.device, ctx)
+        gathered = src_gpu.current().allocate(max(src.nbytes, 1), stream=src_stream)
+        _launch_strided_copy(
+            src_gpu,
+            src_stream,
+            int(gathered.handle),
+            _contig(src.shape, itemsize),
+            src._ptr,
+            src.strides,
+            src.shape,
+            itemsize,
+        )
+        src_stream.sync()  # the copy below is ordered on the other device's stream
+        src_ptr = int(gathered.handle)
+    gpu = CudaDevice.get(dst.device.id)
+    gpu.current()  # a default stream (CU_STREAM_LEGACY) means the current device's
+    if dst.is_contiguous:
+        _memcpy(dst._ptr, src_ptr, dst.nbytes, stream)
+    else:
+        tmp = gpu.current().allocate(max(dst.nbytes, 1), stream=stream)
+        _memcpy(int(tmp.handle), src_ptr, dst.nbytes, stream)
+        _launch_strided_copy(
+            gpu,
+            stream,
+            dst._ptr,
+            dst.strides,
+            int(tmp.handle),
+            _contig(dst.shape, itemsize),
+            dst.shape,
+            itemsize,
+        )
+        tmp.close(stream)
+    if gathered is not None:
+        stream.sync()  # the gathered copy must outlive the cross-device copy
+        gathered.close()
+
+
 def _contig(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
     from .views import contiguous_strides
 
@@ -382,18 +461,22 @@ def _contig(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
 
 def fill(buf: Buffer, scalar: np.ndarray[Any, Any], ctx: Any) -> None:
     """Set every element of a device buffer to ``scalar`` (a 0-d array of its dtype)."""
-    stream = _stream_of(buf.device, ctx)
-    drv = _drv()
     n = buf.num_elements
     if n == 0:
         return
     if not is_contiguous(buf.shape, buf.strides, buf.dtype.itemsize):
         from .memory import Buffer
 
-        tmp = Buffer(buf.dtype, buf.shape, device=buf.device, stream=ctx)
-        fill(tmp, scalar, ctx)
+        own = ctx if ctx is not None and ctx.device == buf.device else None
+        tmp = Buffer(buf.dtype, buf.shape, device=buf.device, stream=own)
+        fill(tmp, scalar, own)
         copy(buf, tmp, ctx)
         return
+    foreign = _foreign(buf.device, ctx)
+    if foreign:  # memsets go on a stream of the buffer's device; order by waiting
+        ctx._gpu.sync()
+    stream = _stream_of(buf.device, ctx)
+    drv = _drv()
     bits = scalar.reshape(1).view(
         {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[buf.dtype.itemsize]
     )[0]
@@ -409,6 +492,8 @@ def fill(buf: Buffer, scalar: np.ndarray[Any, Any], ctx: Any) -> None:
         lo, hi = int(bits) & 0xFFFFFFFF, int(bits) >> 32
         _check(drv.cuMemsetD2D32Async(ptr, 8, lo, 1, n, h), "cuMemsetD2D32Async")
         _check(drv.cuMemsetD2D32Async(ptr + 4, 8, hi, 1, n, h), "cuMemsetD2D32Async")
+    if foreign:
+        stream.sync()
 
 
 # -- streams ------------------------------------------------------------------------------------
@@ -420,7 +505,9 @@ class GpuStream:
     def __init__(self, device: Device) -> None:
         self._device = CudaDevice.get(device.id)
         self._dev = self._device.current()
-        self.stream = self._dev.create_stream()
+        # Blocking (CUDA's own default for cudaStreamCreate): ordered with the legacy default
+        # stream, which allocates and frees the buffers made without a context.
+        self.stream = self._dev.create_stream(options=_cc().StreamOptions(nonblocking=False))
 
     def record(self) -> Any:
         self._device.current()

@@ -445,7 +445,12 @@ class Buffer:
             return
         from . import _cuda
 
+        host_queue = ctx if ctx is not None and ctx.device.is_host else None
+        if host_queue is not None:
+            host_queue.synchronize()  # work queued on the host stream comes first
         _cuda.copy(self, src, ctx)
+        if host_queue is not None:
+            self._sync_if_unordered(host_queue, src)
 
     def _sync_if_unordered(
         self, ctx: DeviceContext | None = None, src: Buffer | None = None
@@ -537,7 +542,8 @@ class Buffer:
             )
         if copy:
             return self.copy().__dlpack__(max_version=max_version)
-        if not self.is_host and stream is not None and self._stream is not None:
+        if not self.is_host and stream != -1 and self._stream is not None:
+            # DLPack: stream None means the legacy default stream, -1 asks for no sync
             self._stream.synchronize()
         itemsize = self._dtype.itemsize
         strides = tuple(s // itemsize for s in self._strides)
