@@ -23,6 +23,7 @@ from typing import Any, get_type_hints
 from .errors import ConfigError
 
 __all__ = [
+    "CollectivesConfig",
     "Config",
     "DeviceConfig",
     "HeapConfig",
@@ -91,14 +92,15 @@ class HeapConfig:
     nbytes: bytes of heap per rank. alignment: allocation alignment in bytes (a power of two,
     at least 64). check_symmetry: all-gather every alloc/free's arguments and raise
     ``CollectiveMismatchError`` when ranks disagree. node_split: ``"node"`` (ranks sharing
-    memory form a node) or ``"rank"`` (every rank is its own node, so the off-node RMA path
-    runs on one machine).
+    memory form a node), ``"rank"`` (every rank is its own node, so the off-node RMA path
+    runs on one machine) or a number ``"K"`` (nodes of K consecutive ranks of a real node, to
+    test hierarchical algorithms with several ranks per node on one machine).
     """
 
     nbytes: int = _size("256MiB")
     alignment: int = 256
     check_symmetry: bool = False
-    node_split: str = _choice("node", "node", "rank")
+    node_split: str = "node"
 
 
 @dataclass(frozen=True)
@@ -107,6 +109,26 @@ class SignalConfig:
 
     slots: int = 1024
     timeout_s: float = 60.0
+
+
+@dataclass(frozen=True)
+class CollectivesConfig:
+    """Collectives (``collectives.Communicator``).
+
+    scratch_nbytes / scratch_max_nbytes: the symmetric scratch each rank starts with, and the
+    most it grows to (larger messages are processed in pieces). algorithm: ``"auto"`` (the
+    built-in table) or one of ``one_shot``, ``two_shot``, ``hierarchical`` for every call.
+    one_shot_max_nbytes: ``"auto"`` or a size: messages up to it use one-shot on one node.
+    float32_accumulate: ``"float32"`` or ``"float64"``. check_args: all-gather every call's
+    arguments and raise ``CollectiveMismatchError`` when ranks disagree (debug).
+    """
+
+    scratch_nbytes: int = _size("8MiB")
+    scratch_max_nbytes: int = _size("64MiB")
+    algorithm: str = _choice("auto", "auto", "one_shot", "two_shot", "hierarchical")
+    one_shot_max_nbytes: str = "auto"
+    float32_accumulate: str = _choice("float32", "float32", "float64")
+    check_args: bool = False
 
 
 @dataclass(frozen=True)
@@ -152,6 +174,7 @@ class Config:
 
     heap: HeapConfig = field(default_factory=HeapConfig)
     signal: SignalConfig = field(default_factory=SignalConfig)
+    collectives: CollectivesConfig = field(default_factory=CollectivesConfig)
     log: LogConfig = field(default_factory=LogConfig)
     device: DeviceConfig = field(default_factory=DeviceConfig)
     nvshmem: NvshmemConfig = field(default_factory=NvshmemConfig)
@@ -207,6 +230,21 @@ def _convert(section: str, key: str, value: object, origin: str) -> object:
 
 
 def _validate(cfg: Config) -> Config:
+    split = cfg.heap.node_split
+    if split not in ("node", "rank") and not (split.isdigit() and int(split) >= 1):
+        raise ConfigError(
+            f"{cfg.source}: [heap] node_split: invalid value (got {split!r}; expected 'node', "
+            "'rank' or a positive number of ranks per node)"
+        )
+    osm = cfg.collectives.one_shot_max_nbytes
+    if osm != "auto":
+        parse_size(osm, f"{cfg.source}: [collectives] one_shot_max_nbytes")
+    if cfg.collectives.scratch_max_nbytes < cfg.collectives.scratch_nbytes:
+        raise ConfigError(
+            f"{cfg.source}: [collectives] scratch_max_nbytes: too small (got "
+            f"{cfg.collectives.scratch_max_nbytes}; expected >= scratch_nbytes "
+            f"{cfg.collectives.scratch_nbytes})"
+        )
     a = cfg.heap.alignment
     if a < 64 or a & (a - 1):
         raise ConfigError(

@@ -76,10 +76,17 @@ def _check_atomic_dtype(where: str, dtype: np.dtype[Any]) -> None:
 
 
 def split_nodes(comm: MPI.Intracomm, node_split: str) -> MPI.Intracomm:
-    """The node communicator: ranks that share memory, or each rank alone (``"rank"``)."""
+    """The node communicator: ranks that share memory (``"node"``), each rank alone
+    (``"rank"``), or groups of K consecutive ranks of a shared-memory node (``"K"``)."""
     if node_split == "rank":
         return cast(MPI.Intracomm, comm.Split(color=comm.Get_rank(), key=0))
-    return cast(MPI.Intracomm, comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank()))
+    shared = cast(MPI.Intracomm, comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank()))
+    if node_split == "node":
+        return shared
+    group = int(node_split)
+    sub = cast(MPI.Intracomm, shared.Split(color=shared.Get_rank() // group, key=comm.Get_rank()))
+    shared.Free()
+    return sub
 
 
 class HostHeap:

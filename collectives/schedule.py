@@ -1,0 +1,59 @@
+"""Pure chunk arithmetic and the algorithm table (no MPI, no numpy arrays).
+
+Shards: ``n`` elements split over ``parts`` owners, the first ``n % parts`` shards one element
+longer, so any count works (0, 1, primes, not divisible by the world size).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["ALGORITHMS", "AlgorithmTable", "shard_bounds", "shard_of"]
+
+ALGORITHMS = ("one_shot", "two_shot", "hierarchical")
+
+
+def shard_bounds(n: int, parts: int) -> list[tuple[int, int]]:
+    """``[(start, stop), ...]`` of the ``parts`` shards of ``n`` elements, in order."""
+    if parts < 1:
+        raise ValueError(f"shard_bounds: parts must be >= 1 (got {parts})")
+    base, extra = divmod(n, parts)
+    bounds = []
+    start = 0
+    for i in range(parts):
+        stop = start + base + (1 if i < extra else 0)
+        bounds.append((start, stop))
+        start = stop
+    return bounds
+
+
+def shard_of(n: int, parts: int, index: int) -> tuple[int, int]:
+    """The ``index``-th shard of :func:`shard_bounds` without building the list."""
+    base, extra = divmod(n, parts)
+    start = index * base + min(index, extra)
+    return start, start + base + (1 if index < extra else 0)
+
+
+@dataclass(frozen=True)
+class AlgorithmTable:
+    """Which all-reduce to run for a message of ``nbytes`` on ``world_size`` ranks.
+
+    Across nodes: ``hierarchical``. On one node: ``one_shot`` up to the row's
+    ``one_shot_max_nbytes`` (the first row whose ``max_world_size`` covers the world), else
+    ``two_shot``. ``forced`` (from the config) overrides everything.
+    """
+
+    rows: tuple[tuple[int, int], ...] = ((2, 32 << 10), (4, 16 << 10), (1 << 30, 8 << 10))
+    forced: str = "auto"
+
+    def choose(self, nbytes: int, world_size: int, num_nodes: int) -> str:
+        if self.forced != "auto":
+            return self.forced
+        if num_nodes > 1:
+            return "hierarchical"
+        if world_size == 1:
+            return "one_shot"
+        for max_world, one_shot_max in self.rows:
+            if world_size <= max_world:
+                return "one_shot" if nbytes <= one_shot_max else "two_shot"
+        return "two_shot"
