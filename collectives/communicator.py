@@ -138,9 +138,11 @@ class Communicator:
             # uniform nodes: ranks with the same local index, one per node, in node order;
             # otherwise everyone, in rank order (every rank then reduces the whole vector)
             if self.uniform_nodes:
-                self._cross = world.comm.Split(color=world.local_rank, key=world.node)
+                self._cross = cast(
+                    MPI.Intracomm, world.comm.Split(color=world.local_rank, key=world.node)
+                )
             else:
-                self._cross = world.comm.Split(color=0, key=world.rank)
+                self._cross = cast(MPI.Intracomm, world.comm.Split(color=0, key=world.rank))
         world.barrier()
         log.debug(
             "Communicator: %d ranks, %d node(s), local peers %s, table %s",
