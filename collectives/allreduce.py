@@ -10,14 +10,15 @@ identical on every rank, though it may differ from one-shot in the last bit for 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
+from shmem import SHMEMBuffer
 from shmem.dtypes import dtype_name
 
-from .communicator import DONE, READY, SHARD, Communicator, Operand, output_array
-from .ops import check_op, reduce_into
+from .communicator import DONE, READY, SHARD, SRC, Communicator, Operand, output_array
+from .ops import UFUNCS, int_avg, reduce_into
 from .schedule import shard_bounds, shard_of
 
 __all__ = ["all_reduce"]
@@ -38,7 +39,7 @@ def all_reduce(comm: Communicator, x: Any, op: str, out: Any, algorithm: str) ->
     record: tuple[Any, ...] = ("all_reduce", "invalid")
     try:
         xin = Operand(x, where, "x")
-        check_op(op, xin.dtype, where)
+        comm.check_op(op, xin.dtype, where)
         ret, dst = output_array(comm, out, xin.count, xin.dtype, where, xin)
         record = ("all_reduce", xin.count, dtype_name(xin.dtype), op, algorithm)
     except (ValueError, TypeError) as exc:
@@ -51,7 +52,7 @@ def all_reduce(comm: Communicator, x: Any, op: str, out: Any, algorithm: str) ->
         return ret
     acc = comm.accumulate_dtype(xin.dtype)
     staged = xin.shmem is None
-    in_place = np.shares_memory(dst, xin.array)
+    in_place = np.may_share_memory(dst, xin.array)
     parts = 1 if algo == "one_shot" else len(comm.local_peers)
 
     def need(count: int) -> int:
@@ -62,8 +63,9 @@ def all_reduce(comm: Communicator, x: Any, op: str, out: Any, algorithm: str) ->
 
     piece = n
     cap = comm.scratch_capacity
-    while need(piece) > cap and piece > 1:
-        piece = max(1, piece // 2)
+    if need(n) > cap:
+        while need(piece) > cap and piece > 1:
+            piece = max(1, piece // 2)
     run = {"one_shot": _one_shot, "two_shot": _two_shot, "hierarchical": _hierarchical}[algo]
     for lo in range(0, n, piece):
         hi = min(lo + piece, n)
@@ -81,6 +83,127 @@ def _inputs(
     return [comm.peer_input(r, hi - lo, xin.dtype) for r in comm.local_peers]
 
 
+TINY_NBYTES = 64 << 10  # one-shot calls up to this size run from a cached plan
+
+
+class TinyPlan:
+    """A one-shot all-reduce of one shape, made once and replayed with nothing else.
+
+    The replay does only what the protocol needs: wait for the previous call's ``DONE``,
+    publish the input (a copy into my staging view, or the SHMEMBuffer's offset), raise
+    ``READY``, wait for the peers', reduce in rank order, raise ``DONE`` (and, for a zero-copy
+    input, wait for the peers' ``DONE``). The reduction is the same expression as
+    :func:`ops.reduce_into`'s, so results are bitwise the same as every other path.
+    """
+
+    def __init__(self, comm: Communicator, count: int, dtype: np.dtype[Any], op: str) -> None:
+        self.count, self.dtype, self.op = count, dtype, op
+        self.nbytes = count * dtype.itemsize
+        self.ufunc = UFUNCS[op]
+        self.divide = dtype.type(comm.world_size) if op == "avg" else None
+        self.stage = comm.scratch(_round_up(self.nbytes))[: self.nbytes].view(dtype)
+        self.stage_offset = comm._scratch.offset
+        self.flags = [comm._peer_flags[r] for r in comm.local_peers if r != comm.rank]
+        self.order = list(comm.local_peers)
+        self.offsets: list[int] = []
+        self.inputs: list[np.ndarray[Any, Any]] = []
+        self.scratch = comm._scratch
+
+    def run(
+        self,
+        comm: Communicator,
+        x: np.ndarray[Any, Any],
+        shm: SHMEMBuffer | None,
+        dst: np.ndarray[Any, Any],
+        in_place: bool,
+    ) -> None:
+        s = comm._seq = comm._seq + 1
+        prev = s - 1
+        for f in self.flags:
+            if f[DONE] < prev:
+                comm._wait_peers(DONE, prev, "all_reduce")
+                break
+        mine = comm._my_flags
+        if shm is None:
+            np.copyto(self.stage, x)
+            mine[SRC] = self.stage_offset
+            comm.stats.staged_bytes += self.nbytes
+        else:
+            mine[SRC] = shm.offset
+        comm._post(READY, s)
+        for f in self.flags:
+            if f[READY] < s:
+                comm._wait_peers(READY, s, "all_reduce")
+                break
+        else:
+            comm.world.heap.fence()
+        offsets = [mine[SRC] if r == comm.rank else comm._peer_flags[r][SRC] for r in self.order]
+        if offsets != self.offsets:
+            self.offsets = offsets
+            self.inputs = [comm.peer_input(r, self.count, self.dtype) for r in self.order]
+        inputs = self.inputs
+        target = np.empty_like(dst) if (in_place and shm is not None) else dst
+        if len(inputs) == 1:
+            if not np.may_share_memory(target, inputs[0]):
+                np.copyto(target, inputs[0])
+        else:
+            self.ufunc(inputs[0], inputs[1], out=target)
+            for src in inputs[2:]:
+                self.ufunc(target, src, out=target)
+        if self.divide is not None:
+            if target.dtype.kind == "f":
+                np.divide(target, self.divide, out=target)
+            else:
+                int_avg(target, int(self.divide))
+        mine[DONE] = s
+        comm.stats.calls += 1
+        comm.stats.count("one_shot")
+        if shm is not None:  # the caller owns x again once every peer has read it
+            comm._wait_peers(DONE, s, "all_reduce")
+            if target is not dst:
+                np.copyto(dst, target)
+
+
+def tiny_plan(
+    comm: Communicator, count: int, dtype: np.dtype[Any], op: str, acc: np.dtype[Any]
+) -> TinyPlan | None:
+    """The cached plan for this shape, or None when the call does not qualify (off-node
+    peers, a wider accumulator, too large, debug checks on)."""
+    if (
+        comm.num_nodes > 1
+        or acc != dtype
+        or count * dtype.itemsize > TINY_NBYTES
+        or comm._check_args
+    ):
+        return None
+    key = (count, dtype, op)
+    plan = comm._plans.get(key)
+    if plan is None or plan.scratch is not comm._scratch:
+        plan = comm._plans[key] = TinyPlan(comm, count, dtype, op)
+    return cast(TinyPlan, plan)
+
+
+class _Plan:
+    """What a repeated one-shot call of one shape needs, made once: the peers' flag views,
+    and their inputs (valid while they publish at the same offsets)."""
+
+    def __init__(self, comm: Communicator, count: int, dtype: np.dtype[Any]) -> None:
+        self.count, self.dtype = count, dtype
+        self.offsets: list[int] = []
+        self.inputs: list[np.ndarray[Any, Any]] = []
+        self.flags = [comm._peer_flags[r] for r in comm.local_peers if r != comm.rank]
+
+    def sources(self, comm: Communicator) -> list[np.ndarray[Any, Any]]:
+        offsets = [
+            comm._my_flags[SRC] if r == comm.rank else comm._peer_flags[r][SRC]
+            for r in comm.local_peers
+        ]
+        if offsets != self.offsets:
+            self.offsets = offsets
+            self.inputs = [comm.peer_input(r, self.count, self.dtype) for r in comm.local_peers]
+        return self.inputs
+
+
 def _one_shot(
     comm: Communicator,
     xin: Operand,
@@ -93,16 +216,34 @@ def _one_shot(
     in_place: bool,
     nbytes: int,
 ) -> None:
+    count = hi - lo
+    if lo == 0 and hi == xin.count:
+        tiny = tiny_plan(comm, count, xin.dtype, op, acc)
+        if tiny is not None:
+            tiny.run(comm, xin.array, xin.shmem, dst, in_place)
+            return
     s = comm._next_call()
-    comm._wait_peers(DONE, s - 1, "all_reduce")  # peers finished reading my scratch
-    inputs = _inputs(comm, xin, lo, hi, s, nbytes)
+    key = (count, xin.dtype)
+    plan = comm._plans.get(key)
+    if plan is None:
+        plan = comm._plans[key] = _Plan(comm, count, xin.dtype)
+    prev = s - 1
+    if any(f[DONE] < prev for f in plan.flags):
+        comm._wait_peers(DONE, prev, "all_reduce")  # peers finished reading my scratch
+    comm.publish(s, xin, nbytes, lo, hi)
+    if any(f[READY] < s for f in plan.flags):
+        comm._wait_peers(READY, s, "all_reduce")
+    else:
+        comm.world.heap.fence()
+    inputs = plan.sources(comm)
     # zero-copy and in place: peers still read my x, so reduce aside and write after DONE
-    target = np.empty(hi - lo, dst.dtype) if (in_place and not staged) else dst[lo:hi]
+    aside = in_place and not staged
+    target = np.empty(count, dst.dtype) if aside else dst[lo:hi]
     reduce_into(target, inputs, op, acc, avg_count=comm.world_size)
     comm._post(DONE, s)
     if not staged:  # the caller owns x again once every peer has read it
         comm._wait_peers(DONE, s, "all_reduce")
-        if target is not dst[lo:hi] and not np.shares_memory(target, dst):
+        if aside:
             np.copyto(dst[lo:hi], target)
 
 

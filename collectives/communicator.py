@@ -22,18 +22,19 @@ from typing import Any, cast
 import numpy as np
 from mpi4py import MPI
 
-from shmem import SHMEMBuffer, SignalPad, World
+from shmem import SUPPORTED_DTYPES, SHMEMBuffer, SignalPad, World
 from shmem.dtypes import as_dtype, dtype_name
 from shmem.errors import CollectiveMismatchError, ShmemError, ShmemStateError, SignalTimeoutError
 from shmem.signals import poll_until, spin_seconds
 
-from .ops import accumulate_dtype
+from .ops import accumulate_dtype, check_op
 from .schedule import ALGORITHMS, AlgorithmTable
 
 __all__ = ["CommStats", "Communicator"]
 
 log = logging.getLogger(__name__)
 
+_SUPPORTED = frozenset(SUPPORTED_DTYPES.values())
 READY, SHARD, DONE, SRC = 0, 1, 2, 3  # SRC: heap offset where my input is readable
 _NUM_FLAGS = 8
 _BARRIER_SLOTS = 4
@@ -63,9 +64,12 @@ class Operand:
     """A collective's input or output: the flat local array, and the SHMEMBuffer if any."""
 
     def __init__(self, obj: Any, where: str, name: str) -> None:
-        if isinstance(obj, SHMEMBuffer):
-            self.shmem: SHMEMBuffer | None = obj
-            self.array: np.ndarray[Any, Any] = obj.local().reshape(-1)
+        if type(obj) is np.ndarray and obj.ndim == 1 and obj.flags.c_contiguous:
+            self.shmem: SHMEMBuffer | None = None
+            self.array: np.ndarray[Any, Any] = obj
+        elif isinstance(obj, SHMEMBuffer):
+            self.shmem = obj
+            self.array = obj.local().reshape(-1)
         elif isinstance(obj, np.ndarray):
             self.shmem = None
             if not obj.flags.c_contiguous:
@@ -79,7 +83,8 @@ class Operand:
                 f"{where}: {name} must be a SHMEMBuffer or a numpy array (got {type(obj).__name__})"
             )
         self.obj = obj
-        self.dtype = as_dtype(self.array.dtype, where)
+        dt = self.array.dtype
+        self.dtype = dt if dt in _SUPPORTED else as_dtype(dt, where)
         self.count = self.array.shape[0]
 
 
@@ -130,6 +135,10 @@ class Communicator:
         self._pad_buf = world.zeros(SignalPad.nbytes_for(_BARRIER_SLOTS), "uint8")
         self._pad = SignalPad(world.heap, self._pad_buf.offset, _BARRIER_SLOTS, self._timeout_s)
         self._scratch = world.zeros(max(cfg.scratch_nbytes, 64), "uint8")
+        self._stage_views: dict[tuple[int, np.dtype[Any]], np.ndarray[Any, Any]] = {}
+        self._input_views: dict[tuple[Any, ...], np.ndarray[Any, Any]] = {}
+        self._op_ok: set[tuple[str, np.dtype[Any]]] = set()
+        self._plans: dict[tuple[Any, ...], Any] = {}
         self._scratch_max = cfg.scratch_max_nbytes
         self._my_flags = _q(self._flags.local())
         self._peer_flags = {r: _q(cast(np.ndarray, self._flags.peer(r))) for r in self.local_peers}
@@ -185,19 +194,21 @@ class Communicator:
         self._my_flags[flag] = value
 
     def _wait_peers(self, flag: int, value: int, what: str, peers: list[int] | None = None) -> None:
-        deadline = time.monotonic() + self._timeout_s
+        deadline = 0.0
         for r in self.local_peers if peers is None else peers:
             if r == self.rank:
                 continue
             view = self._peer_flags[r]
             if view[flag] >= value:
                 continue
+            if not deadline:
+                deadline = time.monotonic() + self._timeout_s
 
             def ready(v: memoryview = view) -> bool:
                 return bool(v[flag] >= value)
 
             if not poll_until(ready, deadline, None, self._spin_s):
-                name = ("READY", "SHARD", "DONE")[flag] if flag < 3 else str(flag)
+                name = ("READY", "SHARD", "DONE", "SRC")[flag] if flag < 4 else str(flag)
                 raise SignalTimeoutError(
                     f"{what}: rank {self.rank} timed out after {self._timeout_s:g} s waiting for "
                     f"rank {r} ({name} flag: expected >= {value}, last value seen {view[flag]})",
@@ -241,13 +252,18 @@ class Communicator:
         """
         hi = xin.count if hi is None else hi
         isz = xin.dtype.itemsize
+        if scratch_bytes > self._scratch.nbytes:
+            self.scratch(scratch_bytes)
         if xin.shmem is None:
-            mine = self.scratch(scratch_bytes)[: (hi - lo) * isz].view(xin.dtype)
+            key = (hi - lo, xin.dtype)
+            mine = self._stage_views.get(key)
+            if mine is None:
+                mine = self._scratch.local()[: (hi - lo) * isz].view(xin.dtype)
+                self._stage_views[key] = mine
             np.copyto(mine, xin.array[lo:hi])
             self.stats.staged_bytes += (hi - lo) * isz
             offset = self._scratch.offset
         else:
-            self.scratch(scratch_bytes)
             offset = xin.shmem.offset + lo * isz
         self._my_flags[SRC] = offset
         self._post(READY, s)
@@ -255,9 +271,18 @@ class Communicator:
     def peer_input(self, rank: int, count: int, dtype: np.dtype[Any]) -> np.ndarray[Any, Any]:
         """Rank ``rank``'s published input (after its READY), as ``count`` elements."""
         offset = self._my_flags[SRC] if rank == self.rank else self._peer_flags[rank][SRC]
+        key = (rank, offset, count, dtype)
+        cached = self._input_views.get(key)
+        if cached is not None:
+            return cached
         view = self.world.heap.peer_view(rank, int(offset), count * dtype.itemsize)
-        assert view is not None
-        return view.view(dtype)
+        if view is None:
+            raise ShmemStateError(f"peer_input: rank {rank} is not on this node")
+        typed = view.view(dtype)
+        if len(self._input_views) > 4096:
+            self._input_views.clear()
+        self._input_views[key] = typed
+        return typed
 
     def _next_call(self) -> int:
         self._seq += 1
@@ -274,6 +299,9 @@ class Communicator:
             self._scratch.close()
             self._scratch = self.world.empty(new, "uint8")
             self.stats.scratch_growths += 1
+            self._stage_views.clear()
+            self._input_views.clear()  # offsets inside the old scratch are stale
+            self._plans.clear()
         return self._scratch.local()
 
     def peer_scratch(self, rank: int) -> np.ndarray[Any, np.dtype[np.uint8]]:
@@ -285,6 +313,12 @@ class Communicator:
         return max(self._scratch_max, self._scratch.nbytes)
 
     # -- arguments -----------------------------------------------------------------------------
+
+    def check_op(self, op: str, dtype: np.dtype[Any], where: str) -> None:
+        """Raise unless ``op`` applies to ``dtype`` (valid pairs are remembered)."""
+        if (op, dtype) not in self._op_ok:
+            check_op(op, dtype, where)
+            self._op_ok.add((op, dtype))
 
     def accumulate_dtype(self, dtype: np.dtype[Any]) -> np.dtype[Any]:
         return accumulate_dtype(dtype, self._acc32)
@@ -329,7 +363,8 @@ class Communicator:
             )
         if algo != "hierarchical" and self.num_nodes > 1:
             algo = "hierarchical"  # peers off the node have no peer views
-        log.debug("%s: %d bytes on %d ranks -> %s", where, nbytes, self.world_size, algo)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("%s: %d bytes on %d ranks -> %s", where, nbytes, self.world_size, algo)
         self.stats.count(algo)
         return algo
 
@@ -338,43 +373,60 @@ class Communicator:
     def all_reduce(self, x: Any, op: str = "sum", out: Any = None, algorithm: str = "auto") -> Any:
         """Equivalent to ``out = x_0 op x_1 op ... op x_{P-1}`` (left to right, elementwise) on
         every rank, bitwise identical everywhere. See :mod:`collectives.allreduce`."""
-        from .allreduce import all_reduce
-
-        self._live("all_reduce")
-        return all_reduce(self, x, op, out, algorithm)
+        if self._closed:
+            self._live("all_reduce")
+        if type(x) is np.ndarray and algorithm == "auto":  # replay a cached small call
+            plan = self._plans.get((x.size, x.dtype, op))
+            if (
+                plan is not None
+                and plan.scratch is self._scratch
+                and x.flags.c_contiguous
+                and (
+                    out is None
+                    or (
+                        type(out) is np.ndarray
+                        and out.dtype == x.dtype
+                        and out.size == x.size
+                        and out.flags.c_contiguous
+                        and out.flags.writeable
+                    )
+                )
+            ):
+                res = np.empty_like(x) if out is None else out
+                plan.run(self, x.reshape(-1), None, res.reshape(-1), False)
+                return res
+        return _allreduce.all_reduce(self, x, op, out, algorithm)
 
     def reduce_scatter(self, x: Any, op: str = "sum", out: Any = None) -> Any:
         """Shard ``rank`` (``schedule.shard_bounds(count, world_size)``) of the all-reduce."""
-        from .reduce_scatter import reduce_scatter
-
         self._live("reduce_scatter")
-        return reduce_scatter(self, x, op, out)
+        return _reduce_scatter.reduce_scatter(self, x, op, out)
 
     def all_gather(self, x: Any, out: Any = None) -> Any:
         """Every rank's ``x`` (same count everywhere) concatenated in rank order."""
-        from .all_gather import all_gather
-
         self._live("all_gather")
-        return all_gather(self, x, out)
+        return _all_gather.all_gather(self, x, out)
 
     def broadcast(self, x: Any, root: int = 0, out: Any = None) -> Any:
         """Root's ``x`` on every rank (into ``out``, by default ``x`` itself)."""
-        from .broadcast import broadcast
-
         self._live("broadcast")
-        return broadcast(self, x, root, out)
+        return _broadcast.broadcast(self, x, root, out)
 
     def all_to_all(self, x: Any, out: Any = None) -> Any:
         """Chunk ``j`` of rank ``i``'s ``x`` becomes chunk ``i`` of rank ``j``'s output."""
-        from .all_to_all import all_to_all
-
         self._live("all_to_all")
-        return all_to_all(self, x, out)
+        return _all_to_all.all_to_all(self, x, out)
 
     def barrier(self, timeout: float | None = None) -> None:
         """Every rank of the communicator has arrived (flag barrier on the comm's pad)."""
         self._live("barrier")
         self._pad.barrier(timeout)
+
+
+def _fits(out: np.ndarray[Any, Any] | None, dtype: np.dtype[Any], count: int) -> bool:
+    return out is None or (
+        out.dtype == dtype and out.size == count and out.flags.c_contiguous and out.flags.writeable
+    )
 
 
 def _q(arr: np.ndarray[Any, Any]) -> memoryview:
@@ -390,6 +442,15 @@ def output_array(
         shape = like.obj.shape if like.count == count else (count,)
         arr = np.empty(shape, dtype=dtype)
         return arr, arr.reshape(-1)
+    if (
+        type(out) is np.ndarray
+        and out.ndim == 1
+        and out.dtype == dtype
+        and out.size == count
+        and out.flags.c_contiguous
+        and out.flags.writeable
+    ):
+        return out, out
     o = Operand(out, where, "out")
     if o.dtype != dtype or o.count != count:
         raise CollectiveArgumentError(
@@ -397,3 +458,11 @@ def output_array(
             f"{count} elements of {dtype_name(dtype)})"
         )
     return out, o.array
+
+
+# the algorithms import this module's types; importing them last keeps the cycle benign
+from . import all_gather as _all_gather  # noqa: E402
+from . import all_to_all as _all_to_all  # noqa: E402
+from . import allreduce as _allreduce  # noqa: E402
+from . import broadcast as _broadcast  # noqa: E402
+from . import reduce_scatter as _reduce_scatter  # noqa: E402

@@ -71,7 +71,7 @@ def exchange(
     comm.publish(s, xin, xin.count * xin.dtype.itemsize)
     readers = comm.local_peers if peers is None else peers
     comm._wait_peers(READY, s, where, readers)
-    aside = (not staged) and np.shares_memory(dst, xin.array)
+    aside = (not staged) and np.may_share_memory(dst, xin.array)
     target = np.empty_like(dst) if aside else dst
     for r in readers:
         read(r, comm.peer_input(r, xin.count, xin.dtype), target)

@@ -17,11 +17,11 @@ import numpy as np
 from shmem.dtypes import dtype_name
 from shmem.errors import ShmemError
 
-__all__ = ["OPS", "accumulate_dtype", "check_op", "int_avg", "reduce_into"]
+__all__ = ["OPS", "UFUNCS", "accumulate_dtype", "check_op", "int_avg", "reduce_into"]
 
 OPS = ("sum", "avg", "prod", "min", "max", "band", "bor", "bxor")
 _BITWISE = ("band", "bor", "bxor")
-_UFUNCS: dict[str, np.ufunc] = {
+UFUNCS: dict[str, np.ufunc] = {
     "sum": np.add,
     "avg": np.add,
     "prod": np.multiply,
@@ -108,7 +108,21 @@ def reduce_into(
     n = out.shape[0]
     if n == 0:
         return
-    ufunc = _UFUNCS[op]
+    ufunc = UFUNCS[op]
+    if (
+        len(sources) == 2
+        and out.dtype == acc_dtype
+        and n * acc_dtype.itemsize <= CHUNK_BYTES
+        and sources[0].dtype == acc_dtype
+        and sources[1].dtype == acc_dtype
+    ):
+        ufunc(sources[0], sources[1], out=out)  # the common small case, in one call
+        if op == "avg" and avg_count is not None:
+            if out.dtype.kind == "f":
+                np.divide(out, acc_dtype.type(avg_count), out=out)
+            else:
+                int_avg(out, avg_count)
+        return
     direct = out.dtype == acc_dtype and all(s.dtype == acc_dtype for s in sources)
     step = max(1, CHUNK_BYTES // max(acc_dtype.itemsize, 1))
     acc = None if direct else np.empty(min(step, n), dtype=acc_dtype)

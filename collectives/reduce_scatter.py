@@ -9,7 +9,7 @@ import numpy as np
 
 from .communicator import Communicator, Operand
 from .family import exchange, prepare
-from .ops import check_op, reduce_into
+from .ops import reduce_into
 from .schedule import shard_of
 
 __all__ = ["reduce_scatter"]
@@ -20,7 +20,7 @@ def reduce_scatter(comm: Communicator, x: Any, op: str, out: Any) -> Any:
     size, rank = comm.world_size, comm.rank
 
     def validate(xin: Operand) -> None:
-        check_op(op, xin.dtype, where)
+        comm.check_op(op, xin.dtype, where)
 
     def count_of(n: int) -> int:
         a, b = shard_of(n, size, rank)

@@ -43,7 +43,15 @@ class AlgorithmTable:
     ``two_shot``. ``forced`` (from the config) overrides everything.
     """
 
-    rows: tuple[tuple[int, int], ...] = ((2, 32 << 10), (4, 16 << 10), (1 << 30, 8 << 10))
+    # Measured on the 2-core development machine (benchmarks/allreduce.py, forced algorithms):
+    # 2 ranks, one-shot beats two-shot at every size from 8 KiB to 32 MiB (2.8-4.1x MPI vs
+    # 1.9-2.8x); 4 ranks, one-shot wins up to 64 KiB, two-shot from 256 KiB.
+    rows: tuple[tuple[int, int], ...] = (
+        (2, 1 << 62),
+        (4, 128 << 10),
+        (8, 64 << 10),
+        (1 << 30, 32 << 10),
+    )
     forced: str = "auto"
 
     def choose(self, nbytes: int, world_size: int, num_nodes: int) -> str:
