@@ -294,8 +294,10 @@ def _hierarchical(
 
     s = comm._next_call()
     count, dtype = hi - lo, xin.dtype
-    cross = comm.cross
-    if not comm.uniform_nodes:  # every rank reduces everything, in rank order, over MPI
+    cross = comm._cross
+    if (
+        cross is not None and not comm.uniform_nodes
+    ):  # every rank reduces everything, in rank order, over MPI
         mine = np.ascontiguousarray(xin.array[lo:hi], dtype=acc)
         every = np.empty((comm.world_size, count), dtype=acc)
         comm.mpi_wait(
@@ -314,11 +316,14 @@ def _hierarchical(
     partial_op = "sum" if op == "avg" else op
     reduce_into(partial, [inp[a:b] for inp in inputs], partial_op, acc)
     # between nodes: the same shard's partials from every node, reduced in node order
-    nodes = np.empty((cross.Get_size(), b - a), dtype=acc)
-    comm.mpi_wait(
-        cross.Iallgather([partial.view(np.uint8), MPI.BYTE], [nodes.view(np.uint8), MPI.BYTE]),
-        "all_reduce",
-    )
+    if cross is None:  # one node: the partial is the whole reduction (two-shot, unrounded)
+        nodes = partial[None, :]
+    else:
+        nodes = np.empty((cross.Get_size(), b - a), dtype=acc)
+        comm.mpi_wait(
+            cross.Iallgather([partial.view(np.uint8), MPI.BYTE], [nodes.view(np.uint8), MPI.BYTE]),
+            "all_reduce",
+        )
     base = _round_up(count * dtype.itemsize)  # my shard sits after the staging area
     mine = comm.scratch(nbytes)[base : base + (b - a) * dtype.itemsize].view(dtype)
     reduce_into(mine, list(nodes), op, acc, avg_count=comm.world_size)

@@ -105,6 +105,7 @@ class Communicator:
         self.rank, self.world_size = world.rank, world.world_size
         self.num_nodes = world.num_nodes
         self._closed = False
+        self._broken = False
         self._seq = 0
         self._calls = 0
         self.stats = CommStats()
@@ -172,7 +173,8 @@ class Communicator:
         """Release scratch, flags and pad (collective)."""
         if self._closed:
             return
-        self._wait_peers(DONE, self._seq, "close")
+        if not self._broken:
+            self._wait_peers(DONE, self._seq, "close")
         self._closed = True
         for buf in (self._scratch, self._pad_buf, self._flags):
             buf.close()
@@ -351,6 +353,12 @@ class Communicator:
             )
             raise CollectiveMismatchError(f"{where}: ranks disagree ({listing})")
 
+    def _failed(self, seq_before: int) -> None:
+        """A call raised: if it had started exchanging flags, peers may be mid-call, so this
+        communicator's flag state is no longer in step (close() will not wait on it)."""
+        if self._seq != seq_before:
+            self._broken = True
+
     def choose(self, algorithm: str, nbytes: int, where: str) -> str:
         if algorithm == "auto":
             algo = self.table.choose(nbytes, self.world_size, self.num_nodes)
@@ -395,27 +403,52 @@ class Communicator:
                 res = np.empty_like(x) if out is None else out
                 plan.run(self, x.reshape(-1), None, res.reshape(-1), False)
                 return res
-        return _allreduce.all_reduce(self, x, op, out, algorithm)
+        seq = self._seq
+        try:
+            return _allreduce.all_reduce(self, x, op, out, algorithm)
+        except BaseException:
+            self._failed(seq)
+            raise
 
     def reduce_scatter(self, x: Any, op: str = "sum", out: Any = None) -> Any:
         """Shard ``rank`` (``schedule.shard_bounds(count, world_size)``) of the all-reduce."""
         self._live("reduce_scatter")
-        return _reduce_scatter.reduce_scatter(self, x, op, out)
+        seq = self._seq
+        try:
+            return _reduce_scatter.reduce_scatter(self, x, op, out)
+        except BaseException:
+            self._failed(seq)
+            raise
 
     def all_gather(self, x: Any, out: Any = None) -> Any:
         """Every rank's ``x`` (same count everywhere) concatenated in rank order."""
         self._live("all_gather")
-        return _all_gather.all_gather(self, x, out)
+        seq = self._seq
+        try:
+            return _all_gather.all_gather(self, x, out)
+        except BaseException:
+            self._failed(seq)
+            raise
 
     def broadcast(self, x: Any, root: int = 0, out: Any = None) -> Any:
         """Root's ``x`` on every rank (into ``out``, by default ``x`` itself)."""
         self._live("broadcast")
-        return _broadcast.broadcast(self, x, root, out)
+        seq = self._seq
+        try:
+            return _broadcast.broadcast(self, x, root, out)
+        except BaseException:
+            self._failed(seq)
+            raise
 
     def all_to_all(self, x: Any, out: Any = None) -> Any:
         """Chunk ``j`` of rank ``i``'s ``x`` becomes chunk ``i`` of rank ``j``'s output."""
         self._live("all_to_all")
-        return _all_to_all.all_to_all(self, x, out)
+        seq = self._seq
+        try:
+            return _all_to_all.all_to_all(self, x, out)
+        except BaseException:
+            self._failed(seq)
+            raise
 
     def barrier(self, timeout: float | None = None) -> None:
         """Every rank of the communicator has arrived (flag barrier on the comm's pad)."""

@@ -1,0 +1,325 @@
+"""Collectives against references built from every rank's input, on every world size.
+
+The exact reference is the definition: ``((x_0 op x_1) op x_2) ...`` in the accumulation dtype
+(float32 for float16/bfloat16/float8), rounded once. One-shot and two-shot must match it
+bitwise; hierarchical (several nodes) reduces node by node, so it is compared with a float64
+reference within a tolerance, and bitwise across ranks.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import collectives
+import shmem
+from collectives.schedule import shard_of
+from shmem import SUPPORTED_DTYPES, World
+from shmem.errors import CollectiveMismatchError, SignalTimeoutError
+
+pytestmark = pytest.mark.mpi
+
+LOW = {"float16", "bfloat16", "float8_e4m3", "float8_e5m2"}
+FLOATS = {"float16", "float32", "float64", "bfloat16", "float8_e4m3", "float8_e5m2"}
+UFUNC = {
+    "sum": np.add,
+    "avg": np.add,
+    "prod": np.multiply,
+    "min": np.minimum,
+    "max": np.maximum,
+    "band": np.bitwise_and,
+    "bor": np.bitwise_or,
+    "bxor": np.bitwise_xor,
+}
+
+
+def valid(op: str, name: str) -> bool:
+    if op in ("band", "bor", "bxor"):
+        return name not in FLOATS
+    return not (op == "avg" and name == "bool")
+
+
+CASES = [(op, name) for name in sorted(SUPPORTED_DTYPES) for op in UFUNC if valid(op, name)]
+
+
+def make_input(name: str, op: str, count: int, seed: int) -> np.ndarray[Any, Any]:
+    rng = np.random.default_rng(seed)
+    dt = SUPPORTED_DTYPES[name]
+    if name == "bool":
+        return rng.integers(0, 2, count).astype(bool)
+    if op == "prod":
+        vals = rng.choice([-1, 1, 2], count) if name not in FLOATS else 1 + rng.random(count) / 8
+        return np.asarray(vals).astype(dt)
+    if name in FLOATS:
+        return (rng.standard_normal(count) * (4 if name.startswith("float8") else 100)).astype(dt)
+    info = np.iinfo(dt)
+    return rng.integers(max(info.min, -1000), min(info.max, 1000), count).astype(dt)
+
+
+def reference(inputs: list[np.ndarray[Any, Any]], op: str, name: str) -> np.ndarray[Any, Any]:
+    """The definition, written independently of collectives.ops."""
+    dt = SUPPORTED_DTYPES[name]
+    acc = np.dtype(np.float32) if name in LOW else dt
+    if not inputs[0].size:
+        return np.zeros(0, dt)
+    out = inputs[0].astype(acc)
+    for x in inputs[1:]:
+        out = UFUNC[op](out, x.astype(acc))
+    if op == "avg":
+        p = len(inputs)
+        if acc.kind == "f":
+            out = out / acc.type(p)
+        elif acc.kind == "u":
+            out = out // p
+        else:
+            wide = out.astype(np.int64)
+            out = (wide // p + ((wide % p != 0) & (wide < 0))).astype(acc)
+    return out.astype(dt)
+
+
+def float64_reference(inputs: list[np.ndarray[Any, Any]], op: str) -> np.ndarray[Any, Any]:
+    out = inputs[0].astype(np.float64)
+    for x in inputs[1:]:
+        out = UFUNC[op](out, x.astype(np.float64))
+    return out / len(inputs) if op == "avg" else out
+
+
+def check_result(
+    world: World,
+    got: np.ndarray[Any, Any],
+    inputs: list[np.ndarray[Any, Any]],
+    op: str,
+    name: str,
+    exact: bool,
+) -> None:
+    got = np.asarray(got).reshape(-1)
+    everyone = world.comm.allgather(got.tobytes())
+    assert len(set(everyone)) == 1, "bitwise identical on every rank"
+    ref = reference(inputs, op, name)
+    if exact or name not in FLOATS:
+        assert got.tobytes() == ref.tobytes(), f"{op} {name}: not the rank-order result"
+    else:
+        # one rounding of the result: half an ulp of the dtype's mantissa, relative
+        tol = {
+            "float64": 1e-9,
+            "float32": 1e-4,
+            "float16": 2e-3,
+            "bfloat16": 1e-2,
+            "float8_e4m3": 0.07,
+            "float8_e5m2": 0.13,
+        }[name]
+        ref64 = float64_reference(inputs, op)
+        np.testing.assert_allclose(got.astype(np.float64), ref64, rtol=tol, atol=tol * 8)
+
+
+@pytest.fixture
+def comm(world: World) -> Any:
+    c = collectives.Communicator(world)
+    yield c
+    c.close()
+
+
+@pytest.mark.parametrize(("op", "name"), CASES, ids=[f"{o}-{n}" for o, n in CASES])
+def test_all_reduce_every_op_dtype_algorithm(world: World, comm: Any, op: str, name: str) -> None:
+    exact = world.num_nodes == 1
+    for algorithm in ("one_shot", "two_shot", "hierarchical"):
+        for count in (0, 1, 7, 1021):
+            x = make_input(name, op, count, seed=world.rank * 7919 + count)
+            inputs = world.comm.allgather(x)
+            got = comm.all_reduce(x.copy(), op=op, algorithm=algorithm)  # out of place
+            # on one node hierarchical is two-shot in rank order: exact as well
+            check_result(world, got, inputs, op, name, exact)
+            y = x.copy()
+            assert comm.all_reduce(y, op=op, out=y, algorithm=algorithm) is y  # in place
+            assert y.tobytes() == np.asarray(got).tobytes()
+
+
+@pytest.mark.parametrize("name", ["float32", "bfloat16", "int32", "float64"])
+def test_large_count_numpy_and_symmetric(world: World, comm: Any, name: str) -> None:
+    count = 1 << 20
+    x = make_input(name, "sum", count, seed=world.rank)
+    inputs = world.comm.allgather(x)
+    results = {}
+    for algorithm in ("one_shot", "two_shot"):
+        results[algorithm] = comm.all_reduce(x, algorithm=algorithm)
+        check_result(world, results[algorithm], inputs, "sum", name, world.num_nodes == 1)
+    if world.num_nodes == 1:
+        assert results["one_shot"].tobytes() == results["two_shot"].tobytes()
+    with world.zeros(count, name) as sym:
+        sym.local()[...] = x
+        world.barrier()
+        staged = comm.stats.staged_bytes
+        out = comm.all_reduce(sym)
+        assert comm.stats.staged_bytes == staged, "the zero-copy path copies nothing"
+        assert out.tobytes() == np.asarray(results["one_shot"]).tobytes()
+        comm.all_reduce(sym, out=sym)  # in place, zero-copy
+        assert sym.local().tobytes() == out.tobytes()
+        assert comm.stats.staged_bytes == staged
+
+
+def test_zero_copy_family_and_staging_counts(world: World, comm: Any) -> None:
+    p = world.world_size
+    with world.zeros(4 * p, "int64") as sym:
+        sym.local()[...] = np.arange(4 * p) + 100 * world.rank
+        world.barrier()
+        before = comm.stats.staged_bytes
+        comm.reduce_scatter(sym)
+        comm.all_gather(sym)
+        comm.broadcast(sym, root=0, out=np.empty(4 * p, np.int64))
+        comm.all_to_all(sym, out=np.empty(4 * p, np.int64))
+        if world.num_nodes == 1:
+            assert comm.stats.staged_bytes == before
+        comm.all_reduce(np.zeros(4 * p, np.int64))
+        if world.num_nodes == 1:
+            assert comm.stats.staged_bytes == before + 4 * p * 8  # numpy inputs are staged
+
+
+def test_determinism_run_to_run_and_across_algorithms(world: World, comm: Any) -> None:
+    x = make_input("bfloat16", "sum", 4099, seed=world.rank)
+    first = comm.all_reduce(x)
+    for _ in range(3):
+        assert comm.all_reduce(x).tobytes() == first.tobytes()
+    if world.num_nodes == 1:
+        assert comm.all_reduce(x, algorithm="two_shot").tobytes() == first.tobytes()
+        assert comm.all_reduce(x, algorithm="one_shot").tobytes() == first.tobytes()
+
+
+@pytest.mark.parametrize("count", [0, 1, 7, 1021, 5000])
+def test_family(world: World, comm: Any, count: int) -> None:
+    p, r = world.world_size, world.rank
+    x = make_input("int32", "sum", count, seed=r + 1)
+    inputs = world.comm.allgather(x)
+    total = reference(inputs, "sum", "int32")
+    lo, hi = shard_of(count, p, r)
+    assert comm.reduce_scatter(x).tobytes() == total[lo:hi].tobytes()
+    mx = comm.reduce_scatter(x, op="max")
+    assert mx.tobytes() == reference(inputs, "max", "int32")[lo:hi].tobytes()
+    assert comm.all_gather(x).tobytes() == np.concatenate(inputs).tobytes()
+    for root in range(p):
+        y = x.copy()
+        assert comm.broadcast(y, root=root) is y
+        assert y.tobytes() == inputs[root].tobytes()
+    m = count - count % p
+    got = comm.all_to_all(x[:m].copy())
+    expected = np.concatenate([a[:m].reshape(p, -1)[r] for a in inputs]) if m else x[:0]
+    assert got.tobytes() == expected.tobytes()
+    z = x[:m].copy()
+    comm.all_to_all(z, out=z)  # in place
+    assert z.tobytes() == expected.tobytes()
+    comm.barrier()
+
+
+def test_argument_errors(world: World, comm: Any) -> None:
+    p = world.world_size
+    with pytest.raises(ValueError, match="unknown op"):
+        comm.all_reduce(np.zeros(4, np.float32), op="mean")
+    with pytest.raises(ValueError, match="needs an integer or bool dtype"):
+        comm.all_reduce(np.zeros(4, np.float32), op="bxor")
+    with pytest.raises(ValueError, match="invalid out"):
+        comm.all_reduce(np.zeros(4, np.float32), out=np.zeros(5, np.float32))
+    with pytest.raises(ValueError, match="unknown algorithm"):
+        comm.all_reduce(np.zeros(4, np.float32), algorithm="ring")
+    with pytest.raises(ValueError, match="must be C-contiguous"):
+        comm.all_reduce(np.zeros((4, 4), np.float32)[:, 0])
+    with pytest.raises(ValueError, match="must be a SHMEMBuffer or a numpy array"):
+        comm.all_reduce([1, 2, 3])
+    with pytest.raises(ValueError, match="invalid root"):
+        comm.broadcast(np.zeros(2), root=p)
+    if p > 1:
+        with pytest.raises(ValueError, match="multiple of the world size"):
+            comm.all_to_all(np.zeros(p + 1))
+    comm.barrier()  # still in step
+
+
+def test_mismatch_is_detected_on_every_rank(world: World, comm: Any) -> None:
+    if world.world_size == 1:
+        pytest.skip("needs two ranks to disagree")
+    assert world.config.collectives.check_args
+    with pytest.raises(CollectiveMismatchError, match="ranks disagree"):
+        comm.all_reduce(np.zeros(3 + world.rank, np.float32))
+    with pytest.raises(CollectiveMismatchError, match="ranks disagree"):
+        comm.all_reduce(np.zeros(3, np.float32), op="sum" if world.rank else "max")
+    with pytest.raises(CollectiveMismatchError, match="ranks disagree"):
+        comm.all_reduce(np.zeros(3, np.float32 if world.rank else np.float64))
+    bad = np.zeros(3, np.float32) if world.rank else np.zeros(3, np.complex64)
+    with pytest.raises(
+        (CollectiveMismatchError, TypeError), match=r"invalid arguments on other|unsupported dtype"
+    ):
+        comm.all_reduce(bad)
+    out = comm.all_reduce(np.ones(5, np.float32))  # nothing was corrupted
+    assert (out == world.world_size).all()
+
+
+def test_pieces_beyond_scratch_capacity(world: World, comm: Any) -> None:
+    count = 3 << 20  # 12 MiB of float32: staging + shards exceed ci.toml's 16 MiB cap
+    x = np.full(count, world.rank + 1, np.float32)
+    x[::977] = world.rank * 0.5
+    inputs_sum = np.zeros(count, np.float32)
+    for r in range(world.world_size):
+        y = np.full(count, r + 1, np.float32)
+        y[::977] = r * 0.5
+        inputs_sum = y if r == 0 else inputs_sum + y
+    for algorithm in ("one_shot", "two_shot"):
+        got = comm.all_reduce(x, algorithm=algorithm)
+        assert got.tobytes() == inputs_sum.tobytes()  # small integers and halves: exact
+    if world.num_nodes == 1:
+        assert comm.stats.scratch_growths >= 1
+
+
+def test_a_missing_peer_times_out_instead_of_hanging() -> None:
+    world = shmem.init(heap_nbytes="16MiB", signal_timeout_s=0.5, collectives_check_args=False)
+    try:
+        comm = collectives.Communicator(world)
+        if world.world_size == 1 or world.num_nodes > 1:
+            comm.close()
+            pytest.skip("needs 2+ ranks on one node")
+        start = time.monotonic()
+        if world.rank != 0:
+            with pytest.raises(SignalTimeoutError, match="waiting for rank 0"):
+                comm.all_reduce(np.ones(4, np.float32))
+            assert time.monotonic() - start < 5
+        world.comm.Barrier()
+        comm._closed = True  # the communicator's state is broken on purpose: drop it
+    finally:
+        world.finalize()
+
+
+def test_soak_random_calls_bitwise_and_heap_baseline(world: World) -> None:
+    baseline = world.heap_stats()
+    comm = collectives.Communicator(world)
+    rng = np.random.default_rng(2024)  # the same sequence on every rank
+    names = sorted(SUPPORTED_DTYPES)
+    p, r = world.world_size, world.rank
+    for i in range(2000):
+        name = names[rng.integers(len(names))]
+        op = str(rng.choice([o for o in UFUNC if valid(o, name)]))
+        count = int(rng.choice([0, 1, 2, 3, 7, 64, 1000, 4097]))
+        kind = int(rng.integers(4))
+        x = make_input(name, op, count, seed=i * 31 + r)
+        if kind == 0:
+            got = comm.all_reduce(x, op=op)
+            inputs = world.comm.allgather(x)
+            check_result(world, got, inputs, op, name, world.num_nodes == 1)
+        elif kind == 1:
+            lo, hi = shard_of(count, p, r)
+            got = comm.reduce_scatter(x, op=op)
+            full = reference(world.comm.allgather(x), op, name)
+            if world.num_nodes == 1 or name not in FLOATS:
+                assert got.tobytes() == full[lo:hi].tobytes(), f"iteration {i}"
+        elif kind == 2:
+            got = comm.all_gather(x)
+            assert got.tobytes() == np.concatenate(world.comm.allgather(x)).tobytes()
+        else:
+            root = int(rng.integers(p))
+            y = x.copy()
+            comm.broadcast(y, root=root)
+            assert y.tobytes() == world.comm.bcast(x, root=root).tobytes(), f"iteration {i}"
+    comm.close()
+    assert world.heap_stats() == baseline, "every allocation of the communicator was freed"
+
+
+_ = ml_dtypes
