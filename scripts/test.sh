@@ -61,6 +61,9 @@ for n in 2 4; do
         "$PY" -m launch -n "$n" --timeout 540 --log-dir "$LOGS/mpi-$n-rank-split.ranks" \
         "${MPI_PYTEST[@]}"
 done
+# two "nodes" of two ranks: the hierarchical algorithms with several ranks per node
+run_step "mpi-4-pairs" strict timeout 600 env SHMEM_HEAP_NODE_SPLIT=2 \
+    "$PY" -m launch -n 4 --timeout 540 --log-dir "$LOGS/mpi-4-pairs.ranks" "${MPI_PYTEST[@]}"
 run_step examples strict timeout 900 "${PYTEST[@]}" --timeout=300 tests/examples
 if [ -d tests/gpu ]; then
     run_step gpu empty-ok timeout 900 "${PYTEST[@]}" --timeout=300 tests/gpu
