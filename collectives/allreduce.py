@@ -18,7 +18,7 @@ from shmem import SHMEMBuffer
 from shmem.dtypes import dtype_name
 
 from .communicator import DONE, READY, SHARD, SRC, Communicator, Operand, output_array
-from .ops import UFUNCS, int_avg, reduce_into
+from .ops import UFUNCS, int_avg, reduce_into, widen
 from .schedule import shard_bounds, shard_of
 
 __all__ = ["all_reduce"]
@@ -96,11 +96,16 @@ class TinyPlan:
     :func:`ops.reduce_into`'s, so results are bitwise the same as every other path.
     """
 
-    def __init__(self, comm: Communicator, count: int, dtype: np.dtype[Any], op: str) -> None:
-        self.count, self.dtype, self.op = count, dtype, op
+    def __init__(
+        self, comm: Communicator, count: int, dtype: np.dtype[Any], op: str, acc: np.dtype[Any]
+    ) -> None:
+        self.count, self.dtype, self.op, self.acc = count, dtype, op, acc
         self.nbytes = count * dtype.itemsize
         self.ufunc = UFUNCS[op]
-        self.divide = dtype.type(comm.world_size) if op == "avg" else None
+        self.divide = acc.type(comm.world_size) if op == "avg" else None
+        self.widen = acc != dtype  # low precision: accumulate in float32, round once
+        self.acc_buf = np.empty(count if self.widen else 0, acc)
+        self.tmp_buf = np.empty(count if self.widen else 0, acc)
         self.stage = comm.scratch(_round_up(self.nbytes))[: self.nbytes].view(dtype)
         self.stage_offset = comm._scratch.offset
         self.flags = [comm._peer_flags[r] for r in comm.local_peers if r != comm.rank]
@@ -143,14 +148,23 @@ class TinyPlan:
             self.inputs = [comm.peer_input(r, self.count, self.dtype) for r in self.order]
         inputs = self.inputs
         target = np.empty_like(dst) if (in_place and shm is not None) else dst
-        if len(inputs) == 1:
+        if self.widen:
+            a = widen(inputs[0], self.acc_buf)
+            if a is not self.acc_buf:
+                np.copyto(self.acc_buf, a)
+            for src in inputs[1:]:
+                self.ufunc(self.acc_buf, widen(src, self.tmp_buf), out=self.acc_buf)
+            if self.divide is not None:
+                np.divide(self.acc_buf, self.divide, out=self.acc_buf)
+            np.copyto(target, self.acc_buf, casting="unsafe")  # the one rounding
+        elif len(inputs) == 1:
             if not np.may_share_memory(target, inputs[0]):
                 np.copyto(target, inputs[0])
         else:
             self.ufunc(inputs[0], inputs[1], out=target)
             for src in inputs[2:]:
                 self.ufunc(target, src, out=target)
-        if self.divide is not None:
+        if self.divide is not None and not self.widen:
             if target.dtype.kind == "f":
                 np.divide(target, self.divide, out=target)
             else:
@@ -168,18 +182,13 @@ def tiny_plan(
     comm: Communicator, count: int, dtype: np.dtype[Any], op: str, acc: np.dtype[Any]
 ) -> TinyPlan | None:
     """The cached plan for this shape, or None when the call does not qualify (off-node
-    peers, a wider accumulator, too large, debug checks on)."""
-    if (
-        comm.num_nodes > 1
-        or acc != dtype
-        or count * dtype.itemsize > TINY_NBYTES
-        or comm._check_args
-    ):
+    peers, too large, debug checks on)."""
+    if comm.num_nodes > 1 or count * dtype.itemsize > TINY_NBYTES or comm._check_args:
         return None
     key = (count, dtype, op)
     plan = comm._plans.get(key)
-    if plan is None or plan.scratch is not comm._scratch:
-        plan = comm._plans[key] = TinyPlan(comm, count, dtype, op)
+    if plan is None or plan.scratch is not comm._scratch or plan.acc != acc:
+        plan = comm._plans[key] = TinyPlan(comm, count, dtype, op, acc)
     return cast(TinyPlan, plan)
 
 

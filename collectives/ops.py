@@ -17,7 +17,7 @@ import numpy as np
 from shmem.dtypes import dtype_name
 from shmem.errors import ShmemError
 
-__all__ = ["OPS", "UFUNCS", "accumulate_dtype", "check_op", "int_avg", "reduce_into"]
+__all__ = ["OPS", "UFUNCS", "accumulate_dtype", "check_op", "int_avg", "reduce_into", "widen"]
 
 OPS = ("sum", "avg", "prod", "min", "max", "band", "bor", "bxor")
 _BITWISE = ("band", "bor", "bxor")
@@ -72,7 +72,7 @@ _BF16 = np.dtype(ml_dtypes.bfloat16)
 _F32 = np.dtype(np.float32)
 
 
-def _widen(src: np.ndarray[Any, Any], acc: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+def widen(src: np.ndarray[Any, Any], acc: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
     """``src`` converted to ``acc``'s dtype, written into ``acc`` when that is cheaper.
 
     bfloat16 -> float32 is exact: the 16 bits become the top half of the float32 (a widening
@@ -143,11 +143,11 @@ def reduce_into(
                 np.divide(dst, acc_dtype.type(avg_count), out=dst)
         else:
             a = acc[: hi - lo]
-            first = _widen(sources[0][lo:hi], a)
+            first = widen(sources[0][lo:hi], a)
             if first is not a:
                 np.copyto(a, first, casting="unsafe")
             for src in sources[1:]:
-                ufunc(a, _widen(src[lo:hi], tmp[: hi - lo]), out=a)
+                ufunc(a, widen(src[lo:hi], tmp[: hi - lo]), out=a)
             if divide:
                 np.divide(a, acc_dtype.type(avg_count), out=a)
             _narrow(a, out[lo:hi])

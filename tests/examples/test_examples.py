@@ -17,6 +17,7 @@ EXPECT = {
     "01_ring_exchange.py": "ring exchange ok",
     "02_work_queue.py": "work queue ok: 200 tasks",
     "03_device_context.py": "device context ok on cpu:0",
+    "04_allreduce.py": "all-reduce ok",
     "tour.py": "steps passed",
 }
 
