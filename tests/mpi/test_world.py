@@ -28,9 +28,16 @@ def test_init_reports_ranks_and_node(comm: Any) -> None:
         assert world.backend == "host"
         assert world.comm != comm  # duplicated
         split = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
-        if world.config.heap.node_split == "rank":
+        split_cfg = world.config.heap.node_split
+        if comm == MPI.COMM_SELF:
+            assert (world.local_rank, world.local_size, world.num_nodes) == (0, 1, 1)
+        elif split_cfg == "rank":
             assert (world.local_rank, world.local_size) == (0, 1)
             assert (world.node, world.num_nodes) == (world.rank, world.world_size)
+        elif split_cfg.isdigit():  # nodes of K consecutive ranks (all on this machine here)
+            k, p = int(split_cfg), world.world_size
+            assert world.local_rank == world.rank % k and world.node == world.rank // k
+            assert world.num_nodes == -(-p // k)
         else:
             assert (world.local_rank, world.local_size) == (split.Get_rank(), split.Get_size())
             assert world.num_nodes == 1 and world.node == 0
