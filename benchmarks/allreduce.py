@@ -24,7 +24,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 from mpi4py import MPI
-from signal_latency import git_sha
+from signal_latency import git_sha, stats_us
 
 import collectives
 import shmem
@@ -40,15 +40,6 @@ def timed(fn: Any, iters: int, comm: Any) -> float:
         fn()
     local = (time.perf_counter() - t0) / iters
     return float(comm.allreduce(local, op=MPI.MAX))
-
-
-def stats(samples: list[float]) -> dict[str, float]:
-    a = np.asarray(samples) * 1e6
-    return {
-        "median_us": float(np.median(a)),
-        "p10_us": float(np.percentile(a, 10)),
-        "p90_us": float(np.percentile(a, 90)),
-    }
 
 
 def main() -> None:
@@ -139,8 +130,8 @@ def main() -> None:
                         "count": n,
                         "input": kind,
                         "algorithm": algo,
-                        "ours": stats(samples[kind]),
-                        "mpi": stats(samples["mpi"]),
+                        "ours": stats_us(samples[kind]),
+                        "mpi": stats_us(samples["mpi"]),
                         "algbw_GBps": algbw,
                         "busbw_GBps": busbw,
                         "mpi_busbw_GBps": mpi_algbw * 2 * (p - 1) / p if p > 1 else mpi_algbw,

@@ -278,10 +278,25 @@ def _two_shot(
     a, b = shard_of(count, parts, comm.local_index)
     mine = comm.scratch(nbytes)[base : base + (b - a) * dtype.itemsize].view(dtype)
     reduce_into(mine, [inp[a:b] for inp in inputs], op, acc, avg_count=comm.world_size)
+    _gather_shards(comm, s, dst, lo, count, base, dtype)
+
+
+def _gather_shards(
+    comm: Communicator,
+    s: int,
+    dst: np.ndarray[Any, Any],
+    lo: int,
+    count: int,
+    base: int,
+    dtype: np.dtype[Any],
+) -> None:
+    """Publish my reduced shard (``SHARD``), then copy every owner's shard, in order, from
+    its scratch at ``base`` into ``dst[lo:lo + count]`` (the all-gather half of two-shot)."""
     comm._post(SHARD, s)
     comm._wait_peers(SHARD, s, "all_reduce")  # every shard done: no one reads inputs any more
-    # all-gather: every owner's shard into my output
-    for q, (qa, qb) in zip(comm.local_peers, shard_bounds(count, parts), strict=True):
+    for q, (qa, qb) in zip(
+        comm.local_peers, shard_bounds(count, len(comm.local_peers)), strict=True
+    ):
         src = comm.peer_scratch(q)[base : base + (qb - qa) * dtype.itemsize].view(dtype)
         np.copyto(dst[lo + qa : lo + qb], src)
     comm._post(DONE, s)
@@ -336,10 +351,4 @@ def _hierarchical(
     base = _round_up(count * dtype.itemsize)  # my shard sits after the staging area
     mine = comm.scratch(nbytes)[base : base + (b - a) * dtype.itemsize].view(dtype)
     reduce_into(mine, list(nodes), op, acc, avg_count=comm.world_size)
-    comm._post(SHARD, s)
-    comm._wait_peers(SHARD, s, "all_reduce")
-    # intra-node all-gather
-    for q, (qa, qb) in zip(comm.local_peers, shard_bounds(count, parts), strict=True):
-        src = comm.peer_scratch(q)[base : base + (qb - qa) * dtype.itemsize].view(dtype)
-        np.copyto(dst[lo + qa : lo + qb], src)
-    comm._post(DONE, s)
+    _gather_shards(comm, s, dst, lo, count, base, dtype)

@@ -24,8 +24,9 @@ from mpi4py import MPI
 
 from shmem import SUPPORTED_DTYPES, SHMEMBuffer, SignalPad, World
 from shmem.dtypes import as_dtype, dtype_name
-from shmem.errors import CollectiveMismatchError, ShmemError, ShmemStateError, SignalTimeoutError
+from shmem.errors import ShmemError, ShmemStateError, SignalTimeoutError
 from shmem.signals import poll_until, spin_seconds
+from shmem.world import compare_across_ranks
 
 from .ops import accumulate_dtype, check_op
 from .schedule import ALGORITHMS, AlgorithmTable
@@ -336,22 +337,7 @@ class Communicator:
             if error is not None:
                 raise error
             return
-        records = self.world.comm.allgather(
-            (self._calls, record, None if error is None else str(error))
-        )
-        if error is not None:
-            raise error
-        bad = [(r, e) for r, (_, _, e) in enumerate(records) if e is not None]
-        if bad:
-            raise CollectiveMismatchError(
-                f"{where}: invalid arguments on other ranks: "
-                + "; ".join(f"rank {r}: {e}" for r, e in bad)
-            )
-        if any(rec[:2] != records[0][:2] for rec in records):
-            listing = "; ".join(
-                f"rank {r}: call {c} {rec}" for r, (c, rec, _) in enumerate(records)
-            )
-            raise CollectiveMismatchError(f"{where}: ranks disagree ({listing})")
+        compare_across_ranks(self.world.comm, where, self._calls, record, error)
 
     def _failed(self, seq_before: int) -> None:
         """A call raised: if it had started exchanging flags, peers may be mid-call, so this

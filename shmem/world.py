@@ -26,7 +26,7 @@ from .errors import CollectiveMismatchError, ShmemError, ShmemStateError
 from .heap import SymmetricHeap
 from .signals import SignalPad
 
-__all__ = ["World", "finalize", "get_world", "init"]
+__all__ = ["World", "compare_across_ranks", "finalize", "get_world", "init"]
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +36,26 @@ _current: World | None = None
 
 class _WorldArgumentError(ShmemError, ValueError):
     pass
+
+
+def compare_across_ranks(
+    comm: MPI.Intracomm, where: str, call: int, record: tuple[Any, ...], error: Exception | None
+) -> None:
+    """Debug check of a collective call (collective): all-gather ``(call number, arguments,
+    local argument error)`` and raise on every rank when any rank has an error (its own on
+    that rank) or when ranks disagree (``CollectiveMismatchError`` listing each rank's)."""
+    records = comm.allgather((call, record, None if error is None else str(error)))
+    if error is not None:
+        raise error
+    bad = [(r, e) for r, (_, _, e) in enumerate(records) if e is not None]
+    if bad:
+        raise CollectiveMismatchError(
+            f"{where}: invalid arguments on other ranks: "
+            + "; ".join(f"rank {r}: {e}" for r, e in bad)
+        )
+    if any(rec[:2] != records[0][:2] for rec in records):
+        listing = "; ".join(f"rank {r}: call {c} {rec}" for r, (c, rec, _) in enumerate(records))
+        raise CollectiveMismatchError(f"{where}: ranks disagree ({listing})")
 
 
 def _normalise_shape(where: str, shape: Any) -> tuple[int, ...]:
@@ -164,20 +184,7 @@ class World:
                 raise error
             self.signals.barrier()
             return
-        records = self.comm.allgather((self._calls, record, None if error is None else str(error)))
-        errors = [(r, e) for r, (_, _, e) in enumerate(records) if e is not None]
-        if errors:
-            if error is not None:
-                raise error
-            raise CollectiveMismatchError(
-                f"{where}: invalid arguments on other ranks: "
-                + "; ".join(f"rank {r}: {e}" for r, e in errors)
-            )
-        if any(rec[:2] != records[0][:2] for rec in records):
-            listing = "; ".join(
-                f"rank {r}: call {c} {rec}" for r, (c, rec, _) in enumerate(records)
-            )
-            raise CollectiveMismatchError(f"{where}: ranks disagree ({listing})")
+        compare_across_ranks(self.comm, where, self._calls, record, error)
 
     # -- allocation -------------------------------------------------------------------------
 
