@@ -1,0 +1,36 @@
+"""Multi-head attention: persistent tile schedulers (the MAX ``MHATileScheduler`` model), the
+FlashAttention-2 tile kernel on the host, and single-process attention."""
+
+from __future__ import annotations
+
+from .attention import attention
+from .kernel import attention_tile
+from .scheduler import (
+    AtomicCounter,
+    MaskSpec,
+    MHASchedule,
+    MHATileScheduler,
+    MHATileState,
+    MHATileSummary,
+    QueuedTileScheduler,
+    SeqInfo,
+    TileScheduler,
+    TransientScheduler,
+    WorkInfo,
+)
+
+__all__ = [
+    "AtomicCounter",
+    "MHASchedule",
+    "MHATileScheduler",
+    "MHATileState",
+    "MHATileSummary",
+    "MaskSpec",
+    "QueuedTileScheduler",
+    "SeqInfo",
+    "TileScheduler",
+    "TransientScheduler",
+    "WorkInfo",
+    "attention",
+    "attention_tile",
+]

@@ -1,0 +1,118 @@
+"""The host flash-attention tile kernel: one work item (a query tile of one head).
+
+FlashAttention-2 forward (Dao, 2023, Algorithm 1) in the paper's notation, float32
+accumulation. For query rows ``Q_i`` (``BLOCK_M`` x d) and key/value tiles ``K_j``, ``V_j``
+(``BLOCK_N`` x d)::
+
+    S_ij  = Q_i K_j^T * scale            (+ mask: -inf where a key is not visible)
+    m_new = max(m_i, rowmax(S_ij))
+    P_ij  = exp(S_ij - m_new)
+    l_i   = exp(m_i - m_new) * l_i + rowsum(P_ij)
+    acc   = exp(m_i - m_new) * acc + P_ij V_j
+    m_i   = m_new
+    O_i = acc / l_i,   LSE_i = m_i + log(l_i)
+
+KV tiles that the mask hides completely are skipped (the scheduler's ``kv_start``/``kv_end``
+bound them); tiles it hides partly are masked. Rows that see no key at all get ``O = 0`` and
+``LSE = -inf``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .scheduler import MaskSpec
+
+__all__ = ["attention_tile"]
+
+_F32 = np.dtype(np.float32)
+
+
+def attention_tile(
+    q: np.ndarray[Any, Any],
+    k: np.ndarray[Any, Any],
+    v: np.ndarray[Any, Any],
+    *,
+    q_offset: int,
+    kv_start: int,
+    kv_end: int,
+    block_n: int,
+    scale: float,
+    mask: MaskSpec,
+    k_offset: int = 0,
+) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+    """Attention of query rows ``q`` (BLOCK_M x d, rows ``q_offset ...`` of the sequence) over
+    keys ``[kv_start, kv_end)`` of ``k``/``v`` (n x d, key ``i`` at row ``i - k_offset``).
+
+    Returns ``(O, LSE)``: float32 (BLOCK_M x d) and (BLOCK_M,).
+    """
+    rows = q.shape[0]
+    d_v = v.shape[1]
+    q32 = q if q.dtype == _F32 else q.astype(_F32)
+    q32 = q32 * np.float32(scale)  # scale once, on the small side
+    m_i = np.full(rows, -np.inf, _F32)
+    l_i = np.zeros(rows, _F32)
+    acc = np.zeros((rows, d_v), _F32)
+    row_idx = np.arange(q_offset, q_offset + rows)[:, None]
+    needs_mask = mask.causal or mask.left is not None or mask.right is not None
+    for j0 in range(kv_start, kv_end, block_n):
+        j1 = min(j0 + block_n, kv_end)
+        k_j = k[j0 - k_offset : j1 - k_offset]
+        v_j = v[j0 - k_offset : j1 - k_offset]
+        if k_j.dtype != _F32:
+            k_j = k_j.astype(_F32)
+            v_j = v_j.astype(_F32)
+        s_ij = q32 @ k_j.T
+        if needs_mask:
+            cols = np.arange(j0, j1)[None, :]
+            hidden = _hidden(row_idx, cols, mask, q_offset, rows, j0, j1)
+            if hidden is not None:
+                if hidden.all():
+                    continue  # the whole tile is hidden from these rows
+                s_ij[hidden] = -np.inf
+        m_new = np.maximum(m_i, s_ij.max(axis=1))
+        safe = np.where(np.isneginf(m_new), np.float32(0), m_new)  # rows with nothing yet
+        p_ij = np.exp(s_ij - safe[:, None])
+        alpha = np.exp(m_i - safe)
+        l_i = alpha * l_i + p_ij.sum(axis=1)
+        acc *= alpha[:, None]
+        acc += p_ij @ (v_j if v_j.dtype == _F32 else v_j.astype(_F32))
+        m_i = m_new
+    seen = l_i > 0
+    out = np.zeros_like(acc)
+    np.divide(acc, l_i[:, None], out=out, where=seen[:, None])
+    lse = np.full(rows, -np.inf, _F32)
+    lse[seen] = m_i[seen] + np.log(l_i[seen])
+    return out, lse
+
+
+def _hidden(
+    rows: np.ndarray[Any, Any],
+    cols: np.ndarray[Any, Any],
+    mask: MaskSpec,
+    q0: int,
+    nrows: int,
+    j0: int,
+    j1: int,
+) -> np.ndarray[Any, Any] | None:
+    """Boolean (rows x cols) of hidden pairs, or None when the tile is fully visible."""
+    q_last = q0 + nrows - 1
+    visible_all = True
+    if mask.causal and j1 - 1 > q0:
+        visible_all = False
+    if mask.left is not None and j0 < q_last - mask.left:
+        visible_all = False
+    if mask.right is not None and j1 - 1 > q0 + mask.right:
+        visible_all = False
+    if visible_all:
+        return None
+    hidden = np.zeros((nrows, j1 - j0), dtype=bool)
+    if mask.causal:
+        hidden |= cols > rows
+    if mask.left is not None:
+        hidden |= cols < rows - mask.left
+    if mask.right is not None:
+        hidden |= cols > rows + mask.right
+    return hidden
