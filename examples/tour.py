@@ -13,7 +13,7 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -198,6 +198,40 @@ def allreduce_step(world: shmem.World) -> Step:
     )
 
 
+def attention_step(world: shmem.World) -> Step:
+    from collectives.mha import attention
+
+    if world.rank != 0:  # one process on the machine's cores; the others wait
+        return cast(Step, world.comm.bcast(None, root=0))
+    step = _attention_check(attention)
+    world.comm.bcast(step, root=0)
+    return step
+
+
+def _attention_check(attention: Any) -> Step:
+    s, h, d = 512, 4, 64
+    rng = np.random.default_rng(7)
+    q, k, v = (rng.standard_normal((1, s, h, d)).astype(np.float32) for _ in range(3))
+    t0 = time.perf_counter()
+    o = attention(q, k, v, causal=True, block_m=64, block_n=128)
+    took = time.perf_counter() - t0
+    # float64 reference: softmax(Q K^T / sqrt(d) + causal mask) V, head by head
+    worst = 0.0
+    for head in range(h):
+        scores = q[0, :, head].astype(np.float64) @ k[0, :, head].astype(np.float64).T
+        scores = np.where(np.tril(np.ones((s, s), bool)), scores / np.sqrt(d), -np.inf)
+        p = np.exp(scores - scores.max(axis=1, keepdims=True))
+        ref = (p / p.sum(axis=1, keepdims=True)) @ v[0, :, head]
+        worst = max(worst, float(np.abs(o[0, :, head] - ref).max()))
+    assert worst < 1e-4, f"attention differs from the reference by {worst}"
+    flops = 4 * h * (s * (s + 1) // 2) * d
+    return Step(
+        "attention (1 rank)",
+        f"causal S={s} H={h} D={d} vs a float64 reference (max error {worst:.1e})",
+        f"{flops / took / 1e9:.1f} GFLOP/s",
+    )
+
+
 def main() -> None:
     with shmem.init() as world:
         steps = [
@@ -209,6 +243,7 @@ def main() -> None:
             pingpong_step(world),
             device_step(world),
             allreduce_step(world),
+            attention_step(world),
         ]
         world.barrier()
         if world.rank == 0:
