@@ -201,11 +201,11 @@ def allreduce_step(world: shmem.World) -> Step:
 def attention_step(world: shmem.World) -> Step:
     from collectives.mha import attention
 
-    if world.rank != 0:  # one process on the machine's cores; the others wait
-        return cast(Step, world.comm.bcast(None, root=0))
-    step = _attention_check(attention)
-    world.comm.bcast(step, root=0)
-    return step
+    # rank 0 alone uses the cores; the others wait in the (yielding) flag barrier, not in
+    # MPI, whose waits spin and would take the cores from it
+    step = _attention_check(attention) if world.rank == 0 else None
+    world.barrier()
+    return cast(Step, world.comm.bcast(step, root=0))
 
 
 def _attention_check(attention: Any) -> Step:
