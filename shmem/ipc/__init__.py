@@ -1,0 +1,392 @@
+"""IPC buffer descriptors: export a buffer from one process, import the same memory in another.
+
+>>> buf = shmem.ipc.allocate((1024,), "float32")      # memfd-backed, exportable
+>>> desc = shmem.ipc.export(buf)                        # small; str(desc) for a command line
+>>> other = shmem.ipc.import_(str(desc))               # in another process of the same user
+>>> other.array[:4]                                     # the same memory, zero-copy
+
+The exporting process serves the file descriptor over a Unix socket (:mod:`.service`) after
+checking the client's uid and the descriptor's token. Host memory is a ``memfd``: mappings
+stay valid while anyone holds them, even after the exporter closes its handle or exits (new
+imports then fail with :class:`ExporterGoneError`). On a GPU the memory comes from a cuda.core
+``DeviceMemoryResource`` with IPC enabled (:mod:`._cuda_ipc`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import mmap
+import os
+import re
+import socket
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast
+
+import numpy as np
+
+from ..dtypes import as_dtype, dtype_name
+from ..errors import DescriptorError, ShmemError, ShmemStateError
+from ..memory import Buffer
+from .descriptor import IpcDescriptor
+from .service import ExporterGoneError, IpcPermissionError, Server, request, runtime_dir
+
+__all__ = [
+    "ExporterGoneError",
+    "ImportedBuffer",
+    "IpcBuffer",
+    "IpcDescriptor",
+    "IpcPermissionError",
+    "allocate",
+    "export",
+    "import_",
+    "list_published",
+    "lookup",
+    "publish",
+]
+
+_NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+
+
+class _IpcArgumentError(ShmemError, ValueError):
+    pass
+
+
+def _shape(shape: Any) -> tuple[int, ...]:
+    dims = (shape,) if isinstance(shape, int) else tuple(shape)
+    if any(isinstance(d, bool) or not isinstance(d, int) or d < 0 for d in dims):
+        raise _IpcArgumentError(f"allocate: invalid shape (got {shape!r}; expected ints >= 0)")
+    return dims
+
+
+class _Mapping:
+    """An fd and its shared mapping; ``array`` views it as ``dtype``/``shape``."""
+
+    def __init__(
+        self,
+        fd: int,
+        nbytes: int,
+        dtype: np.dtype[Any],
+        shape: tuple[int, ...],
+        writable: bool = True,
+    ) -> None:
+        self.fd = fd
+        self.mm = mmap.mmap(
+            fd,
+            max(nbytes, 1),
+            mmap.MAP_SHARED,
+            mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0),
+        )
+        self.array: np.ndarray[Any, Any] = np.frombuffer(
+            self.mm, dtype=dtype, count=nbytes // dtype.itemsize
+        ).reshape(shape)
+
+    def close(self) -> None:
+        self.array = np.empty(0)
+        with contextlib.suppress(BufferError):  # views still alive: GC unmaps later
+            self.mm.close()
+        with contextlib.suppress(OSError):
+            os.close(self.fd)
+
+
+class IpcBuffer:
+    """An exportable buffer owned by this process (from :func:`allocate`)."""
+
+    def __init__(
+        self,
+        kind: str,
+        dtype: np.dtype[Any],
+        shape: tuple[int, ...],
+        nbytes: int,
+        mapping: _Mapping | None = None,
+        gpu: Any = None,
+    ) -> None:
+        self.kind, self.dtype, self.shape, self.nbytes = kind, dtype, shape, nbytes
+        self._mapping = mapping
+        self._gpu = gpu
+        self._exports: list[str] = []
+        self._published: list[Path] = []
+        self.closed = False
+
+    @property
+    def array(self) -> np.ndarray[Any, Any]:
+        """This process's view (host buffers)."""
+        if self.closed or self._mapping is None:
+            raise ShmemStateError("IpcBuffer.array: closed, or a device buffer (use .buffer)")
+        return self._mapping.array
+
+    @property
+    def buffer(self) -> Buffer:
+        """The memory as a :class:`~shmem.Buffer` (host or device)."""
+        if self._gpu is not None:
+            return cast(Buffer, self._gpu.buffer())
+        return Buffer.from_numpy(self.array)
+
+    def _fd(self) -> int:
+        if self._mapping is not None:
+            return self._mapping.fd
+        return int(self._gpu.fd())
+
+    def close(self) -> None:
+        """Stop serving new imports and drop this process's handle. Existing importers keep
+        their mappings."""
+        if self.closed:
+            return
+        self.closed = True
+        server = Server.get()
+        for buffer_id in self._exports:
+            server.unregister(buffer_id)
+        for path in self._published:
+            with contextlib.suppress(OSError):
+                path.unlink()
+        if self._mapping is not None:
+            self._mapping.close()
+        if self._gpu is not None:
+            self._gpu.close()
+
+    def __enter__(self) -> IpcBuffer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class ImportedBuffer:
+    """Memory imported from another process; close it when done."""
+
+    def __init__(
+        self, desc: IpcDescriptor, mapping: _Mapping | None = None, gpu: Any = None
+    ) -> None:
+        self.descriptor = desc
+        self._mapping = mapping
+        self._gpu = gpu
+        self.closed = False
+
+    @property
+    def array(self) -> np.ndarray[Any, Any]:
+        if self.closed or self._mapping is None:
+            raise ShmemStateError("ImportedBuffer.array: closed, or a device buffer (use .buffer)")
+        return self._mapping.array
+
+    @property
+    def buffer(self) -> Buffer:
+        if self._gpu is not None:
+            return cast(Buffer, self._gpu.buffer())
+        return Buffer.from_numpy(self.array)
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        if self._mapping is not None:
+            self._mapping.close()
+        if self._gpu is not None:
+            self._gpu.close()
+
+    def __enter__(self) -> ImportedBuffer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def allocate(shape: Any, dtype: Any = "uint8", device: Any = None) -> IpcBuffer:
+    """An exportable buffer: host memory from ``memfd_create``, or GPU memory from a cuda.core
+    IPC-enabled memory resource when ``device`` is a GPU."""
+    dt = as_dtype(dtype, "allocate")
+    dims = _shape(shape)
+    nbytes = int(np.prod(dims, dtype=np.int64)) * dt.itemsize
+    if device is not None and not getattr(device, "is_host", True):
+        from . import _cuda_ipc
+
+        return IpcBuffer("cuda", dt, dims, nbytes, gpu=_cuda_ipc.allocate(device, nbytes, dt, dims))
+    fd = os.memfd_create("shmem-ipc", os.MFD_CLOEXEC)
+    os.ftruncate(fd, max(nbytes, 1))
+    return IpcBuffer("host", dt, dims, nbytes, mapping=_Mapping(fd, nbytes, dt, dims))
+
+
+def export(buf: IpcBuffer) -> IpcDescriptor:
+    """A descriptor for ``buf`` (starts this process's IPC service on first use)."""
+    if not isinstance(buf, IpcBuffer):
+        raise _IpcArgumentError(
+            f"export: expected an IpcBuffer from shmem.ipc.allocate (got {type(buf).__name__})"
+        )
+    if buf.closed:
+        raise ShmemStateError("export: the buffer is closed")
+    server = Server.get()
+    extra = buf._gpu.export_extra() if buf._gpu is not None else b""
+    buffer_id, token = server.register(buf._fd, extra)
+    buf._exports.append(buffer_id)
+    return IpcDescriptor(
+        kind=buf.kind,
+        nbytes=buf.nbytes,
+        dtype=dtype_name(buf.dtype),
+        shape=buf.shape,
+        pid=os.getpid(),
+        uid=os.getuid(),
+        host=socket.gethostname(),
+        token=token,
+        address=server.address,
+        buffer_id=buffer_id,
+        device=-1 if buf._gpu is None else int(buf._gpu.device_id),
+    )
+
+
+def import_(desc: IpcDescriptor | str | bytes) -> ImportedBuffer:
+    """Map the memory a descriptor names (a descriptor, or its string or bytes form).
+
+    Raises
+    ------
+    DescriptorError
+        Malformed, corrupted, wrong version, oversized, another host, a token the exporter
+        rejects, or memory smaller than the descriptor says. Nothing is mapped then.
+    IpcPermissionError
+        Another user's descriptor or exporter.
+    ExporterGoneError
+        The exporter has exited or closed the buffer.
+    """
+    d = desc if isinstance(desc, IpcDescriptor) else IpcDescriptor.parse(desc)
+    if d.host != socket.gethostname():
+        raise DescriptorError(
+            f"import_: the buffer lives on host {d.host!r} (expected this host, "
+            f"{socket.gethostname()!r}: IPC does not cross machines)"
+        )
+    if d.uid != os.getuid():
+        raise IpcPermissionError(
+            f"import_: the descriptor belongs to uid {d.uid} (expected this process's uid "
+            f"{os.getuid()})"
+        )
+    fd, extra = request(d.address, d.buffer_id, d.token, d.pid)
+    try:
+        if d.kind == "cuda":
+            from . import _cuda_ipc
+
+            return ImportedBuffer(d, gpu=_cuda_ipc.import_(d, fd, extra))
+        size = os.fstat(fd).st_size
+        if size < max(d.nbytes, 1):
+            raise DescriptorError(
+                f"import_: the memory is smaller than the descriptor says (got {size} bytes; "
+                f"expected {d.nbytes})"
+            )
+        return ImportedBuffer(
+            d, mapping=_Mapping(fd, d.nbytes, as_dtype(d.dtype, "import_"), d.shape)
+        )
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+        raise
+
+
+# -- the named registry of a node ----------------------------------------------------------
+
+
+def _registry() -> Path:
+    path = runtime_dir() / "registry"
+    with contextlib.suppress(FileExistsError):
+        path.mkdir(mode=0o700)
+    return path
+
+
+def publish(name: str, buf: IpcBuffer) -> IpcDescriptor:
+    """Export ``buf`` under ``name`` on this node (replacing an entry whose owner is gone)."""
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise _IpcArgumentError(
+            f"publish: invalid name (got {name!r}; expected 1-64 of A-Z a-z 0-9 . _ -)"
+        )
+    path = _registry() / f"{name}.json"
+    if path.exists():
+        try:
+            old = json.loads(path.read_text())
+            owner = int(old["pid"])
+        except (OSError, ValueError, KeyError, TypeError):
+            owner = 0
+        if owner and owner != os.getpid() and _alive(owner):
+            raise _IpcArgumentError(f"publish: {name!r} is already published by pid {owner}")
+    desc = export(buf)
+    entry = {
+        "name": name,
+        "descriptor": desc.to_string(),
+        "nbytes": desc.nbytes,
+        "dtype": desc.dtype,
+        "shape": list(desc.shape),
+        "pid": desc.pid,
+        "created": time.time(),
+    }
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{name}.")
+    with os.fdopen(fd, "w") as fh:
+        json.dump(entry, fh)
+    os.replace(tmp, path)
+    buf._published.append(path)
+    return desc
+
+
+def lookup(name: str) -> IpcDescriptor:
+    """The descriptor published under ``name`` on this node.
+
+    Raises
+    ------
+    KeyError
+        Nothing is published under ``name``.
+    ExporterGoneError
+        Its exporter has exited.
+    """
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise _IpcArgumentError(f"lookup: invalid name (got {name!r})")
+    path = _registry() / f"{name}.json"
+    try:
+        entry = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise KeyError(f"lookup: nothing is published as {name!r}") from None
+    except (OSError, ValueError):
+        raise DescriptorError(f"lookup: the registry entry for {name!r} is corrupted") from None
+    desc = IpcDescriptor.parse(str(entry.get("descriptor", "")))
+    if not _alive(desc.pid):
+        raise ExporterGoneError(f"lookup: {name!r} was published by pid {desc.pid}, now gone")
+    return desc
+
+
+@dataclass(frozen=True)
+class Published:
+    name: str
+    nbytes: int
+    dtype: str
+    shape: tuple[int, ...]
+    pid: int
+    age_s: float
+    alive: bool
+
+
+def list_published() -> list[Published]:
+    """Everything published on this node, oldest first (entries of exited owners included,
+    marked ``alive=False``)."""
+    out = []
+    for path in sorted(_registry().glob("*.json")):
+        try:
+            e = json.loads(path.read_text())
+            out.append(
+                Published(
+                    str(e["name"]),
+                    int(e["nbytes"]),
+                    str(e["dtype"]),
+                    tuple(int(x) for x in e["shape"]),
+                    int(e["pid"]),
+                    time.time() - float(e["created"]),
+                    _alive(int(e["pid"])),
+                )
+            )
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return sorted(out, key=lambda p: -p.age_s)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

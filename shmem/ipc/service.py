@@ -1,0 +1,209 @@
+"""The IPC service: a background thread in the exporting process that hands out file
+descriptors over a Unix socket (``SCM_RIGHTS``), after checking who asks.
+
+The socket lives in a per-user directory (mode 0700, owned by the user, checked every time);
+the server reads the client's credentials (``SO_PEERCRED``) and serves only its own uid, and
+only a client that presents the buffer's 128-bit token (compared in constant time). The client,
+in turn, checks that the socket's owner is the exporting process named in the descriptor.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import hmac
+import json
+import os
+import secrets
+import socket
+import stat
+import struct
+import tempfile
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import DescriptorError, ShmemError
+
+__all__ = ["ExporterGoneError", "IpcPermissionError", "Server", "request", "runtime_dir"]
+
+_CREDS = struct.Struct("3i")  # pid, uid, gid
+_MAX_REQUEST = 512
+_TIMEOUT_S = 5.0
+
+
+class IpcPermissionError(ShmemError, PermissionError):
+    """Credentials do not allow this (another user's descriptor, or an unsafe directory)."""
+
+
+class ExporterGoneError(ShmemError, ConnectionError):
+    """The exporting process is no longer serving (it exited or closed the buffer)."""
+
+
+def runtime_dir() -> Path:
+    """The per-user directory for sockets and the registry (created 0700, then verified)."""
+    env = os.environ.get("SHMEM_IPC_DIR")
+    base = Path(env) if env else Path(os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir())
+    path = base if env else base / f"shmem-ipc-{os.getuid()}"
+    with contextlib.suppress(FileExistsError):
+        path.mkdir(mode=0o700, parents=False)
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        raise IpcPermissionError(
+            f"runtime_dir: {path} is unsafe (got mode {oct(st.st_mode & 0o777)}, owner "
+            f"{st.st_uid}; expected a directory of uid {os.getuid()} with mode 0700)"
+        )
+    return path
+
+
+def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
+    """``(pid, uid, gid)`` of the process at the other end of a Unix socket."""
+    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CREDS.size)
+    pid, uid, gid = _CREDS.unpack(raw)
+    return pid, uid, gid
+
+
+@dataclass
+class _Entry:
+    token: str
+    fd: Callable[[], int]
+    extra: bytes
+
+
+class Server:
+    """One per process, started on the first export."""
+
+    _instance: Server | None = None
+    _lock = threading.Lock()
+
+    def __init__(self) -> None:
+        self.dir = runtime_dir()
+        self.address = str(self.dir / f"{os.getpid()}-{secrets.token_hex(4)}.sock")
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._sock.bind(self.address)
+        os.chmod(self.address, 0o600)
+        self._sock.listen(64)
+        self._entries: dict[str, _Entry] = {}
+        self._entries_lock = threading.Lock()
+        self._stopped = False
+        self.served = 0
+        self.refused = 0
+        self._thread = threading.Thread(target=self._serve, name="shmem-ipc", daemon=True)
+        self._thread.start()
+        atexit.register(self.stop)
+
+    @classmethod
+    def get(cls) -> Server:
+        with cls._lock:
+            if cls._instance is None or cls._instance._stopped:
+                cls._instance = cls()
+            return cls._instance
+
+    def register(self, fd: Callable[[], int], extra: bytes = b"") -> tuple[str, str]:
+        """Serve ``fd()`` to holders of the returned ``(buffer_id, token)``."""
+        buffer_id, token = secrets.token_hex(8), secrets.token_hex(16)
+        with self._entries_lock:
+            self._entries[buffer_id] = _Entry(token, fd, extra)
+        return buffer_id, token
+
+    def unregister(self, buffer_id: str) -> None:
+        with self._entries_lock:
+            self._entries.pop(buffer_id, None)
+
+    def _serve(self) -> None:
+        while not self._stopped:
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                return
+            with conn:
+                try:
+                    self._answer(conn)
+                except (OSError, ValueError):
+                    self.refused += 1  # a client that misbehaves gets nothing
+
+    def _answer(self, conn: socket.socket) -> None:
+        conn.settimeout(_TIMEOUT_S)
+        _, uid, _ = peer_credentials(conn)
+        if uid != os.getuid():
+            self.refused += 1
+            conn.sendall(b"ERR permission: another user")
+            return
+        data = b""
+        while not data.endswith(b"\n") and len(data) <= _MAX_REQUEST:
+            chunk = conn.recv(_MAX_REQUEST)
+            if not chunk:
+                break
+            data += chunk
+        req = json.loads(data[:_MAX_REQUEST].decode("utf-8"))
+        if not isinstance(req, dict):
+            raise ValueError("request is not an object")
+        buffer_id, token = str(req.get("buffer_id", "")), str(req.get("token", ""))
+        with self._entries_lock:
+            entry = self._entries.get(buffer_id)
+        if entry is None:
+            self.refused += 1
+            conn.sendall(b"ERR unknown buffer (closed by its exporter)")
+            return
+        if not hmac.compare_digest(entry.token.encode(), token.encode()):
+            self.refused += 1
+            conn.sendall(b"ERR token rejected")
+            return
+        socket.send_fds(conn, [b"OK" + entry.extra], [entry.fd()])
+        self.served += 1
+
+    def stop(self) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)
+        self._sock.close()
+        with contextlib.suppress(OSError):
+            os.unlink(self.address)
+
+
+def request(address: str, buffer_id: str, token: str, exporter_pid: int) -> tuple[int, bytes]:
+    """Ask the exporter at ``address`` for a buffer: ``(fd, extra bytes)``.
+
+    Raises
+    ------
+    ExporterGoneError
+        Nothing listens there any more.
+    DescriptorError
+        The socket is not the exporter's, or the exporter refused the token or buffer.
+    IpcPermissionError
+        The exporter refused our credentials.
+    """
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(_TIMEOUT_S)
+    with sock:
+        try:
+            sock.connect(address)
+        except (FileNotFoundError, ConnectionRefusedError):
+            raise ExporterGoneError(
+                f"import_: the exporter (pid {exporter_pid}) is gone: nothing listens at {address}"
+            ) from None
+        except PermissionError:
+            raise IpcPermissionError(f"import_: not allowed to connect to {address}") from None
+        pid, uid, _ = peer_credentials(sock)
+        if uid != os.getuid() or pid != exporter_pid:
+            raise DescriptorError(
+                f"import_: the socket is served by pid {pid} uid {uid} (expected the exporter, "
+                f"pid {exporter_pid} uid {os.getuid()})"
+            )
+        sock.sendall(json.dumps({"buffer_id": buffer_id, "token": token}).encode() + b"\n")
+        msg, fds, _, _ = socket.recv_fds(sock, 1 << 16, 1)
+    if not msg.startswith(b"OK"):
+        for fd in fds:
+            os.close(fd)
+        text = msg.decode("utf-8", "replace")
+        if "permission" in text:
+            raise IpcPermissionError(f"import_: the exporter refused: {text}")
+        raise DescriptorError(f"import_: the exporter refused: {text or 'no answer'}")
+    if len(fds) != 1:
+        for fd in fds:
+            os.close(fd)
+        raise DescriptorError(f"import_: expected one file descriptor (got {len(fds)})")
+    return fds[0], msg[2:]
