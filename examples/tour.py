@@ -232,6 +232,41 @@ def _attention_check(attention: Any) -> Step:
     )
 
 
+def ipc_step(world: shmem.World) -> Step:
+    import subprocess
+    import sys
+
+    from shmem import ipc
+
+    if world.rank != 0:
+        world.barrier()
+        return cast(Step, world.comm.bcast(None, root=0))
+    child = (
+        "import sys; from shmem import ipc; b = ipc.import_(sys.argv[1]); "
+        "print(int(b.array.sum())); b.array[...] = 7; b.close()"
+    )
+    with ipc.allocate(1000, "int32") as buf:
+        buf.array[...] = np.arange(1000)
+        desc = ipc.export(buf)
+        out = subprocess.run(
+            [sys.executable, "-c", child, str(desc)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        ).stdout
+        assert int(out) == int(np.arange(1000).sum()), "the other process read other data"
+        assert (buf.array == 7).all(), "the other process's writes did not reach us"
+        size = len(desc.to_bytes())
+    world.barrier()
+    step = Step(
+        "IPC",
+        "a separate process imported an exported buffer; writes seen both ways",
+        f"descriptor {size} bytes",
+    )
+    return cast(Step, world.comm.bcast(step, root=0))
+
+
 def main() -> None:
     with shmem.init() as world:
         steps = [
@@ -244,6 +279,7 @@ def main() -> None:
             device_step(world),
             allreduce_step(world),
             attention_step(world),
+            ipc_step(world),
         ]
         world.barrier()
         if world.rank == 0:

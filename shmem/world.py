@@ -10,10 +10,9 @@ import socket
 import threading
 import weakref
 from contextlib import ExitStack
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from mpi4py import MPI
 
 from .arena import Arena
 from .backends import resolve_backend
@@ -25,6 +24,9 @@ from .dtypes import as_dtype, dtype_name
 from .errors import CollectiveMismatchError, ShmemError, ShmemStateError
 from .heap import SymmetricHeap
 from .signals import SignalPad
+
+if TYPE_CHECKING:
+    from mpi4py import MPI  # imported lazily: importing it initialises MPI
 
 __all__ = ["World", "compare_across_ranks", "finalize", "get_world", "init"]
 
@@ -349,6 +351,8 @@ def init(
     name, why = resolve_backend(backend)
     if name != "host":  # resolve_backend only offers backends this version has
         raise ShmemStateError(f"init: backend {name!r} is not built into this version")
+    from mpi4py import MPI  # MPI starts here, not at ``import shmem``
+
     world = World(cfg, MPI.COMM_WORLD if comm is None else comm, name, why)
     with _lock:
         _current = world

@@ -256,3 +256,17 @@ def test_argument_errors() -> None:
         ipc.allocate((2, -1))
     with pytest.raises(TypeError, match="unsupported dtype"):
         ipc.allocate(4, "complex64")
+
+
+def test_import_shmem_does_not_start_mpi() -> None:
+    """An IPC outsider (a plain process, maybe spawned by a rank) must not start MPI."""
+    code = "import sys, shmem, shmem.ipc; print('mpi4py.MPI' in sys.modules)"
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        check=True,
+        timeout=60,
+    ).stdout.strip()
+    assert out == "False"
