@@ -193,8 +193,13 @@ def request(address: str, buffer_id: str, token: str, exporter_pid: int) -> tupl
                 f"import_: the socket is served by pid {pid} uid {uid} (expected the exporter, "
                 f"pid {exporter_pid} uid {os.getuid()})"
             )
-        sock.sendall(json.dumps({"buffer_id": buffer_id, "token": token}).encode() + b"\n")
-        msg, fds, _, _ = socket.recv_fds(sock, 1 << 16, 1)
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            # a server that refuses us at once may close before reading: its answer still waits
+            sock.sendall(json.dumps({"buffer_id": buffer_id, "token": token}).encode() + b"\n")
+        try:
+            msg, fds, _, _ = socket.recv_fds(sock, 1 << 16, 1)
+        except ConnectionResetError:
+            msg, fds = b"", []
     if not msg.startswith(b"OK"):
         for fd in fds:
             os.close(fd)

