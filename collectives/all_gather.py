@@ -18,7 +18,8 @@ def all_gather(comm: Communicator, x: Any, out: Any) -> Any:
     size = comm.world_size
     xin, ret, dst = prepare(comm, where, x, out, lambda n: n * size)
     m = xin.count
-    if comm.num_nodes > 1:
+    if comm.num_nodes > 1 or xin.count * xin.dtype.itemsize > comm.scratch_capacity:
+        # across nodes, or too large for the scratch: MPI (non-blocking, within the deadline)
         s = comm._next_call()
         send = np.ascontiguousarray(xin.array)
         comm.mpi_wait(
@@ -26,6 +27,7 @@ def all_gather(comm: Communicator, x: Any, out: Any) -> Any:
                 [send.view(np.uint8), MPI.BYTE], [dst.view(np.uint8), MPI.BYTE]
             ),
             where,
+            keep=(send, dst),
         )
         comm._post(DONE, s)  # node-local peers wait for it before reusing scratch
         return ret

@@ -27,7 +27,8 @@ def all_to_all(comm: Communicator, x: Any, out: Any) -> Any:
 
     xin, ret, dst = prepare(comm, where, x, out, lambda n: n, (), validate)
     m = xin.count // size
-    if comm.num_nodes > 1:
+    if comm.num_nodes > 1 or xin.count * xin.dtype.itemsize > comm.scratch_capacity:
+        # across nodes, or too large for the scratch: MPI (non-blocking, within the deadline)
         s = comm._next_call()
         send = np.array(xin.array, copy=True)  # in place is allowed: MPI needs two buffers
         comm.mpi_wait(
@@ -35,6 +36,7 @@ def all_to_all(comm: Communicator, x: Any, out: Any) -> Any:
                 [send.view(np.uint8), MPI.BYTE], [dst.view(np.uint8), MPI.BYTE]
             ),
             where,
+            keep=(send, dst),
         )
         comm._post(DONE, s)  # node-local peers wait for it before reusing scratch
         return ret

@@ -63,7 +63,8 @@ def all_reduce(comm: Communicator, x: Any, op: str, out: Any, algorithm: str) ->
 
     piece = n
     cap = comm.scratch_capacity
-    if need(n) > cap:
+    uses_scratch = not (algo == "hierarchical" and comm.num_nodes > 1 and not comm.uniform_nodes)
+    if uses_scratch and need(n) > cap:
         while need(piece) > cap and piece > 1:
             piece = max(1, piece // 2)
     run = {"one_shot": _one_shot, "two_shot": _two_shot, "hierarchical": _hierarchical}[algo]
@@ -84,6 +85,7 @@ def _inputs(
 
 
 TINY_NBYTES = 64 << 10  # one-shot calls up to this size run from a cached plan
+MAX_PLANS = 64  # cached shapes per communicator (least recently made are dropped)
 
 
 class TinyPlan:
@@ -113,6 +115,8 @@ class TinyPlan:
         self.offsets: list[int] = []
         self.inputs: list[np.ndarray[Any, Any]] = []
         self.scratch = comm._scratch
+        # the fast path may replay this plan for algorithm="auto" only if the table agrees
+        self.auto = comm.table.choose(self.nbytes, comm.world_size, comm.num_nodes) == "one_shot"
 
     def run(
         self,
@@ -169,9 +173,8 @@ class TinyPlan:
                 np.divide(target, self.divide, out=target)
             else:
                 int_avg(target, int(self.divide))
-        mine[DONE] = s
+        comm._post(DONE, s)  # release: my reads of peers' memory are done
         comm.stats.calls += 1
-        comm.stats.count("one_shot")
         if shm is not None:  # the caller owns x again once every peer has read it
             comm._wait_peers(DONE, s, "all_reduce")
             if target is not dst:
@@ -189,6 +192,10 @@ def tiny_plan(
     plan = comm._plans.get(key)
     if plan is None or plan.scratch is not comm._scratch or plan.acc != acc:
         plan = comm._plans[key] = TinyPlan(comm, count, dtype, op, acc)
+        while len(comm._plans) > MAX_PLANS:  # least recently made first
+            comm._plans.popitem(last=False)
+    else:
+        comm._plans.move_to_end(key)
     return cast(TinyPlan, plan)
 
 
@@ -327,6 +334,7 @@ def _hierarchical(
         comm.mpi_wait(
             cross.Iallgather([mine.view(np.uint8), MPI.BYTE], [every.view(np.uint8), MPI.BYTE]),
             "all_reduce",
+            keep=(mine, every),
         )
         reduce_into(dst[lo:hi], list(every), op, acc, avg_count=comm.world_size)
         comm._post(DONE, s)
@@ -347,6 +355,7 @@ def _hierarchical(
         comm.mpi_wait(
             cross.Iallgather([partial.view(np.uint8), MPI.BYTE], [nodes.view(np.uint8), MPI.BYTE]),
             "all_reduce",
+            keep=(partial, nodes),
         )
     base = _round_up(count * dtype.itemsize)  # my shard sits after the staging area
     mine = comm.scratch(nbytes)[base : base + (b - a) * dtype.itemsize].view(dtype)

@@ -38,12 +38,15 @@ def broadcast(comm: Communicator, x: Any, root: int, out: Any) -> Any:
         default_out_is_x=True,
     )
     root = int(root)
-    if comm.num_nodes > 1:
+    if comm.num_nodes > 1 or xin.count * xin.dtype.itemsize > comm.scratch_capacity:
+        # across nodes, or too large for the scratch: MPI (non-blocking, within the deadline)
         s = comm._next_call()
         if comm.rank == root and not np.shares_memory(dst, xin.array):
             np.copyto(dst, xin.array)
         buf = dst  # the root's data is in dst now (it is x itself by default)
-        comm.mpi_wait(comm.world.comm.Ibcast([buf.view(np.uint8), MPI.BYTE], root=root), where)
+        comm.mpi_wait(
+            comm.world.comm.Ibcast([buf.view(np.uint8), MPI.BYTE], root=root), where, keep=buf
+        )
         comm._post(DONE, s)  # node-local peers wait for it before reusing scratch
         return ret
     comm.stats.count("broadcast")

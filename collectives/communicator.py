@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -107,6 +108,7 @@ class Communicator:
         self.num_nodes = world.num_nodes
         self._closed = False
         self._broken = False
+        self._pending: list[tuple[MPI.Request, Any]] = []
         self._seq = 0
         self._calls = 0
         self.stats = CommStats()
@@ -140,7 +142,7 @@ class Communicator:
         self._stage_views: dict[tuple[int, np.dtype[Any]], np.ndarray[Any, Any]] = {}
         self._input_views: dict[tuple[Any, ...], np.ndarray[Any, Any]] = {}
         self._op_ok: set[tuple[str, np.dtype[Any]]] = set()
-        self._plans: dict[tuple[Any, ...], Any] = {}
+        self._plans: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
         self._scratch_max = cfg.scratch_max_nbytes
         self._my_flags = _q(self._flags.local())
         self._peer_flags = {r: _q(cast(np.ndarray, self._flags.peer(r))) for r in self.local_peers}
@@ -173,6 +175,9 @@ class Communicator:
     def close(self) -> None:
         """Release scratch, flags and pad (collective)."""
         if self._closed:
+            return
+        if self.world._finalized:  # the heap is gone with the World: nothing left to free
+            self._closed = True
             return
         if not self._broken:
             self._wait_peers(DONE, self._seq, "close")
@@ -223,10 +228,13 @@ class Communicator:
                 )
         self.world.heap.fence()  # acquire
 
-    def mpi_wait(self, req: MPI.Request, what: str) -> None:
+    def mpi_wait(self, req: MPI.Request, what: str, keep: Any = None) -> None:
         """Wait for a non-blocking MPI exchange between nodes, within the deadline."""
         if not poll_until(req.Test, time.monotonic() + self._timeout_s, None, self._spin_s):
-            req.Cancel()
+            # a non-blocking collective cannot be cancelled: keep it (and its buffers, which
+            # the caller's frame holds through ``keep``) alive and retire this communicator
+            self._pending.append((req, keep))
+            self._broken = True
             raise SignalTimeoutError(
                 f"{what}: rank {self.rank} timed out after {self._timeout_s:g} s in the MPI "
                 "exchange between nodes (a rank on another node did not arrive)",
@@ -299,8 +307,9 @@ class Communicator:
         if nbytes > self._scratch.nbytes:
             self._wait_peers(DONE, self._seq - 1, "scratch growth")
             new = max(nbytes, min(2 * self._scratch.nbytes, self._scratch_max))
+            grown = self.world.empty(new, "uint8")  # on failure the old scratch stays intact
             self._scratch.close()
-            self._scratch = self.world.empty(new, "uint8")
+            self._scratch = grown
             self.stats.scratch_growths += 1
             self._stage_views.clear()
             self._input_views.clear()  # offsets inside the old scratch are stale
@@ -367,27 +376,29 @@ class Communicator:
     def all_reduce(self, x: Any, op: str = "sum", out: Any = None, algorithm: str = "auto") -> Any:
         """Equivalent to ``out = x_0 op x_1 op ... op x_{P-1}`` (left to right, elementwise) on
         every rank, bitwise identical everywhere. See :mod:`collectives.allreduce`."""
-        if self._closed:
+        if self._closed or self.world._finalized:
             self._live("all_reduce")
-        if type(x) is np.ndarray and algorithm == "auto":  # replay a cached small call
-            plan = self._plans.get((x.size, x.dtype, op))
+        if algorithm == "auto" and (out is None or type(out) is np.ndarray):
+            # replay a cached small one-shot call (only where the table picks one-shot, so
+            # every rank runs the same protocol whatever kind of argument it passed)
+            shm: SHMEMBuffer | None = None
+            plan: Any = None
+            if type(x) is np.ndarray and x.flags.c_contiguous:
+                plan = self._plans.get((x.size, x.dtype, op))
+                count = x.size
+            elif type(x) is SHMEMBuffer and not x.closed:
+                plan = self._plans.get((x.count, x.dtype, op))
+                shm, count = x, x.count
             if (
                 plan is not None
+                and plan.auto
                 and plan.scratch is self._scratch
-                and x.flags.c_contiguous
-                and (
-                    out is None
-                    or (
-                        type(out) is np.ndarray
-                        and out.dtype == x.dtype
-                        and out.size == x.size
-                        and out.flags.c_contiguous
-                        and out.flags.writeable
-                    )
-                )
+                and _fits(out, x.dtype, count)
             ):
-                res = np.empty_like(x) if out is None else out
-                plan.run(self, x.reshape(-1), None, res.reshape(-1), False)
+                res = np.empty(x.shape, x.dtype) if out is None else out
+                flat = res.reshape(-1)
+                plan.run(self, flat if shm is not None else x.reshape(-1), shm, flat, False)
+                self.stats.count("one_shot")
                 return res
         seq = self._seq
         try:

@@ -29,7 +29,9 @@ def reduce_scatter(comm: Communicator, x: Any, op: str, out: Any) -> Any:
     xin, ret, dst = prepare(comm, where, x, out, count_of, (op,), validate)
     acc = comm.accumulate_dtype(xin.dtype)
     a, b = shard_of(xin.count, size, rank)
-    if comm.num_nodes > 1:  # across nodes: the hierarchical all-reduce, then my shard
+    if comm.num_nodes > 1 or xin.count * xin.dtype.itemsize > comm.scratch_capacity:
+        # across nodes (hierarchical), or too large for the scratch (in pieces): the
+        # all-reduce, then my shard
         full = comm.all_reduce(xin.obj if xin.shmem is not None else xin.array, op=op)
         np.copyto(dst, np.asarray(full).reshape(-1)[a:b])
         return ret

@@ -164,8 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     rank.redirect_output()
 
     def thread_hook(hook_args: threading.ExceptHookArgs) -> None:
-        if hook_args.exc_type is SystemExit and not hook_args.exc_value:
-            return
+        if issubclass(hook_args.exc_type, SystemExit):
+            return  # as in plain Python, SystemExit ends only its own thread
         exc = hook_args.exc_value or hook_args.exc_type()
         rank.fail(exc, 1)
 

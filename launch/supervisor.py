@@ -181,7 +181,9 @@ class _DeathWatch:
 
 def _kill_job(proc: subprocess.Popen[bytes], log_dir: Path, dump_stacks: bool) -> None:
     host = socket.gethostname()
-    pids = [s.pid for s in load_starts(log_dir).values() if s.host == host]
+    finished = load_done(log_dir) | {e.rank for e in load_errors(log_dir)}
+    # ranks that already exited are skipped: their pid may belong to another process now
+    pids = [s.pid for r, s in load_starts(log_dir).items() if s.host == host and r not in finished]
     if dump_stacks:
         for pid in pids:
             with contextlib.suppress(OSError):

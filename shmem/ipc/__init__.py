@@ -90,6 +90,7 @@ class _Mapping:
             self.mm.close()
         with contextlib.suppress(OSError):
             os.close(self.fd)
+        self.fd = -1
 
 
 class IpcBuffer:
@@ -218,7 +219,7 @@ def export(buf: IpcBuffer) -> IpcDescriptor:
         raise ShmemStateError("export: the buffer is closed")
     server = Server.get()
     extra = buf._gpu.export_extra() if buf._gpu is not None else b""
-    buffer_id, token = server.register(buf._fd, extra)
+    buffer_id, token = server.register(buf._fd(), extra)
     buf._exports.append(buffer_id)
     return IpcDescriptor(
         kind=buf.kind,
@@ -340,8 +341,10 @@ def lookup(name: str) -> IpcDescriptor:
         entry = json.loads(path.read_text())
     except FileNotFoundError:
         raise KeyError(f"lookup: nothing is published as {name!r}") from None
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         raise DescriptorError(f"lookup: the registry entry for {name!r} is corrupted") from None
+    if not isinstance(entry, dict):
+        raise DescriptorError(f"lookup: the registry entry for {name!r} is corrupted")
     desc = IpcDescriptor.parse(str(entry.get("descriptor", "")))
     if not _alive(desc.pid):
         raise ExporterGoneError(f"lookup: {name!r} was published by pid {desc.pid}, now gone")

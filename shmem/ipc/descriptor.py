@@ -117,7 +117,7 @@ class IpcDescriptor:
             raise DescriptorError("IpcDescriptor.parse: corrupted descriptor (checksum mismatch)")
         try:
             fields = json.loads(raw[_HEADER.size : -4].decode("utf-8"))
-        except (UnicodeDecodeError, ValueError):
+        except (UnicodeDecodeError, ValueError, RecursionError, MemoryError):
             raise DescriptorError("IpcDescriptor.parse: corrupted body (not JSON)") from None
         return cls._checked(fields)
 

@@ -20,7 +20,6 @@ import stat
 import struct
 import tempfile
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -67,7 +66,7 @@ def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
 @dataclass
 class _Entry:
     token: str
-    fd: Callable[[], int]
+    fd: int  # the server's own duplicate: valid until unregister, whatever the owner does
     extra: bytes
 
 
@@ -78,6 +77,7 @@ class Server:
     _lock = threading.Lock()
 
     def __init__(self) -> None:
+        self.pid = os.getpid()
         self.dir = runtime_dir()
         self.address = str(self.dir / f"{os.getpid()}-{secrets.token_hex(4)}.sock")
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -96,20 +96,25 @@ class Server:
     @classmethod
     def get(cls) -> Server:
         with cls._lock:
-            if cls._instance is None or cls._instance._stopped:
-                cls._instance = cls()
-            return cls._instance
+            inst = cls._instance
+            # a forked child inherits the object but not the thread: it needs its own server
+            if inst is None or inst._stopped or inst.pid != os.getpid():
+                inst = cls._instance = cls()
+            return inst
 
-    def register(self, fd: Callable[[], int], extra: bytes = b"") -> tuple[str, str]:
-        """Serve ``fd()`` to holders of the returned ``(buffer_id, token)``."""
+    def register(self, fd: int, extra: bytes = b"") -> tuple[str, str]:
+        """Serve (a duplicate of) ``fd`` to holders of the returned ``(buffer_id, token)``."""
         buffer_id, token = secrets.token_hex(8), secrets.token_hex(16)
+        own = os.dup(fd)
         with self._entries_lock:
-            self._entries[buffer_id] = _Entry(token, fd, extra)
+            self._entries[buffer_id] = _Entry(token, own, extra)
         return buffer_id, token
 
     def unregister(self, buffer_id: str) -> None:
         with self._entries_lock:
-            self._entries.pop(buffer_id, None)
+            entry = self._entries.pop(buffer_id, None)
+            if entry is not None:
+                os.close(entry.fd)
 
     def _serve(self) -> None:
         while not self._stopped:
@@ -140,17 +145,22 @@ class Server:
         if not isinstance(req, dict):
             raise ValueError("request is not an object")
         buffer_id, token = str(req.get("buffer_id", "")), str(req.get("token", ""))
-        with self._entries_lock:
+        with self._entries_lock:  # a duplicate for this answer: unregister cannot recycle it
             entry = self._entries.get(buffer_id)
+            ok = entry is not None and hmac.compare_digest(entry.token.encode(), token.encode())
+            fd = os.dup(entry.fd) if (ok and entry is not None) else -1
         if entry is None:
             self.refused += 1
             conn.sendall(b"ERR unknown buffer (closed by its exporter)")
             return
-        if not hmac.compare_digest(entry.token.encode(), token.encode()):
+        if not ok:
             self.refused += 1
             conn.sendall(b"ERR token rejected")
             return
-        socket.send_fds(conn, [b"OK" + entry.extra], [entry.fd()])
+        try:
+            socket.send_fds(conn, [b"OK" + entry.extra], [fd])
+        finally:
+            os.close(fd)
         self.served += 1
 
     def stop(self) -> None:

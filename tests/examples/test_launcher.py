@@ -62,6 +62,12 @@ def test_a_hanging_rank_is_killed_at_the_deadline(tmp_path: Path) -> None:
     assert end - _event_time(event) < 4 + 5.0
 
 
+def test_system_exit_zero_in_a_thread_is_clean(tmp_path: Path) -> None:
+    proc, _ = launch("-n", "2", str(JOBS / "faulty.py"), "thread_exit0", str(tmp_path / "e"))
+    assert proc.returncode == 0, proc.stderr
+    assert "rank 0 finished" in proc.stdout
+
+
 def test_a_clean_job_exits_zero(tmp_path: Path) -> None:
     proc, _ = launch("-n", "2", str(JOBS / "faulty.py"), "ok", str(tmp_path / "e"))
     assert proc.returncode == 0, proc.stderr

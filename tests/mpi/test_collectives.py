@@ -323,3 +323,43 @@ def test_soak_random_calls_bitwise_and_heap_baseline(world: World) -> None:
 
 
 _ = ml_dtypes
+
+
+def test_fast_path_follows_the_table_with_mixed_arguments() -> None:
+    """A cached one-shot plan must not be replayed where the table picks two-shot: ranks
+    passing a SHMEMBuffer (no fast path) and numpy would run different protocols."""
+    world = shmem.init(
+        heap_nbytes="16MiB", collectives_one_shot_max_nbytes="1KiB", signal_timeout_s=10.0
+    )
+    try:
+        with collectives.Communicator(world) as comm, world.zeros(1024, "float32") as shm:
+            x = np.full(1024, world.rank + 1, np.float32)
+            total = float(sum(range(1, world.world_size + 1)))
+            assert (comm.all_reduce(x, algorithm="one_shot") == total).all()  # caches a plan
+            if world.rank % 2:
+                shm.local()[...] = x
+                got = comm.all_reduce(shm)
+            else:
+                got = comm.all_reduce(x)
+            assert (got == total).all()
+    finally:
+        world.finalize()
+
+
+def test_use_after_finalize_raises_instead_of_crashing() -> None:
+    world = shmem.init(heap_nbytes="16MiB")
+    comm = collectives.Communicator(world)
+    comm.all_reduce(np.ones(4, np.float32))
+    world.finalize()
+    with pytest.raises(shmem.ShmemStateError, match="finalized"):
+        comm.all_reduce(np.ones(4, np.float32))
+    comm.close()  # nothing left to free: no crash
+
+
+def test_family_beyond_the_scratch_cap_does_not_grow_it(world: World, comm: Any) -> None:
+    cap = comm.scratch_capacity
+    big = np.ones(cap // 4 + 1000, np.float32)  # more than the scratch may ever hold
+    got = comm.all_gather(big)
+    assert got.shape[0] == big.shape[0] * world.world_size and (got == 1).all()
+    comm.broadcast(big, root=0)
+    assert comm._scratch.nbytes <= cap

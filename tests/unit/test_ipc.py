@@ -270,3 +270,29 @@ def test_import_shmem_does_not_start_mpi() -> None:
         timeout=60,
     ).stdout.strip()
     assert out == "False"
+
+
+def test_deeply_nested_body_is_a_descriptor_error() -> None:
+    import struct
+    import zlib
+
+    body = b"[" * 1000
+    raw = struct.pack(">4sBH", b"SHMI", 1, len(body)) + body
+    raw += struct.pack(">I", zlib.crc32(raw))
+    with pytest.raises(DescriptorError, match="not JSON"):
+        IpcDescriptor.parse(raw)
+
+
+def test_import_after_close_never_gets_another_buffer() -> None:
+    a = ipc.allocate(4, "int32")
+    a.array[...] = 1
+    desc = ipc.export(a)
+    early = ipc.import_(desc)
+    a.close()
+    b = ipc.allocate(4, "int32")  # may reuse a's fd number in this process
+    b.array[...] = 42
+    with pytest.raises(DescriptorError, match="unknown buffer"):
+        ipc.import_(desc)
+    assert (early.array == 1).all()
+    early.close()
+    b.close()

@@ -1,6 +1,7 @@
 """A job that misbehaves on rank 1 on request (fault injection for the launcher tests).
 
-usage: faulty.py MODE EVENT_FILE, MODE one of ok, raise, exit3, kill, hang, thread.
+usage: faulty.py MODE EVENT_FILE, MODE one of ok, raise, exit3, kill, hang, thread,
+thread_exit0.
 Rank 1 writes the time of the event into EVENT_FILE just before it; the other ranks wait
 in a barrier that rank 1 never reaches.
 """
@@ -38,6 +39,10 @@ def main() -> None:
 
             threading.Thread(target=boom).start()
             time.sleep(3600)
+    if mode == "thread_exit0":  # SystemExit(0) ends only its thread, as in plain Python
+        t = threading.Thread(target=sys.exit, args=(0,))
+        t.start()
+        t.join()
     comm.Barrier()
     print(f"rank {comm.Get_rank()} finished")
 
