@@ -15,6 +15,7 @@ from typing import Any, cast
 import numpy as np
 
 from shmem import SHMEMBuffer
+from shmem.backends.host import _TOTAL_STORE_ORDER
 from shmem.dtypes import dtype_name
 
 from .communicator import DONE, READY, SHARD, SRC, Communicator, Operand, output_array
@@ -115,6 +116,8 @@ class TinyPlan:
         self.offsets: list[int] = []
         self.inputs: list[np.ndarray[Any, Any]] = []
         self.scratch = comm._scratch
+        # x86-64 orders loads before a later store (TSO): the release fence is a no-op there
+        self.fence_needed = not _TOTAL_STORE_ORDER or comm.num_nodes > 1
         # the fast path may replay this plan for algorithm="auto" only if the table agrees
         self.auto = comm.table.choose(self.nbytes, comm.world_size, comm.num_nodes) == "one_shot"
 
@@ -173,7 +176,9 @@ class TinyPlan:
                 np.divide(target, self.divide, out=target)
             else:
                 int_avg(target, int(self.divide))
-        comm._post(DONE, s)  # release: my reads of peers' memory are done
+        if self.fence_needed:
+            comm.world.heap.fence()  # release: my reads of peers' memory are done
+        mine[DONE] = s
         comm.stats.calls += 1
         if shm is not None:  # the caller owns x again once every peer has read it
             comm._wait_peers(DONE, s, "all_reduce")

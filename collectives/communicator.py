@@ -396,9 +396,14 @@ class Communicator:
                 and _fits(out, x.dtype, count)
             ):
                 res = np.empty(x.shape, x.dtype) if out is None else out
-                flat = res.reshape(-1)
-                plan.run(self, flat if shm is not None else x.reshape(-1), shm, flat, False)
-                self.stats.count("one_shot")
+                flat = res if res.ndim == 1 else res.reshape(-1)
+                src = flat if shm is not None else (x if x.ndim == 1 else x.reshape(-1))
+                plan.run(self, src, shm, flat, False)
+                algos = self.stats.algorithms
+                if algos is not None:
+                    algos["one_shot"] = algos.get("one_shot", 0) + 1
+                else:
+                    self.stats.count("one_shot")
                 return res
         seq = self._seq
         try:
