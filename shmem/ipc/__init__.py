@@ -93,8 +93,53 @@ class _Mapping:
         self.fd = -1
 
 
-class IpcBuffer:
+class _Memory:
+    """What exported and imported buffers share: a host mapping or a GPU buffer."""
+
+    _label = "buffer"
+
+    def __init__(self, mapping: _Mapping | None, gpu: Any) -> None:
+        self._mapping = mapping
+        self._gpu = gpu
+        self.closed = False
+
+    @property
+    def array(self) -> np.ndarray[Any, Any]:
+        """This process's numpy view (host memory)."""
+        if self.closed or self._mapping is None:
+            raise ShmemStateError(f"{self._label}.array: closed, or device memory (use .buffer)")
+        return self._mapping.array
+
+    @property
+    def buffer(self) -> Buffer:
+        """The memory as a :class:`~shmem.Buffer` (host or device)."""
+        if self._gpu is not None:
+            return cast(Buffer, self._gpu.buffer())
+        return Buffer.from_numpy(self.array)
+
+    def _release(self) -> None:
+        if self._mapping is not None:
+            self._mapping.close()
+        if self._gpu is not None:
+            self._gpu.close()
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self._release()
+
+    def __enter__(self) -> Any:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class IpcBuffer(_Memory):
     """An exportable buffer owned by this process (from :func:`allocate`)."""
+
+    _label = "IpcBuffer"
 
     def __init__(
         self,
@@ -105,26 +150,10 @@ class IpcBuffer:
         mapping: _Mapping | None = None,
         gpu: Any = None,
     ) -> None:
+        super().__init__(mapping, gpu)
         self.kind, self.dtype, self.shape, self.nbytes = kind, dtype, shape, nbytes
-        self._mapping = mapping
-        self._gpu = gpu
         self._exports: list[str] = []
         self._published: list[Path] = []
-        self.closed = False
-
-    @property
-    def array(self) -> np.ndarray[Any, Any]:
-        """This process's view (host buffers)."""
-        if self.closed or self._mapping is None:
-            raise ShmemStateError("IpcBuffer.array: closed, or a device buffer (use .buffer)")
-        return self._mapping.array
-
-    @property
-    def buffer(self) -> Buffer:
-        """The memory as a :class:`~shmem.Buffer` (host or device)."""
-        if self._gpu is not None:
-            return cast(Buffer, self._gpu.buffer())
-        return Buffer.from_numpy(self.array)
 
     def _fd(self) -> int:
         if self._mapping is not None:
@@ -143,55 +172,19 @@ class IpcBuffer:
         for path in self._published:
             with contextlib.suppress(OSError):
                 path.unlink()
-        if self._mapping is not None:
-            self._mapping.close()
-        if self._gpu is not None:
-            self._gpu.close()
-
-    def __enter__(self) -> IpcBuffer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+        self._release()
 
 
-class ImportedBuffer:
+class ImportedBuffer(_Memory):
     """Memory imported from another process; close it when done."""
+
+    _label = "ImportedBuffer"
 
     def __init__(
         self, desc: IpcDescriptor, mapping: _Mapping | None = None, gpu: Any = None
     ) -> None:
+        super().__init__(mapping, gpu)
         self.descriptor = desc
-        self._mapping = mapping
-        self._gpu = gpu
-        self.closed = False
-
-    @property
-    def array(self) -> np.ndarray[Any, Any]:
-        if self.closed or self._mapping is None:
-            raise ShmemStateError("ImportedBuffer.array: closed, or a device buffer (use .buffer)")
-        return self._mapping.array
-
-    @property
-    def buffer(self) -> Buffer:
-        if self._gpu is not None:
-            return cast(Buffer, self._gpu.buffer())
-        return Buffer.from_numpy(self.array)
-
-    def close(self) -> None:
-        if self.closed:
-            return
-        self.closed = True
-        if self._mapping is not None:
-            self._mapping.close()
-        if self._gpu is not None:
-            self._gpu.close()
-
-    def __enter__(self) -> ImportedBuffer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 def allocate(shape: Any, dtype: Any = "uint8", device: Any = None) -> IpcBuffer:
