@@ -17,6 +17,7 @@ import numpy as np
 from shmem import SHMEMBuffer
 from shmem.backends.host import _TOTAL_STORE_ORDER
 from shmem.dtypes import dtype_name
+from shmem.errors import ShmemError
 
 from .communicator import DONE, READY, SHARD, SRC, Communicator, Operand, output_array
 from .ops import UFUNCS, int_avg, reduce_into, widen
@@ -43,7 +44,7 @@ def all_reduce(comm: Communicator, x: Any, op: str, out: Any, algorithm: str) ->
         comm.check_op(op, xin.dtype, where)
         ret, dst = output_array(comm, out, xin.count, xin.dtype, where, xin)
         record = ("all_reduce", xin.count, dtype_name(xin.dtype), op, algorithm)
-    except (ValueError, TypeError) as exc:
+    except (ValueError, TypeError, ShmemError) as exc:  # also closed buffers
         error = exc
     comm.check(where, record, error)
     assert xin is not None and dst is not None

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from shmem.dtypes import dtype_name
+from shmem.errors import ShmemError
 
 from .communicator import DONE, READY, Communicator, Operand, output_array
 
@@ -44,7 +45,7 @@ def prepare(
         target = x if (out is None and default_out_is_x) else out
         ret, dst = output_array(comm, target, out_count(xin.count), xin.dtype, where, xin)
         record = (where, xin.count, dtype_name(xin.dtype), *extra)
-    except (ValueError, TypeError) as exc:
+    except (ValueError, TypeError, ShmemError) as exc:  # also closed buffers
         error = exc
     comm.check(where, record, error)
     assert xin is not None and dst is not None

@@ -122,11 +122,17 @@ class Server:
                 conn, _ = self._sock.accept()
             except OSError:
                 return
-            with conn:
-                try:
-                    self._answer(conn)
-                except (OSError, ValueError):
-                    self.refused += 1  # a client that misbehaves gets nothing
+            # one short-lived thread per client: a slow one cannot stall the others
+            threading.Thread(
+                target=self._handle, args=(conn,), name="shmem-ipc-client", daemon=True
+            ).start()
+
+    def _handle(self, conn: socket.socket) -> None:
+        with conn:
+            try:
+                self._answer(conn)
+            except (OSError, ValueError):
+                self.refused += 1  # a client that misbehaves gets nothing
 
     def _answer(self, conn: socket.socket) -> None:
         conn.settimeout(_TIMEOUT_S)
@@ -210,6 +216,10 @@ def request(address: str, buffer_id: str, token: str, exporter_pid: int) -> tupl
             msg, fds, _, _ = socket.recv_fds(sock, 1 << 16, 1)
         except ConnectionResetError:
             msg, fds = b"", []
+        except TimeoutError:
+            raise ExporterGoneError(
+                f"import_: the exporter (pid {exporter_pid}) did not answer within {_TIMEOUT_S:g} s"
+            ) from None
     if not msg.startswith(b"OK"):
         for fd in fds:
             os.close(fd)
