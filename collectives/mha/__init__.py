@@ -18,6 +18,7 @@ from .scheduler import (
     TransientScheduler,
     WorkInfo,
 )
+from .sequence_parallel import sequence_parallel_attention, zigzag_shard, zigzag_unshard
 
 __all__ = [
     "AtomicCounter",
@@ -33,4 +34,7 @@ __all__ = [
     "WorkInfo",
     "attention",
     "attention_tile",
+    "sequence_parallel_attention",
+    "zigzag_shard",
+    "zigzag_unshard",
 ]
