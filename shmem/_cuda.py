@@ -364,45 +364,58 @@ def copy(dst: Buffer, src: Buffer, ctx: Any) -> None:
 
 def _copy_strided(dst: Buffer, src: Buffer, gpu: CudaDevice, stream: Any) -> None:
     """A strided copy on ``gpu`` (both sides on ``gpu`` or the host), ordered on ``stream``."""
-    itemsize = dst.dtype.itemsize
     if src.is_host:  # strided host source -> contiguous staging, then to the device view
         staged = np.ascontiguousarray(src.to_numpy())
-        tmp = gpu.current().allocate(max(staged.nbytes, 1), stream=stream)
-        _memcpy(int(tmp.handle), int(staged.ctypes.data), staged.nbytes, stream)
-        _launch_strided_copy(
-            gpu,
-            stream,
-            dst._ptr,
-            dst.strides,
-            int(tmp.handle),
-            _contig(dst.shape, itemsize),
-            dst.shape,
-            itemsize,
-        )
+        _scatter(gpu, stream, dst, int(staged.ctypes.data))
         stream.sync()  # the staging array must outlive the copy
-        tmp.close(stream)
         return
     if dst.is_host:  # strided device source -> contiguous staging on the device, then out
-        tmp = gpu.current().allocate(max(dst.nbytes, 1), stream=stream)
-        _launch_strided_copy(
-            gpu,
-            stream,
-            int(tmp.handle),
-            _contig(src.shape, itemsize),
-            src._ptr,
-            src.strides,
-            src.shape,
-            itemsize,
-        )
+        tmp = _gather(gpu, stream, src)
         out = np.empty(dst.shape, dtype=dst.dtype)
         _memcpy(int(out.ctypes.data), int(tmp.handle), out.nbytes, stream)
         stream.sync()
         np.copyto(dst.to_numpy(), out)
         tmp.close(stream)
         return
+    itemsize = dst.dtype.itemsize
     _launch_strided_copy(
         gpu, stream, dst._ptr, dst.strides, src._ptr, src.strides, src.shape, itemsize
     )
+
+
+def _gather(gpu: CudaDevice, stream: Any, src: Buffer) -> Any:
+    """A contiguous copy (new device memory on ``gpu``) of the strided device view ``src``."""
+    itemsize = src.dtype.itemsize
+    tmp = gpu.current().allocate(max(src.nbytes, 1), stream=stream)
+    _launch_strided_copy(
+        gpu,
+        stream,
+        int(tmp.handle),
+        _contig(src.shape, itemsize),
+        src._ptr,
+        src.strides,
+        src.shape,
+        itemsize,
+    )
+    return tmp
+
+
+def _scatter(gpu: CudaDevice, stream: Any, dst: Buffer, src_ptr: int) -> None:
+    """Copy ``dst.nbytes`` contiguous bytes at ``src_ptr`` into the strided device view ``dst``."""
+    itemsize = dst.dtype.itemsize
+    tmp = gpu.current().allocate(max(dst.nbytes, 1), stream=stream)
+    _memcpy(int(tmp.handle), src_ptr, dst.nbytes, stream)
+    _launch_strided_copy(
+        gpu,
+        stream,
+        dst._ptr,
+        dst.strides,
+        int(tmp.handle),
+        _contig(dst.shape, itemsize),
+        dst.shape,
+        itemsize,
+    )
+    tmp.close(stream)
 
 
 def _copy_between_gpus(dst: Buffer, src: Buffer, ctx: Any, stream: Any) -> None:
@@ -412,22 +425,10 @@ def _copy_between_gpus(dst: Buffer, src: Buffer, ctx: Any, stream: Any) -> None:
     access was granted): ``src`` is gathered on its GPU, one contiguous ``cuMemcpyAsync``
     crosses, and the result is scattered into ``dst`` on its GPU.
     """
-    itemsize = dst.dtype.itemsize
     src_ptr, gathered = src._ptr, None
     if not src.is_contiguous:
-        src_gpu = CudaDevice.get(src.device.id)
         src_stream = _stream_of(src.device, ctx)
-        gathered = src_gpu.current().allocate(max(src.nbytes, 1), stream=src_stream)
-        _launch_strided_copy(
-            src_gpu,
-            src_stream,
-            int(gathered.handle),
-            _contig(src.shape, itemsize),
-            src._ptr,
-            src.strides,
-            src.shape,
-            itemsize,
-        )
+        gathered = _gather(CudaDevice.get(src.device.id), src_stream, src)
         src_stream.sync()  # the copy below is ordered on the other device's stream
         src_ptr = int(gathered.handle)
     gpu = CudaDevice.get(dst.device.id)
@@ -435,19 +436,7 @@ def _copy_between_gpus(dst: Buffer, src: Buffer, ctx: Any, stream: Any) -> None:
     if dst.is_contiguous:
         _memcpy(dst._ptr, src_ptr, dst.nbytes, stream)
     else:
-        tmp = gpu.current().allocate(max(dst.nbytes, 1), stream=stream)
-        _memcpy(int(tmp.handle), src_ptr, dst.nbytes, stream)
-        _launch_strided_copy(
-            gpu,
-            stream,
-            dst._ptr,
-            dst.strides,
-            int(tmp.handle),
-            _contig(dst.shape, itemsize),
-            dst.shape,
-            itemsize,
-        )
-        tmp.close(stream)
+        _scatter(gpu, stream, dst, src_ptr)
     if gathered is not None:
         stream.sync()  # the gathered copy must outlive the cross-device copy
         gathered.close()
