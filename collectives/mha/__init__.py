@@ -4,7 +4,7 @@ FlashAttention-2 tile kernel on the host, and single-process attention."""
 from __future__ import annotations
 
 from .attention import attention
-from .kernel import attention_tile
+from .kernel import attention_tile, attention_tile_backward
 from .scheduler import (
     AtomicCounter,
     MaskSpec,
@@ -18,7 +18,13 @@ from .scheduler import (
     TransientScheduler,
     WorkInfo,
 )
-from .sequence_parallel import sequence_parallel_attention, zigzag_shard, zigzag_unshard
+from .sequence_parallel import (
+    SequenceParallelStats,
+    sequence_parallel_attention,
+    sequence_parallel_attention_backward,
+    zigzag_shard,
+    zigzag_unshard,
+)
 
 __all__ = [
     "AtomicCounter",
@@ -29,12 +35,15 @@ __all__ = [
     "MaskSpec",
     "QueuedTileScheduler",
     "SeqInfo",
+    "SequenceParallelStats",
     "TileScheduler",
     "TransientScheduler",
     "WorkInfo",
     "attention",
     "attention_tile",
+    "attention_tile_backward",
     "sequence_parallel_attention",
+    "sequence_parallel_attention_backward",
     "zigzag_shard",
     "zigzag_unshard",
 ]

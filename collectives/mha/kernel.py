@@ -25,7 +25,7 @@ import numpy as np
 
 from .scheduler import MaskSpec
 
-__all__ = ["attention_tile"]
+__all__ = ["attention_tile", "attention_tile_backward"]
 
 _F32 = np.dtype(np.float32)
 
@@ -86,6 +86,69 @@ def attention_tile(
     lse = np.full(rows, -np.inf, _F32)
     lse[seen] = m_i[seen] + np.log(l_i[seen])
     return out, lse
+
+
+def attention_tile_backward(
+    q: np.ndarray[Any, Any],
+    k: np.ndarray[Any, Any],
+    v: np.ndarray[Any, Any],
+    do: np.ndarray[Any, Any],
+    lse: np.ndarray[Any, Any],
+    delta: np.ndarray[Any, Any],
+    *,
+    q_offset: int,
+    kv_start: int,
+    kv_end: int,
+    block_n: int,
+    scale: float,
+    mask: MaskSpec,
+    k_offset: int = 0,
+) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+    """Gradients of one query tile over keys ``[kv_start, kv_end)`` (FlashAttention-2
+    backward, Algorithm 2, recomputing ``P`` from the forward's ``LSE``)::
+
+        P_ij = exp(S_ij - LSE_i)        dV_j += P_ij^T dO_i
+        dP_ij = dO_i V_j^T              dS_ij = P_ij * (dP_ij - D_i)
+        dQ_i += dS_ij K_j * scale       dK_j += dS_ij^T Q_i * scale
+
+    ``do`` is dL/dO of these rows, ``lse`` their forward LSE and ``delta`` their
+    ``D_i = rowsum(dO_i * O_i)``. Returns float32 ``(dQ, dK, dV)``: dQ for the rows
+    (BLOCK_M x d), dK and dV for keys ``[kv_start, kv_end)`` only.
+    """
+    rows = q.shape[0]
+    q32 = q if q.dtype == _F32 else q.astype(_F32)
+    do32 = do if do.dtype == _F32 else do.astype(_F32)
+    sc = np.float32(scale)
+    qs = q32 * sc
+    lse32 = np.where(np.isneginf(lse), np.float32(np.inf), lse).astype(_F32)  # P = 0 there
+    d32 = np.asarray(delta, _F32)
+    dq = np.zeros((rows, q.shape[1]), _F32)
+    dk = np.zeros((kv_end - kv_start, k.shape[1]), _F32)
+    dv = np.zeros((kv_end - kv_start, v.shape[1]), _F32)
+    row_idx = np.arange(q_offset, q_offset + rows)[:, None]
+    needs_mask = mask.causal or mask.left is not None or mask.right is not None
+    for j0 in range(kv_start, kv_end, block_n):
+        j1 = min(j0 + block_n, kv_end)
+        k_j = k[j0 - k_offset : j1 - k_offset]
+        v_j = v[j0 - k_offset : j1 - k_offset]
+        if k_j.dtype != _F32:
+            k_j = k_j.astype(_F32)
+            v_j = v_j.astype(_F32)
+        s_ij = qs @ k_j.T
+        if needs_mask:
+            cols = np.arange(j0, j1)[None, :]
+            hidden = _hidden(row_idx, cols, mask, q_offset, rows, j0, j1)
+            if hidden is not None:
+                if hidden.all():
+                    continue
+                s_ij[hidden] = -np.inf
+        p_ij = np.exp(s_ij - lse32[:, None])
+        dv[j0 - kv_start : j1 - kv_start] += p_ij.T @ do32
+        ds_ij = p_ij * (do32 @ v_j.T - d32[:, None])
+        dq += ds_ij @ k_j
+        dk[j0 - kv_start : j1 - kv_start] += ds_ij.T @ qs
+    dq *= sc
+    return dq, dk, dv
 
 
 def _hidden(

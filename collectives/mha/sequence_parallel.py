@@ -1,42 +1,74 @@
-"""Sequence-parallel attention over symmetric memory: forward, ``ring`` and ``zigzag``.
+"""Sequence-parallel attention over symmetric memory: forward and backward, three schedules.
 
 Each rank holds a shard of one sequence (its query, key and value rows) and computes attention
 for its own queries over the whole sequence. The rows a rank holds are a list of *segments*
-of the global sequence: one contiguous segment for ``ring``, two for ``zigzag`` (the standard
-2P-chunk causal balancing: rank ``r`` holds chunks ``r`` and ``2P - 1 - r``).
+of the global sequence: one contiguous segment for ``ring`` and ``dynamic``, two for
+``zigzag`` (the standard 2P-chunk causal balancing: rank ``r`` holds chunks ``r`` and
+``2P - 1 - r``). K/V (and, for ``dynamic`` and the backward pass, Q and the gradients' inputs)
+live in symmetric buffers; ranks read peers' rows through zero-copy peer views where they are
+load/store reachable, else through one-sided gets, fetched while the previous block computes.
+No rank ever holds the whole sequence.
 
-K/V live in symmetric buffers. At step ``s`` a rank uses the K/V rows of rank
-``(r - s) mod P``: a zero-copy peer view where that rank is load/store reachable, else a
-one-sided get into one of two local slots, fetched in the background while the previous step
-computes. No rank ever holds the whole sequence. Partial results merge by log-sum-exp in step
-order: ``lse = logaddexp(lse_a, lse_b)``, ``O = O_a e^(lse_a - lse) + O_b e^(lse_b - lse)``.
-
-Not yet here (issue 8 continues): the ``dynamic`` cross-rank scheduler, the backward pass,
-and per-rank instrumentation.
+* ``ring`` / ``zigzag`` forward: at step ``s`` a rank uses the K/V rows of rank
+  ``(r - s) mod P`` (double-buffered gets when remote) and folds the partial result into its
+  running one by log-sum-exp: ``lse = logaddexp(lse_a, lse_b)``,
+  ``O = O_a e^(lse_a - lse) + O_b e^(lse_b - lse)``.
+* ``dynamic``: work units of (a query chunk on its home rank, a KV head with its query heads,
+  a KV chunk), in per-rank queues ordered longest first with their counters in symmetric
+  memory (see ``_units.py``). Each rank drains its own queue, then takes units from the other
+  ranks' queues by atomic fetch-and-add. Every unit's partial ``(O, LSE)`` goes to a slot on
+  its home rank, which merges the slots in a fixed order: the result is bitwise identical
+  whichever rank computed a unit.
+* Backward (every schedule): the same units, each producing ``dQ`` for its query chunk and
+  ``dK``/``dV`` for its KV chunk (FlashAttention-2 backward, ``P`` recomputed from the
+  forward's LSE), written to slots on the two home ranks and summed there in a fixed order.
+  ``ring`` and ``zigzag`` run one unit per (rank pair, KV head) in ring order, without
+  taking work from other ranks.
 """
 
 from __future__ import annotations
 
-import itertools
+import dataclasses
 import math
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from threadpoolctl import threadpool_limits
 
 from shmem import CPU
-from shmem.errors import ShmemError
+from shmem.dtypes import as_dtype, dtype_name
+from shmem.errors import CollectiveMismatchError, ShmemError
 
 from ..communicator import Communicator
 from ..schedule import shard_bounds
-from .attention import normalise_window
-from .kernel import attention_tile
+from ._units import (
+    RowReader,
+    SequenceParallelStats,
+    Unit,
+    UnitPlan,
+    announce,
+    drive,
+    pieces,
+    runs,
+)
+from .attention import INPUT_DTYPES, normalise_window
+from .kernel import attention_tile, attention_tile_backward
 from .scheduler import MaskSpec
 
-__all__ = ["sequence_parallel_attention", "zigzag_shard", "zigzag_unshard"]
+__all__ = [
+    "SequenceParallelStats",
+    "sequence_parallel_attention",
+    "sequence_parallel_attention_backward",
+    "zigzag_shard",
+    "zigzag_unshard",
+]
 
-SCHEDULES = ("ring", "zigzag")
+SCHEDULES = ("dynamic", "ring", "zigzag")
+CHUNKS_PER_RANK = 4  # dynamic: default query/KV chunks per rank (unit_rows=None)
+_F32 = np.dtype(np.float32)
 
 
 class SequenceParallelError(ShmemError, ValueError):
@@ -65,23 +97,189 @@ def zigzag_unshard(parts: list[np.ndarray[Any, Any]], total: int) -> np.ndarray[
     return out
 
 
-def _segments(
-    schedule: str, total: int, rank: int, size: int, counts: list[int]
-) -> list[list[tuple[int, int]]]:
-    """For every rank, its segments ``(global_start, length)`` in local row order."""
-    if schedule == "ring":
-        starts = np.concatenate([[0], np.cumsum(counts)]).tolist()
-        return [[(int(starts[r]), counts[r])] for r in range(size)]
-    bounds = shard_bounds(total, 2 * size)
-    out = []
-    for r in range(size):
-        a0, a1 = bounds[r]
-        b0, b1 = bounds[2 * size - 1 - r]
-        out.append([(a0, a1 - a0), (b0, b1 - b0)])
-    return out
+# -- arguments (collective: every rank agrees before any symmetric allocation) -----------------
 
 
-def _docs(valid_length: Any, total: int) -> np.ndarray[Any, Any] | None:
+@dataclass(frozen=True)
+class _Setup:
+    world: Any
+    counts: list[int]
+    positions: list[np.ndarray[Any, Any]]
+    mask: MaskSpec
+    docs: np.ndarray[Any, Any] | None
+    scale: float
+    heads: int
+    kv_heads: int
+    dim: int
+    threads: int
+    chunk_rows: int | None
+    order: str
+
+    @property
+    def group(self) -> int:
+        return self.heads // self.kv_heads
+
+    @property
+    def rows(self) -> int:
+        return int(self.counts[self.world.rank])
+
+    @property
+    def rows_max(self) -> int:
+        return max(*self.counts, 1)
+
+
+def _check_int(where: str, name: str, value: Any, optional: bool = False) -> None:
+    if optional and value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise SequenceParallelError(
+            f"{where}: invalid {name} (got {value!r}; expected an int >= 1"
+            + (" or None)" if optional else ")")
+        )
+
+
+def _setup(
+    comm: Communicator,
+    where: str,
+    arrays: dict[str, Any],
+    *,
+    schedule: str,
+    causal: bool,
+    window: Any,
+    valid_length: Any,
+    scale: float | None,
+    block_m: int,
+    block_n: int,
+    unit_rows: int | None,
+    threads: int | None,
+    stats: SequenceParallelStats | None,
+) -> _Setup:
+    """Validate locally, then agree across ranks (one all-gather, which also exchanges the
+    shard lengths): an argument error on any rank raises on every rank, so none is left
+    waiting in the collective."""
+    world = comm.world
+    error: Exception | None = None
+    record: tuple[Any, ...] = ()
+    rows = 0
+    left = right = None
+    try:
+        if schedule not in SCHEDULES:
+            raise SequenceParallelError(
+                f"{where}: unknown schedule (got {schedule!r}; expected one of {list(SCHEDULES)})"
+            )
+        for name, a in arrays.items():
+            want = 2 if name == "lse" else 3
+            if not isinstance(a, np.ndarray) or a.ndim != want:
+                raise SequenceParallelError(
+                    f"{where}: {name} must be a numpy array of "
+                    + ("[rows, heads]" if want == 2 else "[rows, heads, head_dim]")
+                    + f" (got {type(a).__name__}"
+                    + (f" of shape {a.shape})" if isinstance(a, np.ndarray) else ")")
+                )
+            if name != "lse" and dtype_name(as_dtype(a.dtype, where)) not in INPUT_DTYPES:
+                raise SequenceParallelError(
+                    f"{where}: unsupported dtype for {name} (got {a.dtype}; expected one of "
+                    f"{list(INPUT_DTYPES)})"
+                )
+        q, k, v = arrays["q"], arrays["k"], arrays["v"]
+        if k.shape != v.shape or k.shape[0] != q.shape[0] or k.shape[2] != q.shape[2]:
+            raise SequenceParallelError(
+                f"{where}: shapes do not match (got q {q.shape}, k {k.shape}, v {v.shape}; "
+                "expected k and v [rows, kv_heads, head_dim] with q's rows and head_dim)"
+            )
+        for name in ("out", "dout"):
+            if name in arrays and arrays[name].shape != q.shape:
+                raise SequenceParallelError(
+                    f"{where}: {name} has the wrong shape (got {arrays[name].shape}; expected "
+                    f"q's {q.shape})"
+                )
+        if "lse" in arrays and arrays["lse"].shape != q.shape[:2]:
+            raise SequenceParallelError(
+                f"{where}: lse has the wrong shape (got {arrays['lse'].shape}; expected "
+                f"{q.shape[:2]}, as returned by the forward with return_lse=True)"
+            )
+        if k.shape[1] < 1 or q.shape[1] % k.shape[1]:
+            raise SequenceParallelError(
+                f"{where}: num_kv_heads must divide num_heads (got {q.shape[1]} and {k.shape[1]})"
+            )
+        for name, value in (("block_m", block_m), ("block_n", block_n)):
+            _check_int(where, name, value)
+        _check_int(where, "unit_rows", unit_rows, optional=True)
+        _check_int(where, "threads", threads, optional=True)
+        if stats is not None and not isinstance(stats, SequenceParallelStats):
+            raise SequenceParallelError(
+                f"{where}: stats must be a SequenceParallelStats (got {type(stats).__name__})"
+            )
+        left, right = normalise_window(window, where)
+        docs_rec = None if valid_length is None else tuple(int(x) for x in valid_length)
+        rows = q.shape[0]
+        record = (
+            schedule,
+            q.shape[1],
+            k.shape[1],
+            q.shape[2],
+            str(q.dtype),
+            bool(causal),
+            left,
+            right,
+            docs_rec,
+            scale,
+            block_m,
+            block_n,
+            unit_rows,
+            stats is not None,
+        )
+    except (ValueError, TypeError) as exc:
+        error = exc
+    gathered = world.comm.allgather((record, rows, None if error is None else str(error)))
+    if error is not None:
+        raise error
+    bad = [(r, e) for r, (_, _, e) in enumerate(gathered) if e is not None]
+    if bad:
+        raise CollectiveMismatchError(
+            f"{where}: invalid arguments on other ranks: "
+            + "; ".join(f"rank {r}: {e}" for r, e in bad)
+        )
+    if any(rec != gathered[0][0] for rec, _, _ in gathered):
+        listing = "; ".join(f"rank {r}: {rec}" for r, (rec, _, _) in enumerate(gathered))
+        raise CollectiveMismatchError(f"{where}: ranks disagree ({listing})")
+    counts = [int(n) for _, n, _ in gathered]
+    total, size = sum(counts), world.world_size
+    if schedule == "zigzag":
+        bounds = shard_bounds(total, 2 * size)
+        segs = [[bounds[r], bounds[2 * size - 1 - r]] for r in range(size)]
+        if [sum(b - a for a, b in sg) for sg in segs] != counts:
+            raise SequenceParallelError(
+                f"{where}: zigzag shards have the wrong lengths (got {counts}; shard the "
+                "caller's tokens with zigzag_shard)"
+            )
+        positions = [np.concatenate([np.arange(a, b) for a, b in sg]) for sg in segs]
+    else:
+        starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        positions = [np.arange(starts[r], starts[r + 1]) for r in range(size)]
+    q = arrays["q"]
+    dim = q.shape[2]
+    chunk_rows = None
+    if schedule == "dynamic":
+        chunk_rows = unit_rows or max(block_m, -(-max(counts) // CHUNKS_PER_RANK), 1)
+    cores = CPU().attributes.cores or 1
+    return _Setup(
+        world=world,
+        counts=counts,
+        positions=positions,
+        mask=MaskSpec(causal=bool(causal), left=left, right=right),
+        docs=_docs(where, valid_length, total),
+        scale=float(1.0 / math.sqrt(dim) if scale is None else scale),
+        heads=q.shape[1],
+        kv_heads=arrays["k"].shape[1],
+        dim=dim,
+        threads=threads or max(1, cores // world.local_size),
+        chunk_rows=chunk_rows,
+        order="lpt" if schedule == "dynamic" else "ring",
+    )
+
+
+def _docs(where: str, valid_length: Any, total: int) -> np.ndarray[Any, Any] | None:
     if valid_length is None:
         return None
     offs = np.asarray([int(v) for v in valid_length], dtype=np.int64)
@@ -93,10 +291,26 @@ def _docs(valid_length: Any, total: int) -> np.ndarray[Any, Any] | None:
         or (np.diff(offs) < 0).any()
     ):
         raise SequenceParallelError(
-            f"sequence_parallel_attention: invalid valid_length (expected row offsets from 0 to "
-            f"the total length {total}, non-decreasing)"
+            f"{where}: invalid valid_length (expected row offsets from 0 to the total length "
+            f"{total}, non-decreasing; got {offs[:8].tolist()}{'...' if offs.size > 8 else ''})"
         )
     return offs
+
+
+def _finish_stats(
+    st: _Setup, stats: SequenceParallelStats | None, mine: SequenceParallelStats, start: float
+) -> None:
+    """Wall and idle time, and every rank's busy time (collective: all ranks pass stats)."""
+    if stats is None:
+        return
+    mine.wall_s = time.perf_counter() - start
+    mine.idle_s = max(mine.wall_s - mine.busy_s, 0.0)
+    mine.busy_per_rank = tuple(float(b) for b in st.world.comm.allgather(mine.busy_s))
+    for f in dataclasses.fields(SequenceParallelStats):
+        setattr(stats, f.name, getattr(mine, f.name))
+
+
+# -- forward -------------------------------------------------------------------------------------
 
 
 def sequence_parallel_attention(
@@ -109,10 +323,14 @@ def sequence_parallel_attention(
     window: Any = None,
     valid_length: Any = None,
     scale: float | None = None,
-    schedule: str = "ring",
+    schedule: str = "dynamic",
     block_m: int = 128,
     block_n: int = 256,
+    unit_rows: int | None = None,
+    threads: int | None = None,
     return_lse: bool = False,
+    stats: SequenceParallelStats | None = None,
+    _slowdown: float = 1.0,
 ) -> Any:
     """Attention of this rank's queries over the whole sharded sequence (collective).
 
@@ -121,113 +339,142 @@ def sequence_parallel_attention(
     comm : collectives.Communicator
     q, k, v : ndarray
         This rank's rows ``[rows, heads, head_dim]`` (``k``/``v`` may have fewer heads:
-        GQA). ``ring``: rank ``r`` holds the ``r``-th contiguous shard (any lengths, in rank
-        order). ``zigzag``: rank ``r`` holds :func:`zigzag_shard` of the sequence.
+        GQA), float32, float16 or bfloat16. ``ring`` and ``dynamic``: rank ``r`` holds the
+        ``r``-th contiguous shard (any lengths, in rank order). ``zigzag``: rank ``r`` holds
+        :func:`zigzag_shard` of the sequence.
     causal, window : as for :func:`collectives.mha.attention`, on global positions.
     valid_length : sequence of int, optional
         Global row offsets of the documents packed in the sequence: attention stays within a
         document (document-causal with ``causal=True``).
-    schedule : {"ring", "zigzag"}
+    scale : float, optional
+        Softmax scale (default ``1 / sqrt(head_dim)``).
+    schedule : {"dynamic", "ring", "zigzag"}
+    block_m, block_n : int
+        Query rows and keys per tile.
+    unit_rows : int, optional
+        ``dynamic``: query and key rows per work unit (default: a quarter of the longest
+        shard, at least ``block_m``). A home rank keeps one partial ``(O, LSE)`` per unit it
+        owns, so smaller units balance better and take more symmetric memory.
+    threads : int, optional
+        Compute threads of this rank (default: the host's cores / ranks on this node).
+    return_lse : bool
+        Also return the log-sum-exp ``[rows, heads]`` (float32; what the backward needs).
+    stats : SequenceParallelStats, optional
+        Filled in with this rank's busy and idle time and units taken (all ranks pass one
+        or none).
 
     Returns
     -------
-    O for this rank's rows (dtype of ``q``), or ``(O, LSE)`` with LSE ``[rows, heads]``.
+    O for this rank's rows (dtype of ``q``), or ``(O, LSE)``.
     """
+    start = time.perf_counter()
     where = "sequence_parallel_attention"
-    if schedule not in SCHEDULES:
-        raise SequenceParallelError(
-            f"{where}: unknown schedule (got {schedule!r}; expected one of {list(SCHEDULES)}; "
-            "'dynamic' is not implemented yet)"
-        )
-    for name, a in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(a, np.ndarray) or a.ndim != 3:
-            raise SequenceParallelError(f"{where}: {name} must be [rows, heads, head_dim]")
-    if k.shape != v.shape or k.shape[0] != q.shape[0] or k.shape[2] != q.shape[2]:
-        raise SequenceParallelError(
-            f"{where}: shapes do not match (got q {q.shape}, k {k.shape}, v {v.shape})"
-        )
-    heads, kv_heads, dim = q.shape[1], k.shape[1], q.shape[2]
-    if q.shape[1] % kv_heads:
-        raise SequenceParallelError(f"{where}: num_kv_heads must divide num_heads")
-    world = comm.world
-    rank, size = world.rank, world.world_size
-    counts = [int(c) for c in world.comm.allgather(q.shape[0])]
-    total = sum(counts)
-    segs = _segments(schedule, total, rank, size, counts)
-    if schedule == "zigzag" and [sum(n for _, n in sg) for sg in segs] != counts:
-        raise SequenceParallelError(
-            f"{where}: zigzag shards have the wrong lengths (got {counts}; shard the caller's "
-            "tokens with zigzag_shard)"
-        )
-    left, right = normalise_window(window, where)
-    mask = MaskSpec(causal=bool(causal), left=left, right=right)
-    docs = _docs(valid_length, total)
-    sc = float(1.0 / math.sqrt(dim) if scale is None else scale)
-    group = heads // kv_heads
-    # K/V in symmetric memory, [max rows, kv_heads, dim] float32 (collective)
-    rows_max = max(*counts, 1)
-    k_sym = world.empty((rows_max, kv_heads, dim), "float32")
-    v_sym = world.empty((rows_max, kv_heads, dim), "float32")
+    st = _setup(
+        comm,
+        where,
+        {"q": q, "k": k, "v": v},
+        schedule=schedule,
+        causal=causal,
+        window=window,
+        valid_length=valid_length,
+        scale=scale,
+        block_m=block_m,
+        block_n=block_n,
+        unit_rows=unit_rows,
+        threads=threads,
+        stats=stats,
+    )
+    mine = SequenceParallelStats(schedule=schedule)
+    if schedule == "dynamic":
+        out, lse = _forward_units(st, q, k, v, block_m, block_n, mine, _slowdown)
+    else:
+        out, lse = _forward_ring(st, q, k, v, block_m, block_n, mine, _slowdown)
+    _finish_stats(st, stats, mine, start)
+    result = out.astype(q.dtype, copy=False)
+    return (result, lse) if return_lse else result
+
+
+def _symmetric(world: Any, shapes: dict[str, tuple[tuple[int, ...], str]]) -> dict[str, Any]:
+    """Allocate symmetric buffers (collective); on failure free those already made."""
+    bufs: dict[str, Any] = {}
     try:
-        k_sym.local()[: q.shape[0]] = k
-        v_sym.local()[: q.shape[0]] = v
+        for name, (shape, dtype) in shapes.items():
+            bufs[name] = (
+                world.zeros(shape, dtype) if dtype == "int64" else world.empty(shape, dtype)
+            )
+    except BaseException:
+        _close(bufs)
+        raise
+    return bufs
+
+
+def _close(bufs: dict[str, Any]) -> None:
+    for buf in reversed(list(bufs.values())):
+        buf.close()
+
+
+def _forward_ring(
+    st: _Setup,
+    q: Any,
+    k: Any,
+    v: Any,
+    block_m: int,
+    block_n: int,
+    stats: SequenceParallelStats,
+    slowdown: float,
+) -> tuple[Any, Any]:
+    world = st.world
+    rank, size = world.rank, world.world_size
+    bufs = _symmetric(
+        world,
+        {
+            "k": ((st.rows_max, st.kv_heads, st.dim), "float32"),
+            "v": ((st.rows_max, st.kv_heads, st.dim), "float32"),
+        },
+    )
+    k_sym, v_sym = bufs["k"], bufs["v"]
+    try:
+        k_sym.local()[: st.rows] = k
+        v_sym.local()[: st.rows] = v
         world.barrier()
         q32 = np.ascontiguousarray(q, dtype=np.float32)
-        out = np.zeros((q.shape[0], heads, dim), np.float32)
-        lse = np.full((q.shape[0], heads), -np.inf, np.float32)
-        my_rows = _positions(segs[rank])
-        workers = CPU().attributes.cores or 1
-        slots = [np.empty((rows_max, kv_heads, dim), np.float32) for _ in range(2)]
+        out = np.zeros((st.rows, st.heads, st.dim), np.float32)
+        lse = np.full((st.rows, st.heads), -np.inf, np.float32)
+        slots = [np.empty((st.rows_max, st.kv_heads, st.dim), np.float32) for _ in range(2)]
         with (
             ThreadPoolExecutor(1) as fetcher,
-            ThreadPoolExecutor(workers) as pool,
+            ThreadPoolExecutor(st.threads) as pool,
             threadpool_limits(limits=1, user_api="blas"),
         ):
-            pending = _fetch(fetcher, world, k_sym, v_sym, rank, counts[rank], slots[0])
+            pending = _fetch(fetcher, k_sym, v_sym, rank, st.rows, slots[0])
             for step in range(size):
                 src = (rank - step) % size
                 kv_k, kv_v = pending.result()
                 if step + 1 < size:  # prefetch the next block while this one computes
                     nxt = (rank - step - 1) % size
                     pending = _fetch(
-                        fetcher, world, k_sym, v_sym, nxt, counts[nxt], slots[(step + 1) % 2]
+                        fetcher, k_sym, v_sym, nxt, st.counts[nxt], slots[(step + 1) % 2]
                     )
-                kv_pos = _positions(segs[src])
+                t0 = time.perf_counter()
                 _accumulate(
-                    pool,
-                    q32,
-                    kv_k,
-                    kv_v,
-                    my_rows,
-                    kv_pos,
-                    mask,
-                    docs,
-                    sc,
-                    group,
-                    block_m,
-                    block_n,
-                    out,
-                    lse,
+                    pool, st, q32, kv_k, kv_v, st.positions[src], block_m, block_n, out, lse
                 )
+                spent = time.perf_counter() - t0
+                if slowdown > 1.0:
+                    time.sleep(spent * (slowdown - 1.0))
+                    spent = time.perf_counter() - t0
+                stats.busy_s += spent
+                stats.units_computed += 1
+        stats.units = stats.units_computed
+        stats.threads = st.threads
         world.barrier()  # every peer is done reading my K/V
     finally:
-        k_sym.close()
-        v_sym.close()
-    result = out.astype(q.dtype, copy=False)
-    return (result, lse) if return_lse else result
-
-
-def _positions(segments: list[tuple[int, int]]) -> np.ndarray[Any, Any]:
-    return (
-        np.concatenate([np.arange(s, s + n) for s, n in segments])
-        if segments
-        else np.zeros(0, np.int64)
-    )
+        _close(bufs)
+    return out, lse
 
 
 def _fetch(
     fetcher: ThreadPoolExecutor,
-    world: Any,
     k_sym: Any,
     v_sym: Any,
     src: int,
@@ -251,93 +498,372 @@ def _fetch(
 
 def _accumulate(
     pool: ThreadPoolExecutor,
+    st: _Setup,
     q: Any,
     k: Any,
     v: Any,
-    q_pos: Any,
     kv_pos: Any,
-    mask: MaskSpec,
-    docs: Any,
-    scale: float,
-    group: int,
     block_m: int,
     block_n: int,
     out: Any,
     lse: Any,
 ) -> None:
     """Attention of every local query row over one K/V block, merged into (out, lse)."""
+    q_pos = st.positions[st.world.rank]
     if kv_pos.size == 0 or q_pos.size == 0:
         return
-    # the block's rows are runs of consecutive global positions (one per segment)
-    runs = _runs(kv_pos)
-    heads = q.shape[1]
-    tasks = []
-    for h in range(heads):
-        for lo in range(0, q_pos.size, block_m):
-            tasks.append((h, lo, min(lo + block_m, q_pos.size)))
+    kv_runs = runs(kv_pos)
+    tasks = [
+        (h, lo, min(lo + block_m, q_pos.size))
+        for h in range(st.heads)
+        for lo in range(0, q_pos.size, block_m)
+    ]
 
     def one(task: tuple[int, int, int]) -> None:
         h, lo, hi = task
-        for qa, qb in _runs_between(q_pos, lo, hi, docs):
-            q_global = int(q_pos[qa])
-            rows = qb - qa
-            doc_lo, doc_hi = 0, 1 << 62
-            if docs is not None:  # runs never cross a document boundary
-                d = int(np.searchsorted(docs, q_global, side="right") - 1)
-                doc_lo, doc_hi = int(docs[d]), int(docs[d + 1])
-            k0, k1 = mask.kv_range(q_global, q_global + rows, 1 << 62)
-            for ra, rb in runs:
-                g0 = int(kv_pos[ra])
-                g1 = g0 + (rb - ra)
-                s0, s1 = max(k0, g0, doc_lo), min(k1, g1, doc_hi)
-                if s1 <= s0:
-                    continue
-                o_part, l_part = attention_tile(
-                    q[qa:qb, h],
-                    k[ra:rb, h // group],
-                    v[ra:rb, h // group],
-                    q_offset=q_global,
-                    kv_start=s0,
-                    kv_end=s1,
-                    block_n=block_n,
-                    scale=scale,
-                    mask=mask,
-                    k_offset=g0,
-                )
-                _merge(out[qa:qb, h], lse[qa:qb, h], o_part, l_part)
+        kh = h // st.group
+        for qa, qb, qg, ra, g0, s0, s1 in pieces(q_pos, lo, hi, kv_pos, kv_runs, st.mask, st.docs):
+            o_part, l_part = attention_tile(
+                q[qa:qb, h],
+                k[:, kh],
+                v[:, kh],
+                q_offset=qg,
+                kv_start=s0,
+                kv_end=s1,
+                block_n=block_n,
+                scale=st.scale,
+                mask=st.mask,
+                k_offset=g0 - ra,
+            )
+            _merge(out[qa:qb, h], lse[qa:qb, h], o_part, l_part)
 
     list(pool.map(one, tasks))
-
-
-def _runs(pos: Any) -> list[tuple[int, int]]:
-    """``[(start, stop), ...]`` local index ranges of consecutive global positions."""
-    if pos.size == 0:
-        return []
-    breaks = np.nonzero(np.diff(pos) != 1)[0] + 1
-    edges = [0, *breaks.tolist(), int(pos.size)]
-    return list(itertools.pairwise(edges))
-
-
-def _runs_between(pos: Any, lo: int, hi: int, docs: Any = None) -> list[tuple[int, int]]:
-    """Runs of consecutive positions in ``pos[lo:hi]``, also cut at document boundaries."""
-    out = []
-    for run_a, run_b in _runs(pos[lo:hi]):
-        start, stop = run_a + lo, run_b + lo
-        if docs is not None:
-            g0, g1 = int(pos[start]), int(pos[stop - 1]) + 1
-            for cut in (int(c) for c in docs if g0 < c < g1):
-                mid = start + (cut - int(pos[start]))
-                out.append((start, mid))
-                start = mid
-        out.append((start, stop))
-    return out
 
 
 def _merge(out: Any, lse: Any, o_part: Any, l_part: Any) -> None:
     """Fold a partial (O, LSE) into the running one, rows where the partial saw keys."""
     new = np.logaddexp(lse, l_part)
     seen = np.isfinite(new)
-    w_old = np.where(seen, np.exp(np.where(seen, lse - new, 0)), 0).astype(np.float32)
-    w_new = np.where(seen, np.exp(np.where(seen, l_part - new, 0)), 0).astype(np.float32)
-    out[...] = out * w_old[:, None] + o_part * w_new[:, None]
+    with np.errstate(invalid="ignore"):  # -inf - -inf where neither saw a key: masked out
+        w_old = np.where(seen, np.exp(np.where(seen, lse - new, 0)), 0).astype(np.float32)
+        w_new = np.where(seen, np.exp(np.where(seen, l_part - new, 0)), 0).astype(np.float32)
+    out[...] = out * w_old[..., None] + o_part * w_new[..., None]
     lse[...] = new
+
+
+def _plan(st: _Setup, block_m: int) -> UnitPlan:
+    return UnitPlan(st.positions, st.chunk_rows, st.kv_heads, st.mask, st.docs, block_m, st.order)
+
+
+def _forward_units(
+    st: _Setup,
+    q: Any,
+    k: Any,
+    v: Any,
+    block_m: int,
+    block_n: int,
+    stats: SequenceParallelStats,
+    slowdown: float,
+) -> tuple[Any, Any]:
+    """The dynamic forward: units run anywhere, partial (O, LSE) merged at home in unit order."""
+    world, me = st.world, st.world.rank
+    plan = _plan(st, block_m)
+    chunks, hg, d = plan.chunks, st.group, st.dim
+    width = hg * (d + 1)  # a unit's slot: [rows, heads of its group, O | LSE]
+    slots = plan.slots(plan.by_q_home, lambda u: chunks[u.q].rows * width)
+    part_len = max(1, *(sum(chunks[u.q].rows * width for u in us) for us in plan.by_q_home))
+    bufs = _symmetric(
+        world,
+        {
+            "q": ((st.rows_max, st.heads, d), "float32"),
+            "k": ((st.rows_max, st.kv_heads, d), "float32"),
+            "v": ((st.rows_max, st.kv_heads, d), "float32"),
+            "part": ((part_len,), "float32"),
+            "counters": ((2,), "int64"),
+        },
+    )
+    try:
+        for name, a in (("q", q), ("k", k), ("v", v)):
+            bufs[name].local()[: st.rows] = a
+        world.barrier()  # inputs written, counters zeroed everywhere
+        reader = RowReader(capacity=9)
+
+        def fetch(u: Unit) -> tuple[Any, Any, Any]:
+            qc, kc = chunks[u.q], chunks[u.kv]
+            heads = slice(u.head * hg, (u.head + 1) * hg)
+            return (
+                reader.rows(bufs["q"], qc.rank, qc.lo, qc.hi)[:, heads],
+                reader.rows(bufs["k"], kc.rank, kc.lo, kc.hi)[:, u.head],
+                reader.rows(bufs["v"], kc.rank, kc.lo, kc.hi)[:, u.head],
+            )
+
+        def compute(u: Unit, data: tuple[Any, Any, Any]) -> Any:
+            qd, kd, vd = data
+            return _forward_unit(
+                st, qd, kd, vd, chunks[u.q].pos, chunks[u.kv].pos, block_m, block_n
+            )
+
+        def deliver(u: Unit, packed: Any) -> None:
+            home = chunks[u.q].rank
+            bufs["part"].put(home, packed, offset=slots[home][u.id] * 4)
+            announce(world, bufs["counters"], home)
+
+        with threadpool_limits(limits=1, user_api="blas"):
+            drive(
+                world,
+                plan,
+                bufs["counters"],
+                dynamic=True,
+                fetch=fetch,
+                compute=compute,
+                deliver=deliver,
+                expected=len(plan.by_q_home[me]),
+                threads=st.threads,
+                slowdown=slowdown,
+                stats=stats,
+                what="sequence_parallel_attention",
+            )
+        out = np.zeros((st.rows, st.heads, d), np.float32)
+        lse = np.full((st.rows, st.heads), -np.inf, np.float32)
+        part = bufs["part"].local()
+        for u in plan.by_q_home[me]:  # unit-id order: (query chunk, KV head, KV chunk)
+            qc, off = chunks[u.q], slots[me][u.id]
+            blk = part[off : off + qc.rows * width].reshape(qc.rows, hg, d + 1)
+            heads = slice(u.head * hg, (u.head + 1) * hg)
+            _merge(out[qc.lo : qc.hi, heads], lse[qc.lo : qc.hi, heads], blk[..., :d], blk[..., d])
+        world.barrier()  # every peer is done reading my inputs and writing my slots
+    finally:
+        _close(bufs)
+    return out, lse
+
+
+def _forward_unit(
+    st: _Setup,
+    qd: Any,
+    kd: Any,
+    vd: Any,
+    q_pos: Any,
+    kv_pos: Any,
+    block_m: int,
+    block_n: int,
+) -> np.ndarray[Any, Any]:
+    """One unit: ``[rows, group heads, d + 1]`` float32, O then LSE in the last column."""
+    rows, hg, d = qd.shape
+    packed = np.zeros((rows, hg, d + 1), np.float32)
+    out, lse = packed[..., :d], packed[..., d]
+    lse[...] = -np.inf
+    kv_runs = runs(kv_pos)
+    for hh in range(hg):
+        for lo in range(0, rows, block_m):
+            hi = min(lo + block_m, rows)
+            for qa, qb, qg, ra, g0, s0, s1 in pieces(
+                q_pos, lo, hi, kv_pos, kv_runs, st.mask, st.docs
+            ):
+                o_part, l_part = attention_tile(
+                    qd[qa:qb, hh],
+                    kd,
+                    vd,
+                    q_offset=qg,
+                    kv_start=s0,
+                    kv_end=s1,
+                    block_n=block_n,
+                    scale=st.scale,
+                    mask=st.mask,
+                    k_offset=g0 - ra,
+                )
+                _merge(out[qa:qb, hh], lse[qa:qb, hh], o_part, l_part)
+    return packed
+
+
+# -- backward ------------------------------------------------------------------------------------
+
+
+def sequence_parallel_attention_backward(
+    comm: Communicator,
+    dout: np.ndarray[Any, Any],
+    q: np.ndarray[Any, Any],
+    k: np.ndarray[Any, Any],
+    v: np.ndarray[Any, Any],
+    out: np.ndarray[Any, Any],
+    lse: np.ndarray[Any, Any],
+    *,
+    causal: bool = False,
+    window: Any = None,
+    valid_length: Any = None,
+    scale: float | None = None,
+    schedule: str = "dynamic",
+    block_m: int = 128,
+    block_n: int = 256,
+    unit_rows: int | None = None,
+    threads: int | None = None,
+    stats: SequenceParallelStats | None = None,
+    _slowdown: float = 1.0,
+) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+    """Gradients ``(dQ, dK, dV)`` of this rank's rows (collective).
+
+    ``dout`` is dL/dO for this rank's rows; ``out`` and ``lse`` come from
+    :func:`sequence_parallel_attention` with ``return_lse=True`` and the same arguments (any
+    schedule: they are the same up to rounding). ``dK``/``dV`` have ``k``'s shape: with
+    GQA they sum over each KV head's query heads. Every other argument is as for the forward,
+    with the same sharding. Returns arrays of the dtypes of ``q``, ``k`` and ``v``.
+    """
+    start = time.perf_counter()
+    where = "sequence_parallel_attention_backward"
+    st = _setup(
+        comm,
+        where,
+        {"q": q, "k": k, "v": v, "out": out, "dout": dout, "lse": lse},
+        schedule=schedule,
+        causal=causal,
+        window=window,
+        valid_length=valid_length,
+        scale=scale,
+        block_m=block_m,
+        block_n=block_n,
+        unit_rows=unit_rows,
+        threads=threads,
+        stats=stats,
+    )
+    mine = SequenceParallelStats(schedule=schedule)
+    world, me = st.world, st.world.rank
+    plan = _plan(st, block_m)
+    chunks, hg, d = plan.chunks, st.group, st.dim
+    dq_slots = plan.slots(plan.by_q_home, lambda u: chunks[u.q].rows * hg * d)
+    dkv_slots = plan.slots(plan.by_kv_home, lambda u: chunks[u.kv].rows * 2 * d)
+    dq_len = [sum(chunks[u.q].rows * hg * d for u in us) for us in plan.by_q_home]
+    dkv_len = [sum(chunks[u.kv].rows * 2 * d for u in us) for us in plan.by_kv_home]
+    part_len = max(1, *(a + b for a, b in zip(dq_len, dkv_len, strict=True)))
+    bufs = _symmetric(
+        world,
+        {
+            "q": ((st.rows_max, st.heads, d), "float32"),
+            "do": ((st.rows_max, st.heads, d), "float32"),
+            "ld": ((st.rows_max, st.heads, 2), "float32"),  # LSE, D = rowsum(dO * O)
+            "k": ((st.rows_max, st.kv_heads, d), "float32"),
+            "v": ((st.rows_max, st.kv_heads, d), "float32"),
+            "part": ((part_len,), "float32"),
+            "counters": ((2,), "int64"),
+        },
+    )
+    try:
+        for name, a in (("q", q), ("do", dout), ("k", k), ("v", v)):
+            bufs[name].local()[: st.rows] = a
+        ld = bufs["ld"].local()
+        ld[: st.rows, :, 0] = lse
+        ld[: st.rows, :, 1] = np.einsum(
+            "rhd,rhd->rh", dout.astype(np.float32), out.astype(np.float32)
+        )
+        world.barrier()
+        reader = RowReader(capacity=15)
+
+        def fetch(u: Unit) -> tuple[Any, Any, Any, Any, Any]:
+            qc, kc = chunks[u.q], chunks[u.kv]
+            heads = slice(u.head * hg, (u.head + 1) * hg)
+            return (
+                reader.rows(bufs["q"], qc.rank, qc.lo, qc.hi)[:, heads],
+                reader.rows(bufs["do"], qc.rank, qc.lo, qc.hi)[:, heads],
+                reader.rows(bufs["ld"], qc.rank, qc.lo, qc.hi)[:, heads],
+                reader.rows(bufs["k"], kc.rank, kc.lo, kc.hi)[:, u.head],
+                reader.rows(bufs["v"], kc.rank, kc.lo, kc.hi)[:, u.head],
+            )
+
+        def compute(u: Unit, data: tuple[Any, Any, Any, Any, Any]) -> tuple[Any, Any]:
+            return _backward_unit(st, *data, chunks[u.q].pos, chunks[u.kv].pos, block_m, block_n)
+
+        def deliver(u: Unit, result: tuple[Any, Any]) -> None:
+            dq, dkv = result
+            q_home, kv_home = chunks[u.q].rank, chunks[u.kv].rank
+            bufs["part"].put(q_home, dq, offset=dq_slots[q_home][u.id] * 4)
+            offset = (dq_len[kv_home] + dkv_slots[kv_home][u.id]) * 4
+            bufs["part"].put(kv_home, dkv, offset=offset)
+            if q_home == kv_home:
+                announce(world, bufs["counters"], q_home, 2)
+            else:
+                announce(world, bufs["counters"], q_home)
+                announce(world, bufs["counters"], kv_home)
+
+        with threadpool_limits(limits=1, user_api="blas"):
+            drive(
+                world,
+                plan,
+                bufs["counters"],
+                dynamic=schedule == "dynamic",
+                fetch=fetch,
+                compute=compute,
+                deliver=deliver,
+                expected=len(plan.by_q_home[me]) + len(plan.by_kv_home[me]),
+                threads=st.threads,
+                slowdown=_slowdown,
+                stats=mine,
+                what=where,
+            )
+        part = bufs["part"].local()
+        dq_out = np.zeros((st.rows, st.heads, d), np.float32)
+        for u in plan.by_q_home[me]:  # fixed order: (query chunk, KV head, KV chunk)
+            qc, off = chunks[u.q], dq_slots[me][u.id]
+            heads = slice(u.head * hg, (u.head + 1) * hg)
+            dq_out[qc.lo : qc.hi, heads] += part[off : off + qc.rows * hg * d].reshape(
+                qc.rows, hg, d
+            )
+        dk_out = np.zeros((st.rows, st.kv_heads, d), np.float32)
+        dv_out = np.zeros((st.rows, st.kv_heads, d), np.float32)
+        for u in plan.by_kv_home[me]:  # fixed order: (KV chunk, KV head, query chunk)
+            kc = chunks[u.kv]
+            off = dq_len[me] + dkv_slots[me][u.id]
+            blk = part[off : off + kc.rows * 2 * d].reshape(kc.rows, 2, d)
+            dk_out[kc.lo : kc.hi, u.head] += blk[:, 0]
+            dv_out[kc.lo : kc.hi, u.head] += blk[:, 1]
+        world.barrier()  # every peer is done reading my inputs and writing my slots
+    finally:
+        _close(bufs)
+    _finish_stats(st, stats, mine, start)
+    return (
+        dq_out.astype(q.dtype, copy=False),
+        dk_out.astype(k.dtype, copy=False),
+        dv_out.astype(v.dtype, copy=False),
+    )
+
+
+def _backward_unit(
+    st: _Setup,
+    qd: Any,
+    dod: Any,
+    ldd: Any,
+    kd: Any,
+    vd: Any,
+    q_pos: Any,
+    kv_pos: Any,
+    block_m: int,
+    block_n: int,
+) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+    """One unit: dQ ``[rows, group heads, d]`` and dK | dV ``[kv rows, 2, d]``, float32."""
+    rows, hg, d = qd.shape
+    dq = np.zeros((rows, hg, d), np.float32)
+    dkv = np.zeros((kv_pos.size, 2, d), np.float32)
+    kv_runs = runs(kv_pos)
+    for hh in range(hg):
+        for lo in range(0, rows, block_m):
+            hi = min(lo + block_m, rows)
+            for qa, qb, qg, ra, g0, s0, s1 in pieces(
+                q_pos, lo, hi, kv_pos, kv_runs, st.mask, st.docs
+            ):
+                dq_p, dk_p, dv_p = attention_tile_backward(
+                    qd[qa:qb, hh],
+                    kd,
+                    vd,
+                    dod[qa:qb, hh],
+                    ldd[qa:qb, hh, 0],
+                    ldd[qa:qb, hh, 1],
+                    q_offset=qg,
+                    kv_start=s0,
+                    kv_end=s1,
+                    block_n=block_n,
+                    scale=st.scale,
+                    mask=st.mask,
+                    k_offset=g0 - ra,
+                )
+                dq[qa:qb, hh] += dq_p
+                r0 = s0 - g0 + ra
+                dkv[r0 : r0 + s1 - s0, 0] += dk_p
+                dkv[r0 : r0 + s1 - s0, 1] += dv_p
+    return dq, dkv

@@ -24,9 +24,7 @@ MASKS = [
 ]
 
 
-def naive(q: Any, k: Any, v: Any, causal: bool, window: Any, docs: Any, scale: float) -> Any:
-    s_len, heads, dim = q.shape
-    group = heads // k.shape[1]
+def visible_mask(s_len: int, causal: bool, window: Any, docs: Any) -> Any:
     i, j = np.arange(s_len)[:, None], np.arange(s_len)[None, :]
     visible = np.ones((s_len, s_len), bool)
     if causal:
@@ -36,13 +34,36 @@ def naive(q: Any, k: Any, v: Any, causal: bool, window: Any, docs: Any, scale: f
     if docs is not None:
         d = np.searchsorted(docs, np.arange(s_len), side="right") - 1
         visible &= d[:, None] == d[None, :]
+    return visible
+
+
+def naive(
+    q: Any, k: Any, v: Any, causal: bool, window: Any, docs: Any, scale: float, dout: Any = None
+) -> Any:
+    """float64 attention on the full sequence; with ``dout`` also (dQ, dK, dV)."""
+    s_len, heads, dim = q.shape
+    group = heads // k.shape[1]
+    visible = visible_mask(s_len, causal, window, docs)
+    q64, k64, v64 = (x.astype(np.float64) for x in (q, k, v))
     out = np.zeros((s_len, heads, dim))
+    dq, dk, dv = np.zeros(q64.shape), np.zeros(k64.shape), np.zeros(v64.shape)
     for h in range(heads):
-        s = q[:, h].astype(np.float64) @ k[:, h // group].astype(np.float64).T * scale
+        kh = h // group
+        s = q64[:, h] @ k64[:, kh].T * scale
         s = np.where(visible, s, -np.inf)
-        p = np.exp(s - s.max(axis=1, keepdims=True))
-        out[:, h] = (p / p.sum(axis=1, keepdims=True)) @ v[:, h // group]
-    return out
+        m = s.max(axis=1, keepdims=True)
+        e = np.exp(s - np.where(np.isfinite(m), m, 0))
+        den = e.sum(axis=1, keepdims=True)
+        p = np.divide(e, den, out=np.zeros_like(e), where=den > 0)
+        out[:, h] = p @ v64[:, kh]
+        if dout is not None:
+            do = dout[:, h].astype(np.float64)
+            dp = do @ v64[:, kh].T
+            ds = p * (dp - (dp * p).sum(axis=1, keepdims=True))
+            dq[:, h] = ds @ k64[:, kh] * scale
+            dk[:, kh] += ds.T @ q64[:, h] * scale
+            dv[:, kh] += p.T @ do
+    return out if dout is None else (out, dq, dk, dv)
 
 
 @pytest.fixture

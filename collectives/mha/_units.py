@@ -1,0 +1,345 @@
+"""Work units of sequence-parallel attention and the cross-rank scheduler that runs them.
+
+A *chunk* is a run of one rank's local rows (its *home*). A *unit* is one query chunk, one
+key/value chunk and one KV head (with the query heads of its GQA group); units whose chunks
+the mask keeps apart are never made. Every rank builds the same :class:`UnitPlan` from the
+shard lengths, so unit ids, queues and slot offsets agree without communication.
+
+The driver (:func:`drive`) runs on the rank's main thread, which does every MPI and heap
+operation; compute goes to worker threads. It takes units from its own queue, then (dynamic)
+from the other ranks' queues, each through a fetch-and-add on that queue's counter in
+symmetric memory, so every unit is taken exactly once. The next unit is taken and its inputs
+are fetched (peer views, or one-sided gets into a small cache) while the current one computes.
+A result is written into a slot on its home rank and announced by a fetch-and-add on the
+home's arrival counter; a home merges its slots in unit-id order, so the result does not
+depend on which rank computed what.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from shmem.errors import SignalTimeoutError
+from shmem.signals import poll_until
+
+from .scheduler import MaskSpec
+
+__all__ = ["Chunk", "SequenceParallelStats", "Unit", "UnitPlan", "drive", "pieces", "runs"]
+
+TAKE, ARRIVED = 0, 1  # the two int64 counters of every rank
+
+
+@dataclass
+class SequenceParallelStats:
+    """What one rank did in one call (filled in by ``sequence_parallel_attention`` and its
+    backward when passed as ``stats=``).
+
+    ``busy_s`` is the time in tile compute (summed over worker threads, divided by their
+    number), ``idle_s`` the rest of the call's wall time (waiting, moving data, merging).
+    ``units_taken`` counts units this rank computed from other ranks' queues, and
+    ``units_given`` units of its own queue that other ranks computed. ``busy_per_rank`` is
+    every rank's ``busy_s``, so :attr:`imbalance` is the same on every rank.
+    """
+
+    schedule: str = ""
+    wall_s: float = 0.0
+    busy_s: float = 0.0
+    idle_s: float = 0.0
+    units: int = 0
+    units_computed: int = 0
+    units_taken: int = 0
+    units_given: int = 0
+    threads: int = 0
+    busy_per_rank: tuple[float, ...] = ()
+
+    @property
+    def imbalance(self) -> float:
+        """max / mean of every rank's busy time (1.0: perfectly balanced)."""
+        if not self.busy_per_rank or sum(self.busy_per_rank) == 0:
+            return 1.0
+        mean = sum(self.busy_per_rank) / len(self.busy_per_rank)
+        return max(self.busy_per_rank) / mean
+
+
+def runs(pos: np.ndarray[Any, Any]) -> list[tuple[int, int]]:
+    """``[(start, stop), ...]`` local index ranges of consecutive global positions."""
+    if pos.size == 0:
+        return []
+    breaks = np.nonzero(np.diff(pos) != 1)[0] + 1
+    edges = [0, *breaks.tolist(), int(pos.size)]
+    return list(itertools.pairwise(edges))
+
+
+def _doc_runs(
+    pos: np.ndarray[Any, Any], lo: int, hi: int, docs: np.ndarray[Any, Any] | None
+) -> list[tuple[int, int]]:
+    """Runs of consecutive positions in ``pos[lo:hi]``, also cut at document boundaries."""
+    out = []
+    for run_a, run_b in runs(pos[lo:hi]):
+        start, stop = run_a + lo, run_b + lo
+        if docs is not None:
+            g0, g1 = int(pos[start]), int(pos[stop - 1]) + 1
+            for cut in (int(c) for c in docs if g0 < c < g1):
+                mid = start + (cut - int(pos[start]))
+                out.append((start, mid))
+                start = mid
+        out.append((start, stop))
+    return out
+
+
+def pieces(
+    q_pos: np.ndarray[Any, Any],
+    lo: int,
+    hi: int,
+    kv_pos: np.ndarray[Any, Any],
+    kv_runs: list[tuple[int, int]],
+    mask: MaskSpec,
+    docs: np.ndarray[Any, Any] | None,
+) -> Iterator[tuple[int, int, int, int, int, int, int]]:
+    """The tiles of query rows ``q_pos[lo:hi]`` against keys at ``kv_pos`` that the mask
+    leaves visible: ``(qa, qb, q_global, ra, g0, s0, s1)``: query rows ``[qa, qb)`` (global
+    ``q_global ...``) see keys ``[s0, s1)``, found at local key rows from ``ra`` (global
+    ``g0``)."""
+    for qa, qb in _doc_runs(q_pos, lo, hi, docs):
+        q_global = int(q_pos[qa])
+        doc_lo, doc_hi = 0, 1 << 62
+        if docs is not None:  # runs never cross a document boundary
+            d = int(np.searchsorted(docs, q_global, side="right") - 1)
+            doc_lo, doc_hi = int(docs[d]), int(docs[d + 1])
+        k0, k1 = mask.kv_range(q_global, q_global + qb - qa, 1 << 62)
+        for ra, rb in kv_runs:
+            g0 = int(kv_pos[ra])
+            s0, s1 = max(k0, g0, doc_lo), min(k1, g0 + rb - ra, doc_hi)
+            if s1 > s0:
+                yield qa, qb, q_global, ra, g0, s0, s1
+
+
+@dataclass(frozen=True)
+class Chunk:
+    rank: int  # home
+    lo: int  # local rows [lo, hi) of the home rank
+    hi: int
+    pos: np.ndarray[Any, Any]  # their global positions
+
+    @property
+    def rows(self) -> int:
+        return self.hi - self.lo
+
+
+@dataclass(frozen=True)
+class Unit:
+    id: int  # position in the canonical order (query chunk, KV head, KV chunk)
+    q: int  # chunk ids
+    kv: int
+    head: int  # KV head
+    cost: int  # visible (query, key) pairs, tile-rounded: the longest-first key
+
+
+class UnitPlan:
+    """Chunks, units, queues and result-slot layout, the same on every rank (pure).
+
+    ``positions[r]``: global positions of rank ``r``'s rows. ``chunk_rows``: rows per chunk
+    (None: one chunk per rank). ``order``: ``"lpt"`` (longest first) or ``"ring"`` (by ring
+    step: a rank's own keys first, then rank ``r - 1``'s, ...).
+    """
+
+    def __init__(
+        self,
+        positions: list[np.ndarray[Any, Any]],
+        chunk_rows: int | None,
+        kv_heads: int,
+        mask: MaskSpec,
+        docs: np.ndarray[Any, Any] | None,
+        block_m: int,
+        order: str,
+    ) -> None:
+        size = len(positions)
+        self.size = size
+        chunks: list[Chunk] = []
+        for r, pos in enumerate(positions):
+            step = pos.size if chunk_rows is None else chunk_rows
+            for lo in range(0, pos.size, max(step, 1)):
+                hi = min(lo + step, pos.size)
+                chunks.append(Chunk(r, lo, hi, pos[lo:hi]))
+        self.chunks = chunks
+        pairs: list[tuple[int, int, int]] = []
+        for qi, qc in enumerate(chunks):
+            for ki, kc in enumerate(chunks):
+                kv_runs = runs(kc.pos)
+                cost = 0
+                for lo in range(0, qc.rows, block_m):
+                    for qa, qb, _, _, _, s0, s1 in pieces(
+                        qc.pos, lo, min(lo + block_m, qc.rows), kc.pos, kv_runs, mask, docs
+                    ):
+                        cost += (qb - qa) * (s1 - s0)
+                if cost:
+                    pairs.append((qi, ki, cost))
+        units = [Unit(0, qi, ki, h, cost) for qi, ki, cost in pairs for h in range(kv_heads)]
+        units.sort(key=lambda u: (u.q, u.head, u.kv))
+        self.units = [Unit(i, u.q, u.kv, u.head, u.cost) for i, u in enumerate(units)]
+        self.by_q_home: list[list[Unit]] = [[] for _ in range(size)]
+        self.by_kv_home: list[list[Unit]] = [[] for _ in range(size)]
+        for u in self.units:
+            self.by_q_home[chunks[u.q].rank].append(u)
+        for u in sorted(self.units, key=lambda u: (u.kv, u.head, u.q)):
+            self.by_kv_home[chunks[u.kv].rank].append(u)
+        self.queues: list[list[Unit]] = []
+        for r in range(size):
+            mine = self.by_q_home[r]
+            if order == "lpt":
+                self.queues.append(sorted(mine, key=lambda u: (-u.cost, u.id)))
+            else:
+                self.queues.append(
+                    sorted(mine, key=lambda u: ((r - chunks[u.kv].rank) % size, u.id))
+                )
+
+    def slots(
+        self, home_units: list[list[Unit]], floats: Callable[[Unit], int]
+    ) -> list[dict[int, int]]:
+        """Per rank: unit id -> float offset of its slot, laid out in ``home_units`` order."""
+        out = []
+        for mine in home_units:
+            offsets, at = {}, 0
+            for u in mine:
+                offsets[u.id] = at
+                at += floats(u)
+            out.append(offsets)
+        return out
+
+
+class RowReader:
+    """Rows of symmetric buffers on any rank: zero-copy peer views where reachable, else
+    one-sided gets into a small LRU cache (so a rank never holds more than ``capacity``
+    fetched chunks)."""
+
+    def __init__(self, capacity: int = 6) -> None:
+        self._views: dict[tuple[int, int], Any] = {}
+        self._cache: OrderedDict[tuple[int, int, int, int], np.ndarray[Any, Any]] = OrderedDict()
+        self._capacity = capacity
+
+    def rows(self, buf: Any, rank: int, lo: int, hi: int) -> np.ndarray[Any, Any]:
+        key = (id(buf), rank)
+        if key not in self._views:
+            self._views[key] = buf.peer(rank)
+        view = self._views[key]
+        if view is not None:
+            return view[lo:hi]  # type: ignore[no-any-return]
+        ckey = (id(buf), rank, lo, hi)
+        hit = self._cache.get(ckey)
+        if hit is not None:
+            self._cache.move_to_end(ckey)
+            return hit
+        dst = np.empty((hi - lo, *buf.shape[1:]), buf.dtype)
+        row_bytes = dst[:1].nbytes if hi > lo else 0
+        if hi > lo:
+            buf.get(rank, dst, offset=lo * row_bytes)
+        self._cache[ckey] = dst
+        while len(self._cache) > self._capacity:
+            self._cache.popitem(last=False)
+        return dst
+
+
+def drive(
+    world: Any,
+    plan: UnitPlan,
+    counters: Any,
+    *,
+    dynamic: bool,
+    fetch: Callable[[Unit], Any],
+    compute: Callable[[Unit, Any], Any],
+    deliver: Callable[[Unit, Any], None],
+    expected: int,
+    threads: int,
+    slowdown: float,
+    stats: SequenceParallelStats,
+    what: str,
+) -> None:
+    """Run every unit exactly once across the ranks (collective in effect), then wait until
+    ``expected`` results have arrived at this rank. ``deliver`` must end with a fetch-and-add
+    on the home's ``ARRIVED`` counter (see :func:`announce`)."""
+    me, size = world.rank, world.world_size
+    heap = world.heap
+    queues = plan.queues
+    victims = [me] + ([(me + i) % size for i in range(1, size)] if dynamic else [])
+    state = {"victim": 0, "local": 0}
+
+    def take() -> tuple[int, Unit] | None:
+        while state["victim"] < len(victims):
+            v = victims[state["victim"]]
+            if dynamic:
+                i = counters.atomic_fetch_add(v, TAKE, 1)
+            else:
+                i = state["local"]
+                state["local"] += 1
+            if i < len(queues[v]):
+                return v, queues[v][i]
+            state["victim"] += 1
+        return None
+
+    def timed(unit: Unit, data: Any) -> tuple[Any, float]:
+        t0 = time.perf_counter()
+        result = compute(unit, data)
+        spent = time.perf_counter() - t0
+        if slowdown > 1.0:  # a straggler on purpose (tests and benchmarks)
+            time.sleep(spent * (slowdown - 1.0))
+            spent = time.perf_counter() - t0
+        return result, spent
+
+    remote = world.num_nodes > 1
+
+    def result_of(fut: Future[tuple[Any, float]]) -> tuple[Any, float]:
+        while remote and not fut.done():  # peers' atomics on my counters need my progress
+            heap.progress()
+            wait_futures([fut], timeout=0.0005)
+        return fut.result()
+
+    busy = 0.0
+    inflight: deque[tuple[int, Unit, Future[tuple[Any, float]]]] = deque()
+    with ThreadPoolExecutor(threads, thread_name_prefix="sp-unit") as pool:
+        nxt = take()
+        data = fetch(nxt[1]) if nxt is not None else None
+        while nxt is not None or inflight:
+            while nxt is not None and len(inflight) < threads:
+                inflight.append((nxt[0], nxt[1], pool.submit(timed, nxt[1], data)))
+                nxt = take()  # take and fetch the next unit while this one computes
+                data = fetch(nxt[1]) if nxt is not None else None
+            victim, unit, fut = inflight.popleft()
+            result, spent = result_of(fut)
+            busy += spent
+            deliver(unit, result)
+            stats.units_computed += 1
+            stats.units_taken += victim != me
+    own = len(queues[me])
+    mine = counters.local()
+    deadline = time.monotonic() + world.config.signal.timeout_s
+    if not poll_until(lambda: int(mine[ARRIVED]) >= expected, deadline, heap.progress):
+        raise SignalTimeoutError(
+            f"{what}: rank {me} timed out after {world.config.signal.timeout_s:g} s waiting for "
+            f"unit results (expected {expected}, {int(mine[ARRIVED])} arrived; a peer failed "
+            "or is stuck)",
+            operation=what,
+            slot=ARRIVED,
+            expected=f">= {expected}",
+            last_value=int(mine[ARRIVED]),
+        )
+    heap.fence()  # acquire: the slots written before the arrivals are visible
+    computed_own = stats.units_computed - stats.units_taken
+    stats.units += own
+    stats.units_given += own - computed_own
+    stats.threads = threads
+    stats.busy_s += busy / threads
+
+
+def announce(world: Any, counters: Any, home: int, count: int = 1) -> None:
+    """Release the slot writes to ``home``, then raise its arrival counter."""
+    world.heap.fence()
+    counters.atomic_fetch_add(home, ARRIVED, count)
