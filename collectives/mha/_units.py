@@ -10,9 +10,10 @@ operation; compute goes to worker threads. It takes units from its own queue, th
 from the other ranks' queues, each through a fetch-and-add on that queue's counter in
 symmetric memory, so every unit is taken exactly once. The next unit is taken and its inputs
 are fetched (peer views, or one-sided gets into a small cache) while the current one computes.
-A result is written into a slot on its home rank and announced by a fetch-and-add on the
-home's arrival counter; a home merges its slots in unit-id order, so the result does not
-depend on which rank computed what.
+A result is written into a slot on its home rank (directly by the computing thread when the
+home is load/store reachable) and announced by a per-slot flag; a home folds its slots into
+its outputs in a fixed order as they arrive (while it waits for its own compute), so the
+result does not depend on which rank computed what.
 """
 
 from __future__ import annotations
@@ -33,9 +34,20 @@ from shmem.signals import poll_until
 
 from .scheduler import MaskSpec
 
-__all__ = ["Chunk", "SequenceParallelStats", "Unit", "UnitPlan", "drive", "pieces", "runs"]
+__all__ = [
+    "Chunk",
+    "OrderedFolds",
+    "RowReader",
+    "SequenceParallelStats",
+    "Unit",
+    "UnitPlan",
+    "drive",
+    "pieces",
+    "publish",
+    "runs",
+]
 
-TAKE, ARRIVED = 0, 1  # the two int64 counters of every rank
+TAKE = 0  # index of the queue counter in every rank's int64 counters
 
 
 @dataclass
@@ -248,6 +260,52 @@ class RowReader:
         return dst
 
 
+class OrderedFolds:
+    """A home rank's result slots, folded into its outputs in a fixed order as they arrive.
+
+    ``groups`` are lists of ``(slot index, fold)``; within a group, slots fold strictly in
+    list order (so the result does not depend on arrival order), groups independently. The
+    main thread folds while the workers compute, so little is left when the last unit ends.
+    """
+
+    def __init__(
+        self, world: Any, flags: Any, groups: list[list[tuple[int, Callable[[], None]]]]
+    ) -> None:
+        self._fence = world.heap.fence
+        self._flags = flags.local()
+        self._groups = [deque(g) for g in groups if g]
+        self.remaining = sum(len(g) for g in self._groups)
+
+    def step(self) -> bool:
+        """Fold one arrived slot that is next in its group; False when none is ready."""
+        for group in self._groups:
+            slot, fold = group[0]
+            if self._flags[slot]:
+                self._fence()  # acquire: the slot's data was written before its flag
+                fold()
+                group.popleft()
+                self.remaining -= 1
+                if not group:
+                    self._groups.remove(group)
+                return True
+        return False
+
+    def drain(self) -> bool:
+        """Fold everything ready; True when every slot has been folded."""
+        while self.step():
+            pass
+        return self.remaining == 0
+
+
+def publish(world: Any, flags: Any, home: int, slot: int) -> None:
+    """Raise ``home``'s flag for ``slot``, after (release) the slot's data."""
+    world.heap.fence()
+    flags.put(home, _ONE, offset=slot * _ONE.itemsize)
+
+
+_ONE = np.ones(1, np.int64)
+
+
 def drive(
     world: Any,
     plan: UnitPlan,
@@ -257,15 +315,15 @@ def drive(
     fetch: Callable[[Unit], Any],
     compute: Callable[[Unit, Any], Any],
     deliver: Callable[[Unit, Any], None],
-    expected: int,
+    folds: OrderedFolds,
     threads: int,
     slowdown: float,
     stats: SequenceParallelStats,
     what: str,
 ) -> None:
-    """Run every unit exactly once across the ranks (collective in effect), then wait until
-    ``expected`` results have arrived at this rank. ``deliver`` must end with a fetch-and-add
-    on the home's ``ARRIVED`` counter (see :func:`announce`)."""
+    """Run every unit exactly once across the ranks (collective in effect), folding this
+    rank's arrived slots meanwhile, then wait until all of them are folded. ``deliver`` must
+    end with :func:`publish` for every slot it wrote."""
     me, size = world.rank, world.world_size
     heap = world.heap
     queues = plan.queues
@@ -297,9 +355,10 @@ def drive(
     remote = world.num_nodes > 1
 
     def result_of(fut: Future[tuple[Any, float]]) -> tuple[Any, float]:
-        while remote and not fut.done():  # peers' atomics on my counters need my progress
-            heap.progress()
-            wait_futures([fut], timeout=0.0005)
+        while remote and not fut.done():  # peers' atomics and gets on my memory need my
+            heap.progress()  # progress: poll (a blocking wait would stall them)
+            if not folds.step():
+                wait_futures([fut], timeout=0.0005)
         return fut.result()
 
     busy = 0.0
@@ -312,34 +371,26 @@ def drive(
                 inflight.append((nxt[0], nxt[1], pool.submit(timed, nxt[1], data)))
                 nxt = take()  # take and fetch the next unit while this one computes
                 data = fetch(nxt[1]) if nxt is not None else None
+            folds.drain()  # and fold the results that have arrived here
             victim, unit, fut = inflight.popleft()
             result, spent = result_of(fut)
             busy += spent
             deliver(unit, result)
             stats.units_computed += 1
             stats.units_taken += victim != me
-    own = len(queues[me])
-    mine = counters.local()
     deadline = time.monotonic() + world.config.signal.timeout_s
-    if not poll_until(lambda: int(mine[ARRIVED]) >= expected, deadline, heap.progress):
+    if not poll_until(folds.drain, deadline, heap.progress):
         raise SignalTimeoutError(
             f"{what}: rank {me} timed out after {world.config.signal.timeout_s:g} s waiting for "
-            f"unit results (expected {expected}, {int(mine[ARRIVED])} arrived; a peer failed "
-            "or is stuck)",
+            f"{folds.remaining} unit results (a peer failed or is stuck)",
             operation=what,
-            slot=ARRIVED,
-            expected=f">= {expected}",
-            last_value=int(mine[ARRIVED]),
+            slot=-1,
+            expected="every unit result",
+            last_value=folds.remaining,
         )
-    heap.fence()  # acquire: the slots written before the arrivals are visible
+    own = len(queues[me])
     computed_own = stats.units_computed - stats.units_taken
     stats.units += own
     stats.units_given += own - computed_own
     stats.threads = threads
     stats.busy_s += busy / threads
-
-
-def announce(world: Any, counters: Any, home: int, count: int = 1) -> None:
-    """Release the slot writes to ``home``, then raise its arrival counter."""
-    world.heap.fence()
-    counters.atomic_fetch_add(home, ARRIVED, count)

@@ -29,10 +29,12 @@ No rank ever holds the whole sequence.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -45,13 +47,14 @@ from shmem.errors import CollectiveMismatchError, ShmemError
 from ..communicator import Communicator
 from ..schedule import shard_bounds
 from ._units import (
+    OrderedFolds,
     RowReader,
     SequenceParallelStats,
     Unit,
     UnitPlan,
-    announce,
     drive,
     pieces,
+    publish,
     runs,
 )
 from .attention import INPUT_DTYPES, normalise_window
@@ -542,6 +545,10 @@ def _accumulate(
 
 def _merge(out: Any, lse: Any, o_part: Any, l_part: Any) -> None:
     """Fold a partial (O, LSE) into the running one, rows where the partial saw keys."""
+    if np.isneginf(lse).all():  # nothing yet (the first partial): a copy, bitwise the same
+        out[...] = o_part  # as the fold (weights exactly 0 and 1)
+        lse[...] = l_part
+        return
     new = np.logaddexp(lse, l_part)
     seen = np.isfinite(new)
     with np.errstate(invalid="ignore"):  # -inf - -inf where neither saw a key: masked out
@@ -553,6 +560,72 @@ def _merge(out: Any, lse: Any, o_part: Any, l_part: Any) -> None:
 
 def _plan(st: _Setup, block_m: int) -> UnitPlan:
     return UnitPlan(st.positions, st.chunk_rows, st.kv_heads, st.mask, st.docs, block_m, st.order)
+
+
+class _Slots:
+    """Where unit results go on their home ranks: a flat float32 ``part`` buffer of slots
+    and one int64 flag per slot (symmetric), laid out identically on every rank."""
+
+    def __init__(self, plan: UnitPlan, kinds: list[tuple[list[list[Unit]], Any]]) -> None:
+        # kinds: (units per home, floats per unit) for each kind of slot, in layout order
+        size = plan.size
+        self.offset: list[dict[tuple[int, int], int]] = [{} for _ in range(size)]
+        self.flag: list[dict[tuple[int, int], int]] = [{} for _ in range(size)]
+        floats = [0] * size
+        flags = [0] * size
+        for kind, (homes, width) in enumerate(kinds):
+            for r, units in enumerate(homes):
+                for u in units:
+                    self.offset[r][kind, u.id] = floats[r]
+                    self.flag[r][kind, u.id] = flags[r]
+                    floats[r] += width(u)
+                    flags[r] += 1
+        self.floats = max(1, *floats)
+        self.flags = max(1, *flags)
+        self._views: dict[int, Any] = {}
+
+    def buffers(self) -> dict[str, tuple[tuple[int, ...], str]]:
+        return {
+            "part": ((self.floats,), "float32"),
+            "flags": ((self.flags,), "int64"),
+            "counters": ((1,), "int64"),
+        }
+
+    def view(self, part: Any, home: int, kind: int, u: Unit, shape: tuple[int, ...]) -> Any:
+        """The slot as an array in ``home``'s memory, or None when not reachable."""
+        if home not in self._views:
+            self._views[home] = part.peer(home)
+        flat = self._views[home]
+        if flat is None:
+            return None
+        off = self.offset[home][kind, u.id]
+        return flat[off : off + math.prod(shape)].reshape(shape)
+
+    def deliver(
+        self, world: Any, bufs: dict[str, Any], home: int, kind: int, u: Unit, data: Any
+    ) -> None:
+        """Put ``data`` in the slot unless it was computed there, then raise its flag."""
+        if self._views.get(home) is None:
+            bufs["part"].put(home, data, offset=self.offset[home][kind, u.id] * 4)
+        publish(world, bufs["flags"], home, self.flag[home][kind, u.id])
+
+    def folds(
+        self, world: Any, bufs: dict[str, Any], kind: int, groups: list[list[Unit]], fold: Any
+    ) -> list[list[tuple[int, Any]]]:
+        """``fold(u, slot)`` for each group's units, in order, keyed by their flags."""
+        me, part = world.rank, bufs["part"].local()
+        return [
+            [
+                (self.flag[me][kind, u.id], partial(fold, u, part, self.offset[me][kind, u.id]))
+                for u in group
+            ]
+            for group in groups
+        ]
+
+
+def _groups(units: list[Unit], key: Any) -> list[list[Unit]]:
+    """Consecutive runs of ``units`` with equal ``key`` (units are in canonical order)."""
+    return [list(g) for _, g in itertools.groupby(units, key)]
 
 
 def _forward_units(
@@ -569,45 +642,53 @@ def _forward_units(
     world, me = st.world, st.world.rank
     plan = _plan(st, block_m)
     chunks, hg, d = plan.chunks, st.group, st.dim
-    width = hg * (d + 1)  # a unit's slot: [rows, heads of its group, O | LSE]
-    slots = plan.slots(plan.by_q_home, lambda u: chunks[u.q].rows * width)
-    part_len = max(1, *(sum(chunks[u.q].rows * width for u in us) for us in plan.by_q_home))
+    # a unit's slot: [rows, heads of its group, O | LSE]
+    slots = _Slots(plan, [(plan.by_q_home, lambda u: chunks[u.q].rows * hg * (d + 1))])
     bufs = _symmetric(
         world,
         {
             "q": ((st.rows_max, st.heads, d), "float32"),
             "k": ((st.rows_max, st.kv_heads, d), "float32"),
             "v": ((st.rows_max, st.kv_heads, d), "float32"),
-            "part": ((part_len,), "float32"),
-            "counters": ((2,), "int64"),
+            **slots.buffers(),
         },
     )
     try:
         for name, a in (("q", q), ("k", k), ("v", v)):
             bufs[name].local()[: st.rows] = a
-        world.barrier()  # inputs written, counters zeroed everywhere
+        world.barrier()  # inputs written, flags and counters zeroed everywhere
         reader = RowReader(capacity=9)
+        out = np.zeros((st.rows, st.heads, d), np.float32)
+        lse = np.full((st.rows, st.heads), -np.inf, np.float32)
 
-        def fetch(u: Unit) -> tuple[Any, Any, Any]:
+        def fetch(u: Unit) -> tuple[Any, ...]:
             qc, kc = chunks[u.q], chunks[u.kv]
             heads = slice(u.head * hg, (u.head + 1) * hg)
             return (
                 reader.rows(bufs["q"], qc.rank, qc.lo, qc.hi)[:, heads],
                 reader.rows(bufs["k"], kc.rank, kc.lo, kc.hi)[:, u.head],
                 reader.rows(bufs["v"], kc.rank, kc.lo, kc.hi)[:, u.head],
+                slots.view(bufs["part"], qc.rank, 0, u, (qc.rows, hg, d + 1)),
             )
 
-        def compute(u: Unit, data: tuple[Any, Any, Any]) -> Any:
-            qd, kd, vd = data
+        def compute(u: Unit, data: tuple[Any, ...]) -> Any:
+            qd, kd, vd, dst = data
             return _forward_unit(
-                st, qd, kd, vd, chunks[u.q].pos, chunks[u.kv].pos, block_m, block_n
+                st, qd, kd, vd, chunks[u.q].pos, chunks[u.kv].pos, block_m, block_n, dst
             )
 
         def deliver(u: Unit, packed: Any) -> None:
-            home = chunks[u.q].rank
-            bufs["part"].put(home, packed, offset=slots[home][u.id] * 4)
-            announce(world, bufs["counters"], home)
+            slots.deliver(world, bufs, chunks[u.q].rank, 0, u, packed)
 
+        def fold(u: Unit, part: Any, off: int) -> None:
+            qc = chunks[u.q]
+            blk = part[off : off + qc.rows * hg * (d + 1)].reshape(qc.rows, hg, d + 1)
+            heads = slice(u.head * hg, (u.head + 1) * hg)
+            _merge(out[qc.lo : qc.hi, heads], lse[qc.lo : qc.hi, heads], blk[..., :d], blk[..., d])
+
+        # fold order: (query chunk, KV head), then KV chunks in order
+        groups = _groups(plan.by_q_home[me], lambda u: (u.q, u.head))
+        folds = OrderedFolds(world, bufs["flags"], slots.folds(world, bufs, 0, groups, fold))
         with threadpool_limits(limits=1, user_api="blas"):
             drive(
                 world,
@@ -617,20 +698,12 @@ def _forward_units(
                 fetch=fetch,
                 compute=compute,
                 deliver=deliver,
-                expected=len(plan.by_q_home[me]),
+                folds=folds,
                 threads=st.threads,
                 slowdown=slowdown,
                 stats=stats,
                 what="sequence_parallel_attention",
             )
-        out = np.zeros((st.rows, st.heads, d), np.float32)
-        lse = np.full((st.rows, st.heads), -np.inf, np.float32)
-        part = bufs["part"].local()
-        for u in plan.by_q_home[me]:  # unit-id order: (query chunk, KV head, KV chunk)
-            qc, off = chunks[u.q], slots[me][u.id]
-            blk = part[off : off + qc.rows * width].reshape(qc.rows, hg, d + 1)
-            heads = slice(u.head * hg, (u.head + 1) * hg)
-            _merge(out[qc.lo : qc.hi, heads], lse[qc.lo : qc.hi, heads], blk[..., :d], blk[..., d])
         world.barrier()  # every peer is done reading my inputs and writing my slots
     finally:
         _close(bufs)
@@ -646,11 +719,14 @@ def _forward_unit(
     kv_pos: Any,
     block_m: int,
     block_n: int,
+    dst: Any = None,
 ) -> np.ndarray[Any, Any]:
-    """One unit: ``[rows, group heads, d + 1]`` float32, O then LSE in the last column."""
+    """One unit into ``dst`` (or a new array): ``[rows, group heads, d + 1]`` float32, O then
+    LSE in the last column."""
     rows, hg, d = qd.shape
-    packed = np.zeros((rows, hg, d + 1), np.float32)
+    packed = np.empty((rows, hg, d + 1), np.float32) if dst is None else dst
     out, lse = packed[..., :d], packed[..., d]
+    out[...] = 0
     lse[...] = -np.inf
     kv_runs = runs(kv_pos)
     for hh in range(hg):
@@ -728,11 +804,13 @@ def sequence_parallel_attention_backward(
     world, me = st.world, st.world.rank
     plan = _plan(st, block_m)
     chunks, hg, d = plan.chunks, st.group, st.dim
-    dq_slots = plan.slots(plan.by_q_home, lambda u: chunks[u.q].rows * hg * d)
-    dkv_slots = plan.slots(plan.by_kv_home, lambda u: chunks[u.kv].rows * 2 * d)
-    dq_len = [sum(chunks[u.q].rows * hg * d for u in us) for us in plan.by_q_home]
-    dkv_len = [sum(chunks[u.kv].rows * 2 * d for u in us) for us in plan.by_kv_home]
-    part_len = max(1, *(a + b for a, b in zip(dq_len, dkv_len, strict=True)))
+    slots = _Slots(  # kind 0: dQ at the query home; kind 1: dK | dV at the KV home
+        plan,
+        [
+            (plan.by_q_home, lambda u: chunks[u.q].rows * hg * d),
+            (plan.by_kv_home, lambda u: chunks[u.kv].rows * 2 * d),
+        ],
+    )
     bufs = _symmetric(
         world,
         {
@@ -741,8 +819,7 @@ def sequence_parallel_attention_backward(
             "ld": ((st.rows_max, st.heads, 2), "float32"),  # LSE, D = rowsum(dO * O)
             "k": ((st.rows_max, st.kv_heads, d), "float32"),
             "v": ((st.rows_max, st.kv_heads, d), "float32"),
-            "part": ((part_len,), "float32"),
-            "counters": ((2,), "int64"),
+            **slots.buffers(),
         },
     )
     try:
@@ -755,8 +832,11 @@ def sequence_parallel_attention_backward(
         )
         world.barrier()
         reader = RowReader(capacity=15)
+        dq_out = np.zeros((st.rows, st.heads, d), np.float32)
+        dk_out = np.zeros((st.rows, st.kv_heads, d), np.float32)
+        dv_out = np.zeros((st.rows, st.kv_heads, d), np.float32)
 
-        def fetch(u: Unit) -> tuple[Any, Any, Any, Any, Any]:
+        def fetch(u: Unit) -> tuple[Any, ...]:
             qc, kc = chunks[u.q], chunks[u.kv]
             heads = slice(u.head * hg, (u.head + 1) * hg)
             return (
@@ -765,23 +845,54 @@ def sequence_parallel_attention_backward(
                 reader.rows(bufs["ld"], qc.rank, qc.lo, qc.hi)[:, heads],
                 reader.rows(bufs["k"], kc.rank, kc.lo, kc.hi)[:, u.head],
                 reader.rows(bufs["v"], kc.rank, kc.lo, kc.hi)[:, u.head],
+                slots.view(bufs["part"], qc.rank, 0, u, (qc.rows, hg, d)),
+                slots.view(bufs["part"], kc.rank, 1, u, (kc.rows, 2, d)),
             )
 
-        def compute(u: Unit, data: tuple[Any, Any, Any, Any, Any]) -> tuple[Any, Any]:
-            return _backward_unit(st, *data, chunks[u.q].pos, chunks[u.kv].pos, block_m, block_n)
+        def compute(u: Unit, data: tuple[Any, ...]) -> tuple[Any, Any]:
+            qd, dod, ldd, kd, vd, dq_dst, dkv_dst = data
+            return _backward_unit(
+                st,
+                qd,
+                dod,
+                ldd,
+                kd,
+                vd,
+                chunks[u.q].pos,
+                chunks[u.kv].pos,
+                block_m,
+                block_n,
+                dq_dst,
+                dkv_dst,
+            )
 
         def deliver(u: Unit, result: tuple[Any, Any]) -> None:
-            dq, dkv = result
-            q_home, kv_home = chunks[u.q].rank, chunks[u.kv].rank
-            bufs["part"].put(q_home, dq, offset=dq_slots[q_home][u.id] * 4)
-            offset = (dq_len[kv_home] + dkv_slots[kv_home][u.id]) * 4
-            bufs["part"].put(kv_home, dkv, offset=offset)
-            if q_home == kv_home:
-                announce(world, bufs["counters"], q_home, 2)
-            else:
-                announce(world, bufs["counters"], q_home)
-                announce(world, bufs["counters"], kv_home)
+            slots.deliver(world, bufs, chunks[u.q].rank, 0, u, result[0])
+            slots.deliver(world, bufs, chunks[u.kv].rank, 1, u, result[1])
 
+        def fold_dq(u: Unit, part: Any, off: int) -> None:
+            qc = chunks[u.q]
+            heads = slice(u.head * hg, (u.head + 1) * hg)
+            dq_out[qc.lo : qc.hi, heads] += part[off : off + qc.rows * hg * d].reshape(
+                qc.rows, hg, d
+            )
+
+        def fold_dkv(u: Unit, part: Any, off: int) -> None:
+            kc = chunks[u.kv]
+            blk = part[off : off + kc.rows * 2 * d].reshape(kc.rows, 2, d)
+            dk_out[kc.lo : kc.hi, u.head] += blk[:, 0]
+            dv_out[kc.lo : kc.hi, u.head] += blk[:, 1]
+
+        # fixed orders: dQ by (query chunk, KV head) over KV chunks; dK/dV by (KV chunk,
+        # KV head) over query chunks
+        dq_groups = _groups(plan.by_q_home[me], lambda u: (u.q, u.head))
+        dkv_groups = _groups(plan.by_kv_home[me], lambda u: (u.kv, u.head))
+        folds = OrderedFolds(
+            world,
+            bufs["flags"],
+            slots.folds(world, bufs, 0, dq_groups, fold_dq)
+            + slots.folds(world, bufs, 1, dkv_groups, fold_dkv),
+        )
         with threadpool_limits(limits=1, user_api="blas"):
             drive(
                 world,
@@ -791,28 +902,12 @@ def sequence_parallel_attention_backward(
                 fetch=fetch,
                 compute=compute,
                 deliver=deliver,
-                expected=len(plan.by_q_home[me]) + len(plan.by_kv_home[me]),
+                folds=folds,
                 threads=st.threads,
                 slowdown=_slowdown,
                 stats=mine,
                 what=where,
             )
-        part = bufs["part"].local()
-        dq_out = np.zeros((st.rows, st.heads, d), np.float32)
-        for u in plan.by_q_home[me]:  # fixed order: (query chunk, KV head, KV chunk)
-            qc, off = chunks[u.q], dq_slots[me][u.id]
-            heads = slice(u.head * hg, (u.head + 1) * hg)
-            dq_out[qc.lo : qc.hi, heads] += part[off : off + qc.rows * hg * d].reshape(
-                qc.rows, hg, d
-            )
-        dk_out = np.zeros((st.rows, st.kv_heads, d), np.float32)
-        dv_out = np.zeros((st.rows, st.kv_heads, d), np.float32)
-        for u in plan.by_kv_home[me]:  # fixed order: (KV chunk, KV head, query chunk)
-            kc = chunks[u.kv]
-            off = dq_len[me] + dkv_slots[me][u.id]
-            blk = part[off : off + kc.rows * 2 * d].reshape(kc.rows, 2, d)
-            dk_out[kc.lo : kc.hi, u.head] += blk[:, 0]
-            dv_out[kc.lo : kc.hi, u.head] += blk[:, 1]
         world.barrier()  # every peer is done reading my inputs and writing my slots
     finally:
         _close(bufs)
@@ -835,11 +930,16 @@ def _backward_unit(
     kv_pos: Any,
     block_m: int,
     block_n: int,
+    dq: Any = None,
+    dkv: Any = None,
 ) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
-    """One unit: dQ ``[rows, group heads, d]`` and dK | dV ``[kv rows, 2, d]``, float32."""
+    """One unit into ``dq`` and ``dkv`` (or new arrays): dQ ``[rows, group heads, d]`` and
+    dK | dV ``[kv rows, 2, d]``, float32."""
     rows, hg, d = qd.shape
-    dq = np.zeros((rows, hg, d), np.float32)
-    dkv = np.zeros((kv_pos.size, 2, d), np.float32)
+    dq = np.zeros((rows, hg, d), np.float32) if dq is None else dq
+    dkv = np.zeros((kv_pos.size, 2, d), np.float32) if dkv is None else dkv
+    dq[...] = 0
+    dkv[...] = 0
     kv_runs = runs(kv_pos)
     for hh in range(hg):
         for lo in range(0, rows, block_m):

@@ -1,17 +1,26 @@
-"""Sequence-parallel attention (forward, ring and zigzag) against a float64 single-process
-reference on the full sequence: every mask, GQA, head_dim 64, lengths not divisible by P."""
+"""Sequence-parallel attention, forward and backward, against a float64 single-process
+reference on the full sequence: every schedule and mask, GQA, head_dim 32/64/128, bfloat16,
+lengths not divisible by P; ``dynamic`` determinism and a straggler whose work is taken."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 import pytest
 
 import collectives
-from collectives.mha import sequence_parallel_attention, zigzag_shard, zigzag_unshard
+from collectives.mha import (
+    SequenceParallelStats,
+    sequence_parallel_attention,
+    sequence_parallel_attention_backward,
+    zigzag_shard,
+    zigzag_unshard,
+)
 from collectives.schedule import shard_bounds
 from shmem import World
+from shmem.errors import CollectiveMismatchError
 
 pytestmark = pytest.mark.mpi
 
@@ -21,7 +30,10 @@ MASKS = [
     ("causal", True, None, None),
     ("window", False, (7, 3), None),
     ("doc-causal", True, None, DOCS),
+    ("docs", False, None, DOCS),
 ]
+SCHEDULES = ["dynamic", "ring", "zigzag"]
+TOTAL = 203  # not divisible by 2, 3 or 4
 
 
 def visible_mask(s_len: int, causal: bool, window: Any, docs: Any) -> Any:
@@ -73,9 +85,28 @@ def comm(world: World) -> Any:
     c.close()
 
 
-@pytest.mark.parametrize("schedule", ["ring", "zigzag"])
+def full_inputs(heads: int, kv_heads: int, dim: int, seed: int = 0, total: int = TOTAL) -> Any:
+    """The same full sequence on every rank (for the reference): q, k, v, dO."""
+    rng = np.random.default_rng(seed)
+    return (
+        rng.standard_normal((total, heads, dim)).astype(np.float32),
+        rng.standard_normal((total, kv_heads, dim)).astype(np.float32),
+        rng.standard_normal((total, kv_heads, dim)).astype(np.float32),
+        rng.standard_normal((total, heads, dim)).astype(np.float32),
+    )
+
+
+def sharder(world: World, schedule: str, total: int = TOTAL) -> Any:
+    p, r = world.world_size, world.rank
+    if schedule == "zigzag":
+        return lambda x: zigzag_shard(x, r, p)
+    a, b = shard_bounds(total, p)[r]
+    return lambda x: x[a:b]
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
 @pytest.mark.parametrize(("name", "causal", "window", "docs"), MASKS, ids=[m[0] for m in MASKS])
-@pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(4, 2, 32), (2, 2, 64)])
+@pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(4, 2, 32), (2, 2, 64), (2, 1, 128)])
 def test_forward_matches_the_full_sequence(
     world: World,
     comm: Any,
@@ -88,43 +119,197 @@ def test_forward_matches_the_full_sequence(
     kv_heads: int,
     dim: int,
 ) -> None:
-    total, p, r = 203, world.world_size, world.rank  # 203: not divisible by 2, 3 or 4
-    rng = np.random.default_rng(0)  # the same full sequence on every rank, for the reference
-    q_all = rng.standard_normal((total, heads, dim)).astype(np.float32)
-    k_all = rng.standard_normal((total, kv_heads, dim)).astype(np.float32)
-    v_all = rng.standard_normal((total, kv_heads, dim)).astype(np.float32)
-    if schedule == "ring":
-        a, b = shard_bounds(total, p)[r]
-        q, k, v = q_all[a:b], k_all[a:b], v_all[a:b]
-    else:
-        q, k, v = (zigzag_shard(x, r, p) for x in (q_all, k_all, v_all))
+    q_all, k_all, v_all, _ = full_inputs(heads, kv_heads, dim)
+    shard = sharder(world, schedule)
     out, lse = sequence_parallel_attention(
         comm,
-        q,
-        k,
-        v,
+        shard(q_all),
+        shard(k_all),
+        shard(v_all),
         causal=causal,
         window=window,
         valid_length=docs,
         schedule=schedule,
         block_m=32,
         block_n=24,
+        unit_rows=29,
         return_lse=True,
     )
     ref = naive(q_all, k_all, v_all, causal, window, docs, 1 / np.sqrt(dim))
-    mine = ref[a:b] if schedule == "ring" else zigzag_shard(ref, r, p)
-    np.testing.assert_allclose(out, mine, rtol=1e-5, atol=2e-5)
-    assert lse.shape == (q.shape[0], heads) and np.isfinite(lse).all()
+    np.testing.assert_allclose(out, shard(ref), rtol=1e-5, atol=2e-5)
+    assert lse.shape == out.shape[:2] and np.isfinite(lse).all()
     if schedule == "zigzag":  # unsharding every rank's output gives the full result
-        full = zigzag_unshard(world.comm.allgather(out), total)
+        full = zigzag_unshard(world.comm.allgather(out), TOTAL)
         np.testing.assert_allclose(full, ref, rtol=1e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+@pytest.mark.parametrize(("name", "causal", "window", "docs"), MASKS, ids=[m[0] for m in MASKS])
+@pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(4, 2, 32), (2, 1, 64)])
+def test_backward_matches_the_float64_gradient(
+    world: World,
+    comm: Any,
+    schedule: str,
+    name: str,
+    causal: bool,
+    window: Any,
+    docs: Any,
+    heads: int,
+    kv_heads: int,
+    dim: int,
+) -> None:
+    q_all, k_all, v_all, do_all = full_inputs(heads, kv_heads, dim, seed=1)
+    _, dq_ref, dk_ref, dv_ref = naive(
+        q_all, k_all, v_all, causal, window, docs, 1 / np.sqrt(dim), dout=do_all
+    )
+    shard = sharder(world, schedule)
+    q, k, v, do = (shard(x) for x in (q_all, k_all, v_all, do_all))
+    kw: dict[str, Any] = dict(
+        causal=causal, window=window, valid_length=docs, schedule=schedule, block_m=32, block_n=24
+    )
+    out, lse = sequence_parallel_attention(comm, q, k, v, return_lse=True, **kw)
+    dq, dk, dv = sequence_parallel_attention_backward(comm, do, q, k, v, out, lse, **kw)
+    assert (dq.shape, dk.shape, dv.shape) == (q.shape, k.shape, v.shape)
+    for got, want, what in ((dq, dq_ref, "dQ"), (dk, dk_ref, "dK"), (dv, dv_ref, "dV")):
+        np.testing.assert_allclose(got, shard(want), rtol=1e-4, atol=1e-4, err_msg=what)
+
+
+@pytest.mark.parametrize("schedule", ["dynamic", "ring"])
+def test_bfloat16_head_dim_128(world: World, comm: Any, schedule: str) -> None:
+    q_all, k_all, v_all, do_all = (
+        x.astype(ml_dtypes.bfloat16) for x in full_inputs(4, 2, 128, seed=2)
+    )
+    ref, dq_ref, dk_ref, dv_ref = naive(
+        q_all, k_all, v_all, True, None, None, 1 / np.sqrt(128), dout=do_all
+    )
+    shard = sharder(world, schedule)
+    q, k, v, do = (shard(x) for x in (q_all, k_all, v_all, do_all))
+    out, lse = sequence_parallel_attention(
+        comm, q, k, v, causal=True, schedule=schedule, block_m=32, return_lse=True
+    )
+    assert out.dtype == ml_dtypes.bfloat16
+    np.testing.assert_allclose(out.astype(np.float32), shard(ref), rtol=2e-2, atol=2e-2)
+    grads = sequence_parallel_attention_backward(
+        comm, do, q, k, v, out, lse, causal=True, schedule=schedule, block_m=32
+    )
+    for got, want in zip(grads, (dq_ref, dk_ref, dv_ref), strict=True):
+        assert got.dtype == ml_dtypes.bfloat16
+        np.testing.assert_allclose(got.astype(np.float32), shard(want), rtol=5e-2, atol=5e-2)
+
+
+def test_ragged_batch(world: World, comm: Any) -> None:
+    """A skewed packed batch: one long document and many short ones, document-causal."""
+    total = 311
+    docs = np.array([0, 3, 4, 9, 30, 31, 40, 250, 260, 311])
+    q_all, k_all, v_all, do_all = full_inputs(2, 1, 32, seed=3, total=total)
+    ref, dq_ref, dk_ref, dv_ref = naive(
+        q_all, k_all, v_all, True, None, docs, 1 / np.sqrt(32), dout=do_all
+    )
+    shard = sharder(world, "dynamic", total)
+    q, k, v, do = (shard(x) for x in (q_all, k_all, v_all, do_all))
+    kw: dict[str, Any] = dict(causal=True, valid_length=docs, block_m=16, unit_rows=20)
+    out, lse = sequence_parallel_attention(comm, q, k, v, return_lse=True, **kw)
+    np.testing.assert_allclose(out, shard(ref), rtol=1e-5, atol=2e-5)
+    grads = sequence_parallel_attention_backward(comm, do, q, k, v, out, lse, **kw)
+    for got, want in zip(grads, (dq_ref, dk_ref, dv_ref), strict=True):
+        np.testing.assert_allclose(got, shard(want), rtol=1e-4, atol=1e-4)
+
+
+def dynamic_run(world: World, comm: Any, slowdown: float = 1.0, slow_rank: int = -1) -> Any:
+    """Forward and backward with ``dynamic`` over many small units (causal: uneven)."""
+    total = 384
+    q_all, k_all, v_all, do_all = full_inputs(4, 2, 32, seed=4, total=total)
+    shard = sharder(world, "dynamic", total)
+    q, k, v, do = (shard(x) for x in (q_all, k_all, v_all, do_all))
+    kw: dict[str, Any] = dict(causal=True, block_m=16, unit_rows=16)
+    mine = slowdown if world.rank == slow_rank else 1.0
+    fwd, bwd = SequenceParallelStats(), SequenceParallelStats()
+    out, lse = sequence_parallel_attention(
+        comm, q, k, v, return_lse=True, stats=fwd, _slowdown=mine, **kw
+    )
+    grads = sequence_parallel_attention_backward(
+        comm, do, q, k, v, out, lse, stats=bwd, _slowdown=mine, **kw
+    )
+    return (out, lse, *grads), (fwd, bwd)
+
+
+def test_dynamic_is_bitwise_deterministic(world: World, comm: Any) -> None:
+    first, _ = dynamic_run(world, comm)
+    for _ in range(4):
+        again, _ = dynamic_run(world, comm)
+        for a, b in zip(first, again, strict=True):
+            assert a.tobytes() == b.tobytes()
+
+
+def test_straggler_work_is_taken_and_the_result_is_unchanged(world: World, comm: Any) -> None:
+    if world.world_size == 1:
+        pytest.skip("needs a second rank to take work")
+    baseline, _ = dynamic_run(world, comm)
+    slow = world.world_size - 1  # causal: the last rank also owns the most work
+    results, (fwd, bwd) = dynamic_run(world, comm, slowdown=40.0, slow_rank=slow)
+    for a, b in zip(baseline, results, strict=True):  # other ranks computed its units
+        assert a.tobytes() == b.tobytes()
+    for st in (fwd, bwd):
+        given = world.comm.allgather(st.units_given)
+        taken = world.comm.allgather(st.units_taken)
+        computed = world.comm.allgather(st.units_computed)
+        units = world.comm.allgather(st.units)
+        assert sum(computed) == sum(units)  # every unit computed exactly once
+        assert sum(taken) == sum(given)
+        assert given[slow] > 0, (given, taken)  # the others took the slow rank's work
+        assert len(st.busy_per_rank) == world.world_size and st.imbalance >= 1.0
+        assert st.wall_s >= st.busy_s > 0 and st.idle_s >= 0
+
+
+def test_stats_for_every_schedule(world: World, comm: Any) -> None:
+    q_all, k_all, v_all, _ = full_inputs(2, 2, 16)
+    for schedule in SCHEDULES:
+        shard = sharder(world, schedule)
+        st = SequenceParallelStats()
+        sequence_parallel_attention(
+            comm,
+            *(shard(x) for x in (q_all, k_all, v_all)),
+            causal=True,
+            schedule=schedule,
+            stats=st,
+            block_m=32,
+        )
+        assert st.schedule == schedule and st.threads >= 1
+        assert st.units_computed >= 1 and st.busy_s > 0 and st.wall_s >= st.busy_s
+        if schedule != "dynamic":
+            assert st.units_taken == st.units_given == 0
 
 
 def test_errors(world: World, comm: Any) -> None:
     x = np.zeros((4, 2, 8), np.float32)
-    with pytest.raises(ValueError, match="'dynamic' is not implemented yet"):
-        sequence_parallel_attention(comm, x, x, x, schedule="dynamic")
+    with pytest.raises(ValueError, match="unknown schedule"):
+        sequence_parallel_attention(comm, x, x, x, schedule="fastest")
     with pytest.raises(ValueError, match="shapes do not match"):
         sequence_parallel_attention(comm, x, x[:3], x)
-    with pytest.raises(ValueError, match="must be"):
+    with pytest.raises(ValueError, match="must be a numpy array"):
         sequence_parallel_attention(comm, x[0], x, x)
+    with pytest.raises(ValueError, match="unsupported dtype"):
+        sequence_parallel_attention(comm, x.astype(np.int32), x, x)
+    with pytest.raises(ValueError, match="invalid unit_rows"):
+        sequence_parallel_attention(comm, x, x, x, unit_rows=0)
+    with pytest.raises(ValueError, match="invalid valid_length"):
+        sequence_parallel_attention(comm, x, x, x, valid_length=[0, 2])
+    with pytest.raises(ValueError, match="stats must be"):
+        sequence_parallel_attention(comm, x, x, x, stats={})  # type: ignore[arg-type]
+    lse = np.zeros((4, 2), np.float32)
+    with pytest.raises(ValueError, match="lse has the wrong shape"):
+        sequence_parallel_attention_backward(comm, x, x, x, x, x, lse[:, :1])
+    with pytest.raises(ValueError, match="dout has the wrong shape"):
+        sequence_parallel_attention_backward(comm, x[:, :1], x, x, x, x, lse)
+    if world.world_size > 1:  # one rank's bad argument fails every rank, none hangs
+        bad = x.astype(np.int32) if world.rank == 0 else x
+        with pytest.raises(
+            (ValueError, CollectiveMismatchError),
+            match=r"unsupported dtype|invalid arguments on other ranks: rank 0",
+        ):
+            sequence_parallel_attention(comm, bad, x, x)
+        with pytest.raises(CollectiveMismatchError, match="ranks disagree"):
+            sequence_parallel_attention(comm, x, x, x, causal=world.rank == 0)
+    # the communicator and the heap are still usable
+    out = sequence_parallel_attention(comm, x + 1, x, x)
+    np.testing.assert_allclose(out, 0.0)
