@@ -18,6 +18,7 @@ result does not depend on which rank computed what.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import time
 from collections import OrderedDict, deque
@@ -29,14 +30,16 @@ from typing import Any
 
 import numpy as np
 
-from shmem.errors import SignalTimeoutError
+from shmem.errors import ShmemError, SignalTimeoutError
 from shmem.signals import poll_until
 
 from .scheduler import MaskSpec
 
 __all__ = [
+    "COUNTERS",
     "Chunk",
     "OrderedFolds",
+    "PeerFailedError",
     "RowReader",
     "SequenceParallelStats",
     "Unit",
@@ -47,7 +50,12 @@ __all__ = [
     "runs",
 ]
 
-TAKE = 0  # index of the queue counter in every rank's int64 counters
+TAKE, DONE, ABORT = 0, 1, 2  # every rank's int64 counters: queue, ranks done, failed rank + 1
+COUNTERS = 3
+
+
+class PeerFailedError(ShmemError, RuntimeError):
+    """Another rank failed during the call (its own error is raised there)."""
 
 
 @dataclass
@@ -324,13 +332,64 @@ def drive(
     """Run every unit exactly once across the ranks (collective in effect), folding this
     rank's arrived slots meanwhile, then wait until all of them are folded. ``deliver`` must
     end with :func:`publish` for every slot it wrote."""
+    try:
+        _drive(
+            world,
+            plan,
+            counters,
+            dynamic=dynamic,
+            fetch=fetch,
+            compute=compute,
+            deliver=deliver,
+            folds=folds,
+            threads=threads,
+            slowdown=slowdown,
+            stats=stats,
+            what=what,
+        )
+    except BaseException:
+        _abort(world, counters)  # peers stop at their next unit or wait, not at a deadline
+        raise
+
+
+def _abort(world: Any, counters: Any) -> None:
+    for r in range(world.world_size):
+        with contextlib.suppress(Exception):  # best effort: an unreachable peer times out
+            counters.atomic_swap(r, ABORT, world.rank + 1)
+
+
+def _drive(
+    world: Any,
+    plan: UnitPlan,
+    counters: Any,
+    *,
+    dynamic: bool,
+    fetch: Callable[[Unit], Any],
+    compute: Callable[[Unit, Any], Any],
+    deliver: Callable[[Unit, Any], None],
+    folds: OrderedFolds,
+    threads: int,
+    slowdown: float,
+    stats: SequenceParallelStats,
+    what: str,
+) -> None:
     me, size = world.rank, world.world_size
     heap = world.heap
     queues = plan.queues
+    mine = counters.local()
+
+    def check_peers() -> None:
+        failed = int(mine[ABORT])
+        if failed:
+            raise PeerFailedError(
+                f"{what}: rank {me} stopped: rank {failed - 1} failed (its error is raised there)"
+            )
+
     victims = [me] + ([(me + i) % size for i in range(1, size)] if dynamic else [])
     state = {"victim": 0, "local": 0}
 
     def take() -> tuple[int, Unit] | None:
+        check_peers()
         while state["victim"] < len(victims):
             v = victims[state["victim"]]
             if dynamic:
@@ -378,16 +437,41 @@ def drive(
             deliver(unit, result)
             stats.units_computed += 1
             stats.units_taken += victim != me
-    deadline = time.monotonic() + world.config.signal.timeout_s
-    if not poll_until(folds.drain, deadline, heap.progress):
+    timeout = world.config.signal.timeout_s
+    deadline = time.monotonic() + timeout
+
+    def folded() -> bool:
+        check_peers()
+        return bool(folds.drain())
+
+    if not poll_until(folded, deadline, heap.progress):
         raise SignalTimeoutError(
-            f"{what}: rank {me} timed out after {world.config.signal.timeout_s:g} s waiting for "
-            f"{folds.remaining} unit results (a peer failed or is stuck)",
+            f"{what}: rank {me} timed out after {timeout:g} s waiting for {folds.remaining} "
+            "unit results (a peer is stuck)",
             operation=what,
             slot=-1,
             expected="every unit result",
             last_value=folds.remaining,
         )
+    # done: no more reads of peers' inputs or writes to their slots (a barrier that a
+    # failing peer ends early)
+    for r in range(size):
+        counters.atomic_fetch_add(r, DONE, 1)
+
+    def all_done() -> bool:
+        check_peers()
+        return bool(int(mine[DONE]) >= size)
+
+    if not poll_until(all_done, time.monotonic() + timeout, heap.progress):
+        raise SignalTimeoutError(
+            f"{what}: rank {me} timed out after {timeout:g} s waiting for the other ranks to "
+            f"finish ({int(mine[DONE])} of {size} done; a peer is stuck)",
+            operation=what,
+            slot=DONE,
+            expected=f">= {size}",
+            last_value=int(mine[DONE]),
+        )
+    heap.fence()
     own = len(queues[me])
     computed_own = stats.units_computed - stats.units_taken
     stats.units += own

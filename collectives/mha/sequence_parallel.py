@@ -47,6 +47,7 @@ from shmem.errors import CollectiveMismatchError, ShmemError
 from ..communicator import Communicator
 from ..schedule import shard_bounds
 from ._units import (
+    COUNTERS,
     OrderedFolds,
     RowReader,
     SequenceParallelStats,
@@ -588,7 +589,7 @@ class _Slots:
         return {
             "part": ((self.floats,), "float32"),
             "flags": ((self.flags,), "int64"),
-            "counters": ((1,), "int64"),
+            "counters": ((COUNTERS,), "int64"),
         }
 
     def view(self, part: Any, home: int, kind: int, u: Unit, shape: tuple[int, ...]) -> Any:
@@ -704,7 +705,6 @@ def _forward_units(
                 stats=stats,
                 what="sequence_parallel_attention",
             )
-        world.barrier()  # every peer is done reading my inputs and writing my slots
     finally:
         _close(bufs)
     return out, lse
@@ -908,7 +908,6 @@ def sequence_parallel_attention_backward(
                 stats=mine,
                 what=where,
             )
-        world.barrier()  # every peer is done reading my inputs and writing my slots
     finally:
         _close(bufs)
     _finish_stats(st, stats, mine, start)

@@ -4,6 +4,7 @@ lengths not divisible by P; ``dynamic`` determinism and a straggler whose work i
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import ml_dtypes
@@ -313,3 +314,42 @@ def test_errors(world: World, comm: Any) -> None:
     # the communicator and the heap are still usable
     out = sequence_parallel_attention(comm, x + 1, x, x)
     np.testing.assert_allclose(out, 0.0)
+
+
+@pytest.mark.parametrize("direction", ["forward", "backward"])
+def test_a_failing_rank_stops_the_others_quickly(
+    world: World, comm: Any, monkeypatch: pytest.MonkeyPatch, direction: str
+) -> None:
+    """A unit that raises on one rank: that rank raises its error, the others a
+    PeerFailedError naming it, well before any deadline; everything is freed."""
+    import collectives.mha.sequence_parallel as spm
+    from collectives.mha._units import PeerFailedError
+
+    failing = world.world_size - 1
+    if world.rank == failing:
+        name = "_forward_unit" if direction == "forward" else "_backward_unit"
+
+        def boom(*args: Any, **kwargs: Any) -> Any:
+            raise RuntimeError("a unit failed on purpose")
+
+        monkeypatch.setattr(spm, name, boom)
+    q_all, k_all, v_all, do_all = full_inputs(2, 1, 16, total=256)
+    shard = sharder(world, "dynamic", 256)
+    q, k, v, do = (shard(x) for x in (q_all, k_all, v_all, do_all))
+    out = lse = np.zeros(0)
+    if direction == "backward":  # a clean forward first
+        out, lse = sequence_parallel_attention(
+            comm, q, k, v, causal=True, unit_rows=16, return_lse=True
+        )
+    used = world.heap_stats()
+    start = time.monotonic()
+    expected: Any = RuntimeError if world.rank == failing else PeerFailedError
+    with pytest.raises(expected, match="on purpose" if world.rank == failing else "failed"):
+        if direction == "forward":
+            sequence_parallel_attention(comm, q, k, v, causal=True, unit_rows=16)
+        else:
+            sequence_parallel_attention_backward(
+                comm, do, q, k, v, out, lse, causal=True, unit_rows=16
+            )
+    assert time.monotonic() - start < 10  # the deadline in tests is 20 s
+    assert world.heap_stats() == used  # every symmetric buffer of the call was freed
