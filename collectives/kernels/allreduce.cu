@@ -1,0 +1,220 @@
+// All-reduce over peer pointers (the NVSHMEM heap's nvshmem_ptr mappings), one launch per call.
+//
+// Semantics are those of collectives/ops.py: out = ((x_0 op x_1) op x_2) ... in rank order,
+// in the accumulation type (float for float16/bfloat16, float or double for float32, double
+// for float64), rounded once to the element type (round-to-nearest-even). avg divides the sum
+// by P before that rounding. min/max follow numpy (a NaN operand wins; ties keep the left).
+// The order is fixed, so every rank and both algorithms give bitwise identical results.
+//
+// one_shot: every rank reduces every element from all P inputs.
+// two_shot: rank r reduces shard r (collectives.schedule.shard_bounds) into its result buffer;
+//           then every rank copies every shard from its owner's result buffer.
+//
+// Cross-rank stages. Each call runs numbered stages (the host passes the first stage number,
+// >= 1; numbers only grow, flags start at 0). A stage ends on this rank when every block of
+// the grid has arrived (a per-rank arrival counter; the host passes its value before this
+// launch). The last block to arrive publishes the stage to every peer's flag slot for this
+// rank with a system-scope release store. A block waits for a stage by spinning on every
+// peer's flag with system-scope acquire loads, bounded by a deadline on the global timer; a
+// timeout writes the stage (+1) into *status and the kernel returns (the host raises).
+// Blocks must all be resident: the host launches at most one block per multiprocessor.
+//
+//   before:  peers are done with the previous call (its last stage, stage0 - 1)
+//   copy:    this rank's input into its symmetric scratch (skipped when it is already there)
+//   stage0:      every rank's scratch holds its input
+//   stage0 + 1:  (two_shot) every rank's shard is reduced into its result buffer
+//   last stage:  this rank is done reading peers' buffers (one_shot: stage0 + 1,
+//                two_shot: stage0 + 2); the next call waits for it before writing
+
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+struct f16 { u16 bits; };
+struct bf16 { u16 bits; };
+
+// -- conversions ----------------------------------------------------------------------------
+
+__device__ __forceinline__ float to_acc(f16 x, float) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(x.bits));
+    return f;
+}
+__device__ __forceinline__ float to_acc(bf16 x, float) {
+    return __uint_as_float(((u32)x.bits) << 16);
+}
+__device__ __forceinline__ float to_acc(float x, float) { return x; }
+__device__ __forceinline__ double to_acc(float x, double) { return (double)x; }
+__device__ __forceinline__ double to_acc(double x, double) { return x; }
+
+__device__ __forceinline__ void from_acc(float a, f16* out) {
+    u16 h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(a));
+    out->bits = h;
+}
+__device__ __forceinline__ void from_acc(float a, bf16* out) {
+    u16 h;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(a));
+    out->bits = h;
+}
+__device__ __forceinline__ void from_acc(float a, float* out) { *out = a; }
+__device__ __forceinline__ void from_acc(double a, float* out) { *out = (float)a; }
+__device__ __forceinline__ void from_acc(double a, double* out) { *out = a; }
+
+// -- operators (numpy's: minimum/maximum propagate NaN, ties keep the left operand) ----------
+
+#define OP_SUM 0
+#define OP_AVG 1
+#define OP_PROD 2
+#define OP_MIN 3
+#define OP_MAX 4
+
+template <int OP, typename A>
+__device__ __forceinline__ A apply(A a, A b) {
+    if (OP == OP_SUM || OP == OP_AVG) return a + b;
+    if (OP == OP_PROD) return a * b;
+    if (OP == OP_MIN) return (a <= b || a != a) ? a : b;
+    return (a >= b || a != a) ? a : b;
+}
+
+// -- cross-rank stages ----------------------------------------------------------------------
+
+struct Sync {
+    u64* const* flags;  // P peer pointers to each rank's flag array: flags[r][sender]
+    u32* arrive;        // this rank's arrival counter (device memory, only this rank uses it)
+    u32 arrive_base;    // its value before this launch
+    u64 stage0;         // the first stage number of this call
+    u64 timeout_ns;
+    int* status;        // 0, or the stage that timed out (+1)
+    int rank;
+    int size;
+};
+
+__device__ __forceinline__ void store_release_sys(u64* p, u64 v) {
+    asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+__device__ __forceinline__ u64 load_acquire_sys(const u64* p) {
+    u64 v;
+    asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+__device__ __forceinline__ u64 now_ns() {
+    u64 t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+// Every block calls this at stage k (0-based within the call), in the same order.
+__device__ void arrive(const Sync& s, int k) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence_system();  // this block's writes before the stage is published
+        u32 old = atomicAdd(s.arrive, 1u);
+        if (old + 1 == s.arrive_base + gridDim.x * (u32)(k + 1)) {  // the last block here
+            __threadfence_system();
+            for (int r = 0; r < s.size; ++r) store_release_sys(&s.flags[r][s.rank], s.stage0 + k);
+        }
+    }
+}
+
+// Waits until every rank has published stage ``want``; false (and the stage recorded in
+// *status) when one did not in time.
+__device__ bool wait_for(const Sync& s, u64 want) {
+    __shared__ int ok;
+    if (threadIdx.x == 0) ok = 1;
+    __syncthreads();
+    if (threadIdx.x < (unsigned)s.size) {
+        const u64* flag = &s.flags[s.rank][threadIdx.x];
+        u64 start = now_ns();
+        while (load_acquire_sys(flag) < want) {
+            if (*(volatile int*)s.status != 0 || now_ns() - start > s.timeout_ns) {
+                atomicCAS(s.status, 0, (int)(want + 1));
+                ok = 0;
+                break;
+            }
+        }
+    }
+    __syncthreads();
+    return ok != 0;
+}
+
+__device__ __forceinline__ void shard(u64 n, int parts, int index, u64* lo, u64* hi) {
+    u64 base = n / parts, extra = n % parts;
+    *lo = index * base + (index < (int)extra ? index : extra);
+    *hi = *lo + base + (index < (int)extra ? 1 : 0);
+}
+
+template <typename T>
+__device__ __forceinline__ void copy_range(const T* src, T* dst, u64 lo, u64 hi) {
+    if (src == dst) return;
+    u64 stride = (u64)gridDim.x * blockDim.x;
+    for (u64 i = lo + (u64)blockIdx.x * blockDim.x + threadIdx.x; i < hi; i += stride)
+        dst[i] = src[i];
+}
+
+template <typename T, typename A, int OP>
+__device__ __forceinline__ void reduce_range(
+    const T* const* inputs, T* out, u64 lo, u64 hi, int size) {
+    u64 stride = (u64)gridDim.x * blockDim.x;
+    for (u64 i = lo + (u64)blockIdx.x * blockDim.x + threadIdx.x; i < hi; i += stride) {
+        A acc = to_acc(inputs[0][i], A());
+        for (int r = 1; r < size; ++r) acc = apply<OP, A>(acc, to_acc(inputs[r][i], A()));
+        if (OP == OP_AVG) acc = acc / (A)size;
+        from_acc(acc, &out[i]);
+    }
+}
+
+template <typename T, typename A, int OP>
+__device__ void one_shot(const T* input, const T* const* scratch, T* out, u64 n, Sync s) {
+    if (!wait_for(s, s.stage0 - 1)) return;  // peers are done with the previous call
+    copy_range(input, (T*)scratch[s.rank], 0, n);
+    arrive(s, 0);
+    if (!wait_for(s, s.stage0)) return;
+    reduce_range<T, A, OP>(scratch, out, 0, n, s.size);
+    arrive(s, 1);  // done reading peers' scratch
+}
+
+template <typename T, typename A, int OP>
+__device__ void two_shot(
+    const T* input, const T* const* scratch, T* const* results, T* out, u64 n, Sync s) {
+    if (!wait_for(s, s.stage0 - 1)) return;
+    copy_range(input, (T*)scratch[s.rank], 0, n);
+    arrive(s, 0);
+    if (!wait_for(s, s.stage0)) return;
+    u64 lo, hi;
+    shard(n, s.size, s.rank, &lo, &hi);
+    reduce_range<T, A, OP>(scratch, results[s.rank], lo, hi, s.size);
+    arrive(s, 1);
+    if (!wait_for(s, s.stage0 + 1)) return;
+    for (int r = 0; r < s.size; ++r) {
+        shard(n, s.size, r, &lo, &hi);
+        copy_range((const T*)results[r], out, lo, hi);
+    }
+    arrive(s, 2);  // done reading peers' scratch and results
+}
+
+// Waits until every peer has finished its previous call (closing a communicator).
+extern "C" __global__ void allreduce_drain(Sync s) { wait_for(s, s.stage0 - 1); }
+
+#define INSTANTIATE(NAME, T, A, OP)                                                          \
+    extern "C" __global__ void allreduce_one_shot_##NAME(                                     \
+        const T* input, const T* const* scratch, T* out, u64 n, Sync s) {                    \
+        one_shot<T, A, OP>(input, scratch, out, n, s);                                        \
+    }                                                                                         \
+    extern "C" __global__ void allreduce_two_shot_##NAME(                                     \
+        const T* input, const T* const* scratch, T* const* results, T* out, u64 n, Sync s) { \
+        two_shot<T, A, OP>(input, scratch, results, out, n, s);                               \
+    }
+
+#define FOR_OPS(TNAME, T, A)                   \
+    INSTANTIATE(TNAME##_sum, T, A, OP_SUM)     \
+    INSTANTIATE(TNAME##_avg, T, A, OP_AVG)     \
+    INSTANTIATE(TNAME##_prod, T, A, OP_PROD)   \
+    INSTANTIATE(TNAME##_min, T, A, OP_MIN)     \
+    INSTANTIATE(TNAME##_max, T, A, OP_MAX)
+
+FOR_OPS(float16, f16, float)
+FOR_OPS(bfloat16, bf16, float)
+FOR_OPS(float32, float, float)
+FOR_OPS(float32_acc64, float, double)
+FOR_OPS(float64, double, double)
