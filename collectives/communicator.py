@@ -123,6 +123,14 @@ class Communicator:
         self.table = AlgorithmTable(rows=rows, forced=cfg.algorithm)
         self._timeout_s = world.config.signal.timeout_s
         self._spin_s = spin_seconds(world.local_size)
+        self._gpu: Any = None
+        self._cross: MPI.Intracomm | None = None
+        if world.backend == "nvshmem":  # GPU kernels over the nvshmem heap (collectives/gpu.py)
+            from .gpu import GpuAllReduce
+
+            self._gpu = GpuAllReduce(self)
+            world.barrier()
+            return
         # node-local peers in local-rank order (world ranks), and my index among them
         node_of = world.comm.allgather((world.node, world.local_rank))
         self.local_peers = [
@@ -146,7 +154,6 @@ class Communicator:
         self._scratch_max = cfg.scratch_max_nbytes
         self._my_flags = _q(self._flags.local())
         self._peer_flags = {r: _q(cast(np.ndarray, self._flags.peer(r))) for r in self.local_peers}
-        self._cross: MPI.Intracomm | None = None
         if self.num_nodes > 1:
             # uniform nodes: ranks with the same local index, one per node, in node order;
             # otherwise everyone, in rank order (every rank then reduces the whole vector)
@@ -178,6 +185,10 @@ class Communicator:
             return
         if self.world._finalized:  # the heap is gone with the World: nothing left to free
             self._closed = True
+            return
+        if self._gpu is not None:
+            self._closed = True
+            self._gpu.close()
             return
         if not self._broken:
             self._wait_peers(DONE, self._seq, "close")
@@ -314,7 +325,7 @@ class Communicator:
             self._stage_views.clear()
             self._input_views.clear()  # offsets inside the old scratch are stale
             self._plans.clear()
-        return self._scratch.local()
+        return cast("np.ndarray[Any, np.dtype[np.uint8]]", self._scratch.local())
 
     def peer_scratch(self, rank: int) -> np.ndarray[Any, np.dtype[np.uint8]]:
         return cast(np.ndarray, self._scratch.peer(rank))
@@ -378,6 +389,8 @@ class Communicator:
         every rank, bitwise identical everywhere. See :mod:`collectives.allreduce`."""
         if self._closed or self.world._finalized:
             self._live("all_reduce")
+        if self._gpu is not None:
+            return self._gpu.all_reduce(x, op, out, algorithm)
         if algorithm == "auto" and (out is None or type(out) is np.ndarray):
             # replay a cached small one-shot call (only where the table picks one-shot, so
             # every rank runs the same protocol whatever kind of argument it passed)
@@ -415,6 +428,7 @@ class Communicator:
     def reduce_scatter(self, x: Any, op: str = "sum", out: Any = None) -> Any:
         """Shard ``rank`` (``schedule.shard_bounds(count, world_size)``) of the all-reduce."""
         self._live("reduce_scatter")
+        self._host_only("reduce_scatter")
         seq = self._seq
         try:
             return _reduce_scatter.reduce_scatter(self, x, op, out)
@@ -425,6 +439,7 @@ class Communicator:
     def all_gather(self, x: Any, out: Any = None) -> Any:
         """Every rank's ``x`` (same count everywhere) concatenated in rank order."""
         self._live("all_gather")
+        self._host_only("all_gather")
         seq = self._seq
         try:
             return _all_gather.all_gather(self, x, out)
@@ -435,6 +450,7 @@ class Communicator:
     def broadcast(self, x: Any, root: int = 0, out: Any = None) -> Any:
         """Root's ``x`` on every rank (into ``out``, by default ``x`` itself)."""
         self._live("broadcast")
+        self._host_only("broadcast")
         seq = self._seq
         try:
             return _broadcast.broadcast(self, x, root, out)
@@ -445,6 +461,7 @@ class Communicator:
     def all_to_all(self, x: Any, out: Any = None) -> Any:
         """Chunk ``j`` of rank ``i``'s ``x`` becomes chunk ``i`` of rank ``j``'s output."""
         self._live("all_to_all")
+        self._host_only("all_to_all")
         seq = self._seq
         try:
             return _all_to_all.all_to_all(self, x, out)
@@ -455,7 +472,17 @@ class Communicator:
     def barrier(self, timeout: float | None = None) -> None:
         """Every rank of the communicator has arrived (flag barrier on the comm's pad)."""
         self._live("barrier")
+        if self._gpu is not None:
+            self.world.barrier(timeout)
+            return
         self._pad.barrier(timeout)
+
+    def _host_only(self, what: str) -> None:
+        if self._gpu is not None:
+            raise ShmemStateError(
+                f"Communicator.{what}: not available on the nvshmem backend yet (its GPU "
+                "kernels cover all_reduce); use a host World (backend='host') for it"
+            )
 
 
 def _fits(out: np.ndarray[Any, Any] | None, dtype: np.dtype[Any], count: int) -> bool:

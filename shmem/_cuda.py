@@ -43,7 +43,9 @@ __all__ = [
     "default_sync",
     "device_count",
     "fill",
+    "kernel",
     "kernel_sources",
+    "launch",
     "pinned_host_array",
 ]
 
@@ -276,14 +278,31 @@ def _kernel(device: CudaDevice, name: str) -> Any:
     return _compiled(device.id, "strided_copy.cu", name)
 
 
-@functools.cache
 def _compiled(device_id: int, filename: str, name: str) -> Any:
+    return kernel(device_id, f"shmem/kernels/{filename}", name)
+
+
+@functools.cache
+def _module(device_id: int, relative: str) -> Any:
+    from . import _nvrtc
+
     dev = CudaDevice.get(device_id)
     dev.current()
+    return _nvrtc.compile_cubin(_nvrtc.source_of(relative), name=Path(relative).name, arch=dev.arch)
+
+
+@functools.cache
+def kernel(device_id: int, relative: str, name: str) -> Any:
+    """Kernel ``name`` of the package's CUDA file ``relative`` (e.g.
+    ``"collectives/kernels/allreduce.cu"``) for device ``device_id``: compiled with NVRTC
+    for its architecture once per process, through the on-disk cache (:mod:`shmem._nvrtc`)."""
+    return _module(device_id, relative).get_kernel(name)
+
+
+def launch(stream: Any, fn: Any, grid: int, block: int, *args: Any) -> None:
+    """Launch ``fn`` on a cuda.core stream (scalars must be numpy scalars)."""
     cc = _cc()
-    source = (KERNEL_DIR / filename).read_text()
-    options = cc.ProgramOptions(arch=dev.arch, std="c++17", name=filename)
-    return cc.Program(source, "c++", options=options).compile("cubin").get_kernel(name)
+    cc.launch(stream, cc.LaunchConfig(grid=grid, block=block), fn, *args)
 
 
 def _launch_strided_copy(

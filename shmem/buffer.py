@@ -139,19 +139,49 @@ class SHMEMBuffer:
         self._live("unsafe_ptr")
         return self._world.heap.address(self._offset)
 
-    def local(self) -> np.ndarray[Any, Any]:
-        """This rank's copy as a zero-copy numpy array of ``shape`` and ``dtype``."""
+    def local(self) -> Any:
+        """This rank's copy, zero-copy: a numpy array of ``shape`` and ``dtype`` on the host
+        backend; a GPU :class:`~shmem.Buffer` on the nvshmem backend (DLPack: cupy, torch)."""
         self._live("local")
-        raw = self._world.heap.local_view(self._offset, self._nbytes)
+        heap: Any = self._world.heap
+        if getattr(heap, "device_memory", False):
+            return self._device_buffer(heap.address(self._offset))
+        raw = heap.local_view(self._offset, self._nbytes)
         return raw.view(self._dtype).reshape(self._shape)
 
-    def peer(self, rank: int) -> np.ndarray[Any, Any] | None:
-        """Rank ``rank``'s copy as a zero-copy numpy array, or None when not load/store
-        reachable (a peer on another node): use :meth:`put` / :meth:`get` then."""
+    def peer(self, rank: int) -> Any:
+        """Rank ``rank``'s copy, zero-copy (a numpy array; a GPU Buffer on the nvshmem
+        backend), or None when not load/store reachable (a peer on another node): use
+        :meth:`put` / :meth:`get` then."""
         self._live("peer")
         rank = self._check_rank("peer", rank)
-        raw = self._world.heap.peer_view(rank, self._offset, self._nbytes)
+        heap: Any = self._world.heap
+        if getattr(heap, "device_memory", False):
+            ptr = heap.peer_address(rank, self._offset)
+            return None if ptr is None else self._device_buffer(ptr)
+        raw = heap.peer_view(rank, self._offset, self._nbytes)
         return None if raw is None else raw.view(self._dtype).reshape(self._shape)
+
+    def _device_buffer(self, ptr: int) -> Buffer:
+        from ._cuda import _DeviceMemory
+        from .views import contiguous_strides
+
+        heap = self._world.heap
+        return Buffer._device_view(
+            heap.device,  # type: ignore[attr-defined]
+            _DeviceMemory(ptr, self._nbytes, self),
+            self._dtype,
+            self._shape,
+            contiguous_strides(self._shape, self._dtype.itemsize),
+            stream=self._world.ctx,
+        )
+
+    def _zero(self) -> None:
+        heap = self._world.heap
+        if getattr(heap, "device_memory", False):
+            heap.memset(self._offset, self._nbytes)  # type: ignore[attr-defined]
+        else:
+            self.local()[...] = 0
 
     # -- one-sided data movement -------------------------------------------------------------
 
@@ -199,6 +229,11 @@ class SHMEMBuffer:
         if offset or data.nbytes > self._nbytes or type(offset) is not int:
             self._check_span("put", offset, data.nbytes)
         sig = self._check_signal(signal) if signal is not None else None
+        if getattr(self._world.heap, "device_memory", False):
+            self._put_device(rank, src, int(offset))
+            if sig is not None:
+                self._world.signals.signal(rank, *sig)
+            return
         flat = self._flat_view(rank)
         if flat is not None:
             start = offset // self._dtype.itemsize
@@ -207,6 +242,24 @@ class SHMEMBuffer:
             self._world.heap.put_bytes(rank, self._offset + int(offset), np.ascontiguousarray(data))
         if sig is not None:
             self._world.signals.signal(rank, *sig)
+
+    def _put_device(self, rank: int, src: Any, offset: int) -> None:
+        heap: Any = self._world.heap
+        if isinstance(src, Buffer) and not src.is_host:
+            src._require_contiguous("SHMEMBuffer.put")
+            if src.dtype != self._dtype:
+                raise _BufferTypeError(
+                    f"SHMEMBuffer.put: source dtype {dtype_name(src.dtype)} does not match "
+                    f"the buffer's {dtype_name(self._dtype)}"
+                )
+            self._check_span("put", offset, src.nbytes)
+            if src.stream is not None:
+                src.stream.synchronize()  # the source's producer has finished
+            heap.put_device(rank, self._offset + offset, src._ptr, src.nbytes)
+            return
+        data = self._as_source("put", src.to_numpy() if isinstance(src, Buffer) else src)
+        self._check_span("put", offset, data.nbytes)
+        heap.put_bytes(rank, self._offset + offset, data)
 
     def _check_signal(self, signal: Any) -> tuple[int, int, str]:
         if not isinstance(signal, tuple) or len(signal) not in (2, 3):
@@ -217,7 +270,7 @@ class SHMEMBuffer:
         op = signal[2] if len(signal) == 3 else "set"
         return int(signal[0]), int(signal[1]), str(op)
 
-    def get(self, rank: int, dst: Any = None, offset: int = 0) -> np.ndarray[Any, Any]:
+    def get(self, rank: int, dst: Any = None, offset: int = 0) -> Any:
         """Read ``rank``'s copy from byte ``offset`` (one-sided, host-blocking).
 
         Into ``dst`` (a C-contiguous writable array of this dtype; ``dst.nbytes`` bytes are
@@ -232,6 +285,22 @@ class SHMEMBuffer:
                 out = np.empty(self._shape, dtype=self._dtype)
             else:
                 out = np.empty((self._nbytes - offset) // self._dtype.itemsize, self._dtype)
+        elif isinstance(dst, Buffer) and not dst.is_host:
+            heap: Any = self._world.heap
+            if not getattr(heap, "device_memory", False):
+                raise _BufferTypeError(
+                    "SHMEMBuffer.get: a GPU dst needs the nvshmem backend (got a device Buffer "
+                    "on the host backend; pass a numpy array)"
+                )
+            dst._require_contiguous("SHMEMBuffer.get")
+            if dst.dtype != self._dtype:
+                raise _BufferArgumentError(
+                    f"SHMEMBuffer.get: dst dtype {dtype_name(dst.dtype)} does not match the "
+                    f"buffer's {dtype_name(self._dtype)}"
+                )
+            self._check_span("get", offset, dst.nbytes)
+            heap.get_device(rank, self._offset + int(offset), dst._ptr, dst.nbytes)
+            return dst
         else:
             if not isinstance(dst, np.ndarray):
                 raise _BufferTypeError(
@@ -329,9 +398,12 @@ class SHMEMBuffer:
     # -- DLPack -----------------------------------------------------------------------------
 
     def __dlpack__(self, **kwargs: Any) -> Any:
-        """Export this rank's copy (zero-copy). numpy cannot export bfloat16 or float8:
-        those raise ``BufferError``; view them as ``uint16``/``uint8`` first."""
+        """Export this rank's copy (zero-copy). On the host, numpy cannot export bfloat16 or
+        float8: those raise ``BufferError``; view them as ``uint16``/``uint8`` first. On the
+        nvshmem backend this is the GPU Buffer's export (every dtype)."""
         arr = self.local()
+        if isinstance(arr, Buffer):
+            return arr.__dlpack__(**kwargs)
         try:
             return arr.__dlpack__(**kwargs)
         except BufferError as exc:
@@ -342,6 +414,8 @@ class SHMEMBuffer:
             ) from None
 
     def __dlpack_device__(self) -> tuple[int, int]:
+        if getattr(self._world.heap, "device_memory", False):
+            return self.local().__dlpack_device__()  # type: ignore[no-any-return]
         return (_KDLCPU, 0)
 
     # -- lifetime ---------------------------------------------------------------------------

@@ -118,11 +118,6 @@ class World:
             self.local_rank = self.node_comm.Get_rank()
             self.local_size = self.node_comm.Get_size()
             self.backend = backend
-            host_heap = HostHeap(self.comm, self.node_comm, config.heap, config.signal.timeout_s)
-            stack.callback(host_heap.close)
-            self.heap: SymmetricHeap = host_heap
-            self.node = self.heap.node
-            self.num_nodes = self.heap.num_nodes
             self._arena = Arena(config.heap.nbytes, config.heap.alignment)
             self._calls = 0
             self._finalized = False
@@ -131,10 +126,28 @@ class World:
             )
             pad_nbytes = SignalPad.nbytes_for(config.signal.slots)
             pad_offset = self._arena.alloc(pad_nbytes)
-            self.signals = SignalPad(
-                self.heap, pad_offset, config.signal.slots, config.signal.timeout_s
-            )
-            self.ctx = DeviceContext(CPU())
+            if backend == "nvshmem":
+                from .backends.nvshmem import DeviceSignalPad, NvshmemHeap
+
+                gpu_heap = NvshmemHeap(self.comm, self.node_comm, config)
+                stack.callback(gpu_heap.close, collective=False)
+                self.heap: SymmetricHeap = gpu_heap
+                self.signals: SignalPad = DeviceSignalPad(
+                    gpu_heap, pad_offset, config.signal.slots, config.signal.timeout_s
+                )
+                self.ctx = DeviceContext(gpu_heap.device)
+            else:
+                host_heap = HostHeap(
+                    self.comm, self.node_comm, config.heap, config.signal.timeout_s
+                )
+                stack.callback(host_heap.close)
+                self.heap = host_heap
+                self.signals = SignalPad(
+                    self.heap, pad_offset, config.signal.slots, config.signal.timeout_s
+                )
+                self.ctx = DeviceContext(CPU())
+            self.node = self.heap.node
+            self.num_nodes = self.heap.num_nodes
             stack.callback(self.ctx.close)
             self.comm.Barrier()  # every pad is zeroed before anyone signals
             stack.pop_all()
@@ -220,7 +233,7 @@ class World:
     def zeros(self, shape: Any, dtype: Any = "float32") -> SHMEMBuffer:
         """Like :meth:`empty`, with this rank's copy zeroed before a barrier (collective)."""
         buf = self.empty(shape, dtype)
-        buf.local()[...] = 0
+        buf._zero()
         self.barrier()
         return buf
 
@@ -277,6 +290,9 @@ class World:
         self._live.clear()
         try:
             self.ctx.close()
+            close_pad = getattr(self.signals, "close", None)
+            if close_pad is not None:
+                close_pad()
         finally:
             self.comm.Barrier()
             self.heap.close()

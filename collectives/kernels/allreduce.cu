@@ -194,16 +194,29 @@ __device__ void two_shot(
 }
 
 // Waits until every peer has finished its previous call (closing a communicator).
-extern "C" __global__ void allreduce_drain(Sync s) { wait_for(s, s.stage0 - 1); }
+extern "C" __global__ void allreduce_drain(
+    u64* const* flags, u32* arrive, u32 arrive_base, u64 stage0, u64 timeout_ns, int* status,
+    int rank, int size) {
+    Sync s{flags, arrive, arrive_base, stage0, timeout_ns, status, rank, size};
+    wait_for(s, s.stage0 - 1);
+}
+
+// Kernel parameters are plain scalars and pointers (no struct by value) so every launcher
+// can pass them: the Sync fields come last, in struct order.
+#define SYNC_PARAMS                                                                          \
+    u64 *const *flags, u32 *arrive, u32 arrive_base, u64 stage0, u64 timeout_ns, int *status, \
+        int rank, int size
+#define SYNC_VALUE Sync{flags, arrive, arrive_base, stage0, timeout_ns, status, rank, size}
 
 #define INSTANTIATE(NAME, T, A, OP)                                                          \
     extern "C" __global__ void allreduce_one_shot_##NAME(                                     \
-        const T* input, const T* const* scratch, T* out, u64 n, Sync s) {                    \
-        one_shot<T, A, OP>(input, scratch, out, n, s);                                        \
+        const T* input, const T* const* scratch, T* out, u64 n, SYNC_PARAMS) {               \
+        one_shot<T, A, OP>(input, scratch, out, n, SYNC_VALUE);                               \
     }                                                                                         \
     extern "C" __global__ void allreduce_two_shot_##NAME(                                     \
-        const T* input, const T* const* scratch, T* const* results, T* out, u64 n, Sync s) { \
-        two_shot<T, A, OP>(input, scratch, results, out, n, s);                               \
+        const T* input, const T* const* scratch, T* const* results, T* out, u64 n,           \
+        SYNC_PARAMS) {                                                                        \
+        two_shot<T, A, OP>(input, scratch, results, out, n, SYNC_VALUE);                      \
     }
 
 #define FOR_OPS(TNAME, T, A)                   \

@@ -1,0 +1,259 @@
+"""All-reduce on GPUs: the CUDA kernels of ``collectives/kernels/allreduce.cu`` over the
+nvshmem heap's peer pointers (the Communicator's path when the World's backend is nvshmem).
+
+One kernel launch per call (per piece, for inputs larger than the scratch). Each rank copies its
+input into its symmetric scratch inside the kernel. Ranks meet in numbered cross-rank stages
+(system-scope release/acquire flags; see the kernel file). Two algorithms:
+
+* ``one_shot``: every rank reduces every element from every rank's scratch;
+* ``two_shot``: each rank reduces its shard into a symmetric results buffer, then copies
+  every shard.
+
+Both reduce in rank order in float32 (float16/bfloat16), float32 or float64 (float32, as
+``[collectives] float32_accumulate`` says) or float64, rounding once. Results are therefore
+bitwise the same on every rank, for both algorithms, and equal to the host backend's
+(``collectives.ops.reduce_into``).
+
+The calls are host-blocking, like the host path: the input's stream is synchronised first,
+and the result is complete on return. A peer that does not arrive within
+``[signal] timeout_s`` makes the kernel give up; this rank raises ``SignalTimeoutError``
+and the communicator is then unusable (its stages are out of step).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any, cast
+
+import numpy as np
+
+from shmem import Buffer
+from shmem.dtypes import dtype_name
+from shmem.errors import ShmemError, SignalTimeoutError
+
+if TYPE_CHECKING:
+    from .communicator import Communicator
+
+__all__ = ["GPU_DTYPES", "GPU_OPS", "GpuAllReduce"]
+
+GPU_DTYPES = ("float16", "bfloat16", "float32", "float64")
+GPU_OPS = ("sum", "avg", "prod", "min", "max")
+KERNELS = "collectives/kernels/allreduce.cu"
+THREADS = 512
+STAGES = {"one_shot": 2, "two_shot": 3}
+ONE_SHOT_MAX_NBYTES = 512 << 10  # measured crossover to fill in on a GPU (docs/gpu-validation)
+
+
+class GpuCollectiveError(ShmemError, ValueError):
+    pass
+
+
+class GpuAllReduce:
+    """The GPU all-reduce of one Communicator (collective construction and close)."""
+
+    def __init__(self, comm: Communicator) -> None:
+        from shmem import _cuda
+
+        world = comm.world
+        self.comm = comm
+        self.world = world
+        self.heap: Any = cast(Any, world.heap)
+        self.rank, self.size = world.rank, world.world_size
+        self._cuda = _cuda
+        unreachable = [r for r in range(self.size) if not self.heap.is_local(r)]
+        self._unreachable = unreachable
+        cfg = world.config.collectives
+        self.capacity = max(int(cfg.scratch_nbytes), 1 << 20)
+        self.scratch = world.zeros(self.capacity, "uint8")
+        self.results = world.zeros(self.capacity, "uint8")
+        self.flags = world.zeros(self.size, "uint64")
+        gpu = self.heap._gpu.current()
+        stream = self.heap.stream
+        self._arrive = gpu.allocate(8, stream=stream)  # u32 arrival counter, then the status
+        self.heap._memcpy(int(self._arrive.handle), int(np.zeros(1, np.int64).ctypes.data), 8)
+        self._tables = gpu.allocate(3 * 8 * self.size, stream=stream)
+        if not unreachable:
+            table = np.array(
+                [
+                    [self.heap.peer_address(r, buf.offset) for r in range(self.size)]
+                    for buf in (self.scratch, self.results, self.flags)
+                ],
+                dtype=np.uint64,
+            )
+            self.heap._memcpy(int(self._tables.handle), int(table.ctypes.data), table.nbytes)
+        stream.sync()
+        self._stage = 1  # the next call's first stage (flags start at 0)
+        self._arrived = 0  # blocks that have arrived on this rank so far
+        self._status = np.zeros(1, np.int32)
+        self._sms = int(self.heap._gpu.attributes.multiprocessor_count or 1)
+        self._acc64 = comm._acc32 == np.dtype(np.float64)
+        self.broken = False
+
+    # -- the call ------------------------------------------------------------------------------
+
+    def _kernel(self, algorithm: str, dtype: np.dtype[Any], op: str) -> Any:
+        name = dtype_name(dtype)
+        if name == "float32" and self._acc64:
+            name = "float32_acc64"
+        return self._cuda.kernel(self.heap.device.id, KERNELS, f"allreduce_{algorithm}_{name}_{op}")
+
+    def _check(self, x: Any, op: str, where: str) -> Buffer:
+        if self.broken:
+            raise GpuCollectiveError(
+                f"{where}: this communicator's GPU stages are out of step after an earlier "
+                "failure; make a new Communicator"
+            )
+        if self._unreachable:
+            raise GpuCollectiveError(
+                f"{where}: ranks {self._unreachable} are not load/store reachable from rank "
+                f"{self.rank} (other nodes); the GPU all-reduce needs every peer on this node"
+            )
+        buf = _as_device_buffer(x, self.heap.device, where)
+        name = dtype_name(buf.dtype)
+        if name not in GPU_DTYPES:
+            raise GpuCollectiveError(
+                f"{where}: the GPU all-reduce takes {list(GPU_DTYPES)} (got {name})"
+            )
+        if op not in GPU_OPS:
+            raise GpuCollectiveError(
+                f"{where}: the GPU all-reduce takes ops {list(GPU_OPS)} (got {op!r})"
+            )
+        return buf
+
+    def all_reduce(self, x: Any, op: str = "sum", out: Any = None, algorithm: str = "auto") -> Any:
+        where = "Communicator.all_reduce"
+        src = self._check(x, op, where)
+        host_result = isinstance(x, np.ndarray)
+        if out is None:
+            dst = Buffer(src.dtype, src.shape, device=self.heap.device, stream=self.world.ctx)
+        else:
+            dst = _as_device_buffer(out, self.heap.device, where)
+            if dst.dtype != src.dtype or dst.num_elements != src.num_elements:
+                raise GpuCollectiveError(
+                    f"{where}: out does not match x (got {dtype_name(dst.dtype)} "
+                    f"{dst.num_elements} elements; expected {dtype_name(src.dtype)} "
+                    f"{src.num_elements})"
+                )
+        for b in (src, dst):
+            if b.stream is not None:
+                b.stream.synchronize()
+        n, item = src.num_elements, src.element_size
+        algo = algorithm
+        if algo == "auto":
+            algo = "one_shot" if n * item <= ONE_SHOT_MAX_NBYTES or self.size == 1 else "two_shot"
+        if algo not in STAGES:
+            raise GpuCollectiveError(
+                f"{where}: unknown algorithm (got {algorithm!r}; expected auto, one_shot or "
+                "two_shot on the GPU)"
+            )
+        step = self.capacity // item
+        for lo in range(0, n, step):
+            count = min(step, n - lo)
+            self._launch(algo, src, dst, lo * item, count, op)
+        self.comm.stats.count(algo)
+        if host_result:
+            return dst.to_numpy().reshape(np.shape(x))
+        if isinstance(out, np.ndarray):
+            np.copyto(out.reshape(-1), dst.to_numpy().reshape(-1))
+            return out
+        return out if out is not None else dst
+
+    def _launch(
+        self, algo: str, src: Buffer, dst: Buffer, byte_off: int, count: int, op: str
+    ) -> None:
+        heap, size = self.heap, self.size
+        blocks = max(1, min(self._sms, math.ceil(count / (THREADS * 4))))
+        tables = int(self._tables.handle)
+        scratch_t, results_t, flags_t = tables, tables + 8 * size, tables + 16 * size
+        arrive = int(self._arrive.handle)
+        status = arrive + 4
+        sync = (
+            np.uint64(flags_t),
+            np.uint64(arrive),
+            np.uint32(self._arrived & 0xFFFFFFFF),
+            np.uint64(self._stage),
+            np.uint64(int(self.world.config.signal.timeout_s * 1e9)),
+            np.uint64(status),
+            np.int32(self.rank),
+            np.int32(size),
+        )
+        data = [np.uint64(src._ptr + byte_off), np.uint64(scratch_t)]
+        if algo == "two_shot":
+            data.append(np.uint64(results_t))
+        data += [np.uint64(dst._ptr + byte_off), np.uint64(count)]
+        fn = self._kernel(algo, src.dtype, op)
+        self._cuda.launch(heap.stream, fn, blocks, THREADS, *data, *sync)
+        heap._memcpy(int(self._status.ctypes.data), status, 4)
+        heap.stream.sync()
+        self._stage += STAGES[algo]
+        self._arrived += blocks * STAGES[algo]
+        if self._status[0]:
+            self.broken = True
+            stage = int(self._status[0]) - 1
+            raise SignalTimeoutError(
+                f"Communicator.all_reduce ({algo}): rank {self.rank} timed out after "
+                f"{self.world.config.signal.timeout_s:g} s waiting for every rank to reach "
+                f"stage {stage} (a peer failed or is not calling all_reduce)",
+                operation="all_reduce",
+                slot=-1,
+                expected=f">= {stage}",
+                last_value=-1,
+            )
+
+    def close(self) -> None:
+        """Free the symmetric buffers (collective: after every peer finished its last call)."""
+        if not self.broken and not self._unreachable:
+            heap = self.heap
+            arrive = int(self._arrive.handle)
+            self._cuda.launch(
+                heap.stream,
+                self._cuda.kernel(heap.device.id, KERNELS, "allreduce_drain"),
+                1,
+                32,
+                np.uint64(int(self._tables.handle) + 16 * self.size),
+                np.uint64(arrive),
+                np.uint32(self._arrived & 0xFFFFFFFF),
+                np.uint64(self._stage),
+                np.uint64(int(self.world.config.signal.timeout_s * 1e9)),
+                np.uint64(arrive + 4),
+                np.int32(self.rank),
+                np.int32(self.size),
+            )
+            heap.stream.sync()
+        self._tables.close(self.heap.stream)
+        self._arrive.close(self.heap.stream)
+        for buf in (self.flags, self.results, self.scratch):
+            buf.close()
+
+
+def _as_device_buffer(x: Any, device: Any, where: str) -> Buffer:
+    """``x`` as a contiguous Buffer on ``device``: a Buffer, an SHMEMBuffer (its local copy),
+    a DLPack producer on the GPU (cupy, torch), or a numpy array (copied to the GPU)."""
+    from shmem import SHMEMBuffer
+
+    if isinstance(x, SHMEMBuffer):
+        x = x.local()
+    if isinstance(x, np.ndarray):
+        dev = Buffer(x.dtype, x.shape, device=device)
+        dev.inplace_copy_from(Buffer.from_numpy(np.ascontiguousarray(x)))
+        return dev
+    if not isinstance(x, Buffer):
+        try:
+            x = Buffer.from_dlpack(x)
+        except Exception as exc:
+            raise GpuCollectiveError(
+                f"{where}: expected a GPU Buffer, SHMEMBuffer, DLPack GPU array or numpy array "
+                f"(got {type(x).__name__}: {exc})"
+            ) from None
+    if x.is_host:
+        host = x.to_numpy()
+        dev = Buffer(host.dtype, host.shape, device=device)
+        dev.inplace_copy_from(x)
+        return dev
+    if x.device != device:
+        raise GpuCollectiveError(
+            f"{where}: the array is on {x.device.label}, expected this rank's {device.label}"
+        )
+    if not x.is_contiguous:
+        x = x.contiguous()
+    return cast(Buffer, x)

@@ -1,0 +1,505 @@
+"""The NVSHMEM symmetric heap on GPUs, through nvshmem4py (the only module importing nvshmem).
+
+* **Init.** Rank 0 makes a unique id, which is broadcast over mpi4py. Each rank binds its GPU
+  from ``local_rank`` (``local_rank % visible devices``, so a launcher that sets
+  ``CUDA_VISIBLE_DEVICES`` per rank works too), makes it current, and calls
+  ``nvshmem.core.init(..., initializer_method="uid")``.
+* **The heap.** One ``nvshmem.core.buffer`` per rank is the heap slab, sub-allocated by the
+  World's arena exactly like the host heap. Offsets are therefore the same on every rank.
+* **Peers.** ``peer_address`` comes from ``get_peer_buffer`` (``nvshmem_ptr``): a pointer
+  this GPU can load and store, for peers on the same node (P2P/NVLink) and for other ranks
+  on the same GPU. It is None for unreachable peers, whose data moves with ``nvshmem``
+  put/get on the stream.
+* **Signals, waits and barriers.** These are small kernels (``shmem/kernels/signals.cu``)
+  using system-scope release/acquire on peer pointers. Every wait is bounded by a deadline
+  on the GPU's global timer, and a timeout raises ``SignalTimeoutError`` on the host.
+* **Several ranks on one GPU without MPS** give ``init_status() == LIMITED_MPG``. In that
+  mode NVSHMEM's team barriers, ``signal_wait`` on a stream, its collectives and team
+  creation call ``exit(-1)``. This module never calls them (:data:`SAFE_IN_LIMITED_MPG`
+  lists what it uses, and :meth:`NvshmemHeap.nv` refuses anything else in that mode).
+  Spin-waits across processes on one GPU progress by time-slicing: correct, but slow.
+
+What nvshmem4py itself cannot do here, and so is not done: host-initiated atomics on
+unreachable peers. ``atomic_*`` needs a peer pointer, so it works within a node; across
+nodes it raises.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import numpy as np
+
+from ..errors import BackendUnavailableError, ShmemError, SignalTimeoutError
+from ..signals import SLOT_DTYPE, SignalPad
+
+__all__ = ["SAFE_IN_LIMITED_MPG", "DeviceSignalPad", "NvshmemHeap"]
+
+log = logging.getLogger(__name__)
+
+SAFE_IN_LIMITED_MPG = frozenset(
+    {
+        "get_unique_id",
+        "init",
+        "init_status",
+        "get_version",
+        "buffer",
+        "free",
+        "get_peer_buffer",
+        "barrier_all",
+        "put",
+        "get",
+        "quiet",
+        "signal_op",
+        "finalize",
+    }
+)
+_KERNELS = "shmem/kernels/signals.cu"
+_ATOMIC_OPS = {"add": 0, "set": 1, "cas": 2}
+_CMP = {"eq": 0, "ne": 1, "gt": 2, "ge": 3, "lt": 4, "le": 5}
+_MODES = {
+    0: "not initialised",
+    1: "bootstrapped",
+    2: "initialised",
+    3: "LIMITED_MPG",
+    4: "FULL_MPG",
+}
+
+
+class NvshmemError(ShmemError, RuntimeError):
+    pass
+
+
+def _nodes(comm: Any, node_comm: Any) -> tuple[int, int]:
+    """(this rank's node index, node count): nodes numbered by their lowest world rank."""
+    leaders = comm.allgather(node_comm.allreduce(comm.Get_rank(), op=_mpi_min()))
+    order = sorted(set(leaders))
+    return order.index(leaders[comm.Get_rank()]), len(order)
+
+
+def _mpi_min() -> Any:
+    from mpi4py import MPI
+
+    return MPI.MIN
+
+
+def _environment(cfg: Any, single_node: bool) -> None:
+    """NVSHMEM settings from ``[nvshmem]`` (the launcher sets them too; the environment wins)."""
+    wanted = {
+        "NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME": cfg.bootstrap_ifname or ("lo" if single_node else ""),
+        "NVSHMEM_REMOTE_TRANSPORT": cfg.remote_transport,
+        "NVSHMEM_DISABLE_NVLS": "1" if cfg.disable_nvls else "",
+        "NVSHMEM_DISABLE_NCCL": "1" if cfg.disable_nccl else "",
+    }
+    for key, value in wanted.items():
+        if value:
+            os.environ.setdefault(key, value)
+
+
+class NvshmemHeap:
+    """One NVSHMEM slab per rank on its GPU; see the module docstring."""
+
+    name = "nvshmem"
+    device_memory = True
+
+    def __init__(self, comm: Any, node_comm: Any, config: Any) -> None:
+        try:
+            import nvshmem.core as nv
+        except ImportError as exc:
+            raise BackendUnavailableError(
+                f"init: backend 'nvshmem' needs nvshmem4py (pip install '.[gpu]'): {exc}"
+            ) from None
+        from .. import _cuda
+        from ..device import Accelerator
+
+        self._nv = nv
+        self.rank, self.world_size = comm.Get_rank(), comm.Get_size()
+        self.local_rank, self.local_size = node_comm.Get_rank(), node_comm.Get_size()
+        self.node, self.num_nodes = _nodes(comm, node_comm)
+        self.nbytes = int(config.heap.nbytes)
+        self.timeout_s = float(config.signal.timeout_s)
+        count = _cuda.device_count()
+        if count == 0:
+            raise BackendUnavailableError("init: backend 'nvshmem' found no CUDA device")
+        self.device = Accelerator(self.local_rank % count)
+        self._gpu = _cuda.CudaDevice.get(self.device.id)
+        cc_dev = self._gpu.current()
+        _environment(config.nvshmem, self.num_nodes == 1)
+        uid = nv.get_unique_id(empty=self.rank != 0)
+        comm.Bcast(uid._data.view(np.int8), root=0)
+        nv.init(
+            device=cc_dev,
+            uid=uid,
+            rank=self.rank,
+            nranks=self.world_size,
+            initializer_method="uid",
+        )
+        self.stream = cc_dev.create_stream()
+        self._slab = nv.buffer(self.nbytes)
+        self.base = int(self._slab.handle)
+        nv.barrier_all(self.stream)  # the mode is final once the heap exists
+        self.stream.sync()
+        status = int(nv.init_status())
+        self.mode = _MODES.get(status, str(status))
+        self.limited_mpg = status == int(nv.InitStatus.STATUS_LIMITED_MPG)
+        self.version = str(nv.get_version())
+        self._peer_buffers: list[Any] = []
+        self._peer_base: list[int | None] = []
+        for r in range(self.world_size):
+            if r == self.rank:  # get_peer_buffer on oneself would leak the slab (nvshmem4py)
+                self._peer_base.append(self.base)
+                continue
+            try:
+                pb = nv.get_peer_buffer(self._slab, r)
+            except Exception:  # not reachable: put/get through NVSHMEM
+                self._peer_base.append(None)
+                continue
+            self._peer_buffers.append(pb)
+            self._peer_base.append(int(pb.handle))
+        self._scratch: Any = None  # device staging for unreachable peers
+        self._result = self._gpu.current().allocate(16, stream=self.stream)
+        self._pinned = np.zeros(2, np.int64)
+        self._closed = False
+        log.info(
+            "nvshmem %s: rank %d/%d on GPU %d (%s), mode %s, %d of %d peers reachable",
+            self.version,
+            self.rank,
+            self.world_size,
+            self.device.id,
+            self._gpu.name,
+            self.mode,
+            sum(p is not None for p in self._peer_base),
+            self.world_size,
+        )
+
+    # -- the NVSHMEM API, guarded ------------------------------------------------------------
+
+    def nv(self, name: str) -> Any:
+        """``nvshmem.core.<name>``, refused in LIMITED_MPG mode unless it is safe there."""
+        if self.limited_mpg and name not in SAFE_IN_LIMITED_MPG:
+            raise NvshmemError(
+                f"nvshmem.core.{name} is not safe with several ranks per GPU (LIMITED_MPG: "
+                "NVSHMEM would exit the process); start the MPS daemon or use one rank per GPU"
+            )
+        return getattr(self._nv, name)
+
+    # -- addresses ---------------------------------------------------------------------------
+
+    def is_local(self, rank: int) -> bool:
+        return self._peer_base[rank] is not None
+
+    def address(self, offset: int) -> int:
+        return self.base + offset
+
+    def peer_address(self, rank: int, offset: int) -> int | None:
+        base = self._peer_base[rank]
+        return None if base is None else base + offset
+
+    def local_view(self, offset: int, nbytes: int) -> Any:
+        raise NvshmemError(
+            "the nvshmem heap is GPU memory: use SHMEMBuffer.local() (a device Buffer), "
+            "not a host view"
+        )
+
+    def peer_view(self, rank: int, offset: int, nbytes: int) -> None:
+        return None  # never host-addressable
+
+    # -- data movement -----------------------------------------------------------------------
+
+    def _cc_buffer(self, ptr: int, nbytes: int) -> Any:
+        from cuda.core import Buffer
+
+        return Buffer.from_handle(ptr, nbytes)
+
+    def _staging(self, nbytes: int) -> int:
+        if self._scratch is None or self._scratch.size < nbytes:
+            if self._scratch is not None:
+                self._scratch.close(self.stream)
+            self._scratch = self._gpu.current().allocate(max(nbytes, 1 << 20), stream=self.stream)
+        return int(self._scratch.handle)
+
+    def _memcpy(self, dst: int, src: int, nbytes: int) -> None:
+        from .. import _cuda
+
+        _cuda._memcpy(dst, src, nbytes, self.stream)
+
+    def put_device(self, rank: int, offset: int, src_ptr: int, nbytes: int) -> None:
+        """Copy ``nbytes`` of device (or pinned) memory at ``src_ptr`` into ``rank``'s slab."""
+        if nbytes == 0:
+            return
+        target = self.peer_address(rank, offset)
+        if target is not None:
+            self._memcpy(target, src_ptr, nbytes)
+        else:
+            self.nv("put")(
+                self._cc_buffer(self.base + offset, nbytes),
+                self._cc_buffer(src_ptr, nbytes),
+                remote_pe=rank,
+                stream=self.stream,
+            )
+            self.nv("quiet")(stream=self.stream)
+        self.stream.sync()
+
+    def get_device(self, rank: int, offset: int, dst_ptr: int, nbytes: int) -> None:
+        """Copy ``nbytes`` from ``rank``'s slab into device (or pinned) memory at ``dst_ptr``."""
+        if nbytes == 0:
+            return
+        source = self.peer_address(rank, offset)
+        if source is not None:
+            self._memcpy(dst_ptr, source, nbytes)
+        else:
+            self.nv("get")(
+                self._cc_buffer(dst_ptr, nbytes),
+                self._cc_buffer(self.base + offset, nbytes),
+                remote_pe=rank,
+                stream=self.stream,
+            )
+        self.stream.sync()
+
+    def put_bytes(self, rank: int, offset: int, src: np.ndarray[Any, Any]) -> None:
+        data = np.ascontiguousarray(src).reshape(-1).view(np.uint8)
+        n = data.nbytes
+        if self.peer_address(rank, offset) is not None:
+            self.put_device(rank, offset, int(data.ctypes.data), n)  # UVA: host -> peer GPU
+            return
+        stage = self._staging(n)
+        self._memcpy(stage, int(data.ctypes.data), n)
+        self.put_device(rank, offset, stage, n)
+
+    def get_bytes(self, rank: int, offset: int, dst: np.ndarray[Any, Any]) -> None:
+        raw = dst.reshape(-1).view(np.uint8)
+        n = raw.nbytes
+        if self.peer_address(rank, offset) is not None:
+            self.get_device(rank, offset, int(raw.ctypes.data), n)
+            return
+        stage = self._staging(n)
+        self.get_device(rank, offset, stage, n)
+        self._memcpy(int(raw.ctypes.data), stage, n)
+        self.stream.sync()
+
+    def memset(self, offset: int, nbytes: int, value: int = 0) -> None:
+        from .. import _cuda
+
+        _cuda._check(
+            _cuda._drv().cuMemsetD8Async(self.base + offset, value, nbytes, self.stream.handle),
+            "cuMemsetD8Async",
+        )
+        self.stream.sync()
+
+    # -- kernels -------------------------------------------------------------------------------
+
+    def launch(self, name: str, *args: Any) -> None:
+        from .. import _cuda
+
+        _cuda.launch(self.stream, _cuda.kernel(self.device.id, _KERNELS, name), 1, 32, *args)
+
+    def result(self) -> tuple[int, int]:
+        """The two int64 a kernel wrote to the result slot (synchronises the stream)."""
+        self._memcpy(int(self._pinned.ctypes.data), int(self._result.handle), 16)
+        self.stream.sync()
+        return int(self._pinned[0]), int(self._pinned[1])
+
+    @property
+    def result_ptr(self) -> int:
+        return int(self._result.handle)
+
+    def _atomic(self, rank: int, offset: int, op: str, value: int, compare: int, dtype: Any) -> int:
+        target = self.peer_address(rank, offset)
+        if target is None:
+            raise NvshmemError(
+                f"atomics on rank {rank}: it is not reachable by load/store from rank "
+                f"{self.rank} (another node); host-initiated NVSHMEM atomics are not "
+                "available through nvshmem4py"
+            )
+        width = np.dtype(dtype).itemsize
+        mask = (1 << (8 * width)) - 1
+        self.launch(
+            "shmem_atomic",
+            np.uint64(target),
+            np.int32(width),
+            np.int32(_ATOMIC_OPS[op]),
+            np.uint64(int(value) & mask),
+            np.uint64(int(compare) & mask),
+            np.uint64(self.result_ptr),
+        )
+        old = self.result()[0] & mask
+        if np.dtype(dtype).kind == "i" and old >> (8 * width - 1):
+            old -= 1 << (8 * width)
+        return int(old)
+
+    def atomic_fetch_op(
+        self,
+        rank: int,
+        offset: int,
+        value: int,
+        dtype: np.dtype[Any],
+        op: str,
+        timeout_s: float | None = None,
+    ) -> int:
+        return self._atomic(rank, offset, op, value, 0, dtype)
+
+    def atomic_compare_swap(
+        self, rank: int, offset: int, compare: int, value: int, dtype: np.dtype[Any]
+    ) -> int:
+        return self._atomic(rank, offset, "cas", value, compare, dtype)
+
+    def fence(self) -> None:
+        self.stream.sync()
+
+    def progress(self) -> None:
+        pass
+
+    def barrier_all(self) -> None:
+        self.nv("barrier_all")(self.stream)
+        self.stream.sync()
+
+    def close(self, collective: bool = True) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if not collective:  # peers may be gone: free nothing collectively
+            return
+        self.stream.sync()
+        if self._scratch is not None:
+            self._scratch.close(self.stream)
+        self._result.close(self.stream)
+        self._peer_buffers.clear()
+        self.nv("free")(self._slab)
+        self.nv("finalize")()
+        self.stream.close()
+
+
+class DeviceSignalPad(SignalPad):
+    """A :class:`~shmem.signals.SignalPad` whose flags live on the GPU heap.
+
+    Same API and semantics; signals, reads and waits are kernels on the heap's stream, with
+    system-scope release/acquire and a deadline on the GPU timer. The barrier is one kernel
+    when every peer is reachable, else the pad's dissemination barrier over these signals.
+    """
+
+    def __init__(self, heap: NvshmemHeap, offset: int, slots: int, timeout_s: float) -> None:
+        self._heap = heap
+        self._gpu_heap = heap
+        self.offset = offset
+        self.slots = slots
+        self.timeout_s = timeout_s
+        self._epoch = 0
+        self._size = heap.world_size
+        self._spin_s = 0.0
+        heap.memset(offset, self.nbytes_for(slots))
+        self._pads: Any = None
+        if all(heap.is_local(r) for r in range(heap.world_size)):
+            table = np.array(
+                [
+                    heap.peer_address(r, offset + slots * SLOT_DTYPE.itemsize)
+                    for r in range(self._size)
+                ],
+                dtype=np.uint64,
+            )
+            self._pads = heap._gpu.current().allocate(table.nbytes, stream=heap.stream)
+            heap._memcpy(int(self._pads.handle), int(table.ctypes.data), table.nbytes)
+            heap.stream.sync()
+
+    def _slot_offset(self, slot: int) -> int:
+        return self.offset + slot * SLOT_DTYPE.itemsize
+
+    def _raw_signal(
+        self, rank: int, slot: int, value: int, op: str, timeout_s: float | None = None
+    ) -> None:
+        heap = self._gpu_heap
+        target = heap.peer_address(rank, self._slot_offset(slot))
+        if target is not None:
+            heap.launch(
+                "shmem_signal",
+                np.uint64(target),
+                np.uint64(value & ((1 << 64) - 1)),
+                np.int32(0 if op == "set" else 1),
+            )
+        else:
+            nv = heap._nv
+            heap.nv("signal_op")(
+                heap._cc_buffer(heap.address(self._slot_offset(slot)), 8),
+                value,
+                nv.SignalOp.SIGNAL_SET if op == "set" else nv.SignalOp.SIGNAL_ADD,
+                remote_pe=rank,
+                stream=heap.stream,
+            )
+            heap.nv("quiet")(stream=heap.stream)
+        heap.stream.sync()
+
+    def read(self, slot: int) -> int:
+        self._check_slot("read", slot)
+        out = np.zeros(1, np.int64)
+        heap = self._gpu_heap
+        heap._memcpy(int(out.ctypes.data), heap.address(self._slot_offset(slot)), 8)
+        heap.stream.sync()
+        return int(out[0])
+
+    def _raw_wait(
+        self,
+        operation: str,
+        slot: int,
+        cmp: str,
+        value: int,
+        timeout: float | None,
+        peers: tuple[int, ...],
+        context: str = "",
+    ) -> int:
+        timeout_s = self.timeout_s if timeout is None else timeout
+        if timeout_s < 0:
+            raise NvshmemError(
+                f"{operation}: invalid timeout (got {timeout_s}; expected >= 0 seconds)"
+            )
+        heap = self._gpu_heap
+        heap.launch(
+            "shmem_wait_until",
+            np.uint64(heap.address(self._slot_offset(slot))),
+            np.int32(_CMP[cmp]),
+            np.int64(value),
+            np.uint64(int(timeout_s * 1e9)),
+            np.uint64(heap.result_ptr),
+        )
+        seen, ok = heap.result()
+        if not ok:
+            self._timeout(operation, slot, cmp, value, seen, timeout_s, peers, context)
+        return seen
+
+    def barrier(self, timeout: float | None = None) -> None:
+        if self._pads is None:
+            super().barrier(timeout)
+            return
+        heap = self._gpu_heap
+        timeout_s = self.timeout_s if timeout is None else timeout
+        self._epoch += 1
+        heap.launch(
+            "shmem_barrier",
+            np.uint64(int(self._pads.handle)),
+            np.int32(heap.rank),
+            np.int32(heap.world_size),
+            np.uint64(self._epoch),
+            np.uint64(int(timeout_s * 1e9)),
+            np.uint64(heap.result_ptr),
+        )
+        round_, last = heap.result()
+        if round_ >= 0:
+            self._epoch -= 1  # a retry resumes this barrier
+            src = (heap.rank - (1 << round_)) % heap.world_size
+            raise SignalTimeoutError(
+                f"barrier: rank {heap.rank} timed out after {timeout_s:g} s in round {round_} "
+                f"of barrier {self._epoch + 1} waiting for rank {src} (last value seen {last})",
+                operation="barrier",
+                slot=self.slots + round_,
+                expected=f">= {self._epoch + 1}",
+                last_value=last,
+                peers=(src,),
+            )
+
+    def flags_view(self) -> Any:
+        raise NvshmemError("flags_view: the nvshmem pad is GPU memory; use read(slot)")
+
+    def close(self) -> None:
+        if self._pads is not None:
+            self._pads.close(self._gpu_heap.stream)
+            self._pads = None
