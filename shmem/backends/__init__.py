@@ -33,11 +33,21 @@ def _nvshmem_status() -> str | None:
 def resolve_backend(name: str) -> tuple[str, str]:
     """Map ``"auto" | "host" | "nvshmem"`` to a usable backend and the reason for the choice.
 
+    ``"auto"`` takes ``$SHMEM_BACKEND`` when it is set (the test scripts pin ``host``), else
+    nvshmem where a GPU and nvshmem4py are usable, else host.
+
     Raises
     ------
     BackendUnavailableError
         The backend is unknown or cannot be used here (the reason is in the message).
     """
+    if name == "auto" and os.environ.get("SHMEM_BACKEND", "auto") != "auto":
+        name = os.environ["SHMEM_BACKEND"]
+        if name not in BACKENDS:
+            raise BackendUnavailableError(
+                f"init: unknown backend in SHMEM_BACKEND (got {name!r}; expected one of "
+                f"{['auto', *BACKENDS]})"
+            )
     if name == "host":
         return "host", "requested"
     if name == "nvshmem":
