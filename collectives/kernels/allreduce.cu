@@ -7,6 +7,8 @@
 // The order is fixed, so every rank and both algorithms give bitwise identical results.
 //
 // one_shot: every rank reduces every element from all P inputs.
+// reduce_local: one process reduces ``count`` buffers it owns (the same loop, no stages; the
+//           single-GPU benchmark measures it).
 // two_shot: rank r reduces shard r (collectives.schedule.shard_bounds) into its result buffer;
 //           then every rank copies every shard from its owner's result buffer.
 //
@@ -212,6 +214,10 @@ extern "C" __global__ void allreduce_drain(
     extern "C" __global__ void allreduce_one_shot_##NAME(                                     \
         const T* input, const T* const* scratch, T* out, u64 n, SYNC_PARAMS) {               \
         one_shot<T, A, OP>(input, scratch, out, n, SYNC_VALUE);                               \
+    }                                                                                         \
+    extern "C" __global__ void reduce_local_##NAME(                                          \
+        const T* const* inputs, T* out, u64 n, int count) {                                    \
+        reduce_range<T, A, OP>(inputs, out, 0, n, count);                                      \
     }                                                                                         \
     extern "C" __global__ void allreduce_two_shot_##NAME(                                     \
         const T* input, const T* const* scratch, T* const* results, T* out, u64 n,           \

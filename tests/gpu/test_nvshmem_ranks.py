@@ -1,0 +1,191 @@
+"""The nvshmem backend at 1, 2 and 4 ranks (several ranks may share one GPU): the heap,
+SHMEMBuffer on GPU memory, signals, atomics, barriers, and the GPU all-reduce checked
+bitwise against the host backend's semantics (``collectives.ops.reduce_into``).
+
+Run by ``scripts/gpu-validate.sh`` under the launcher::
+
+    python -m launch -n 2 --allow-gpu-sharing -m pytest -q --only-mpi \
+        tests/gpu/test_nvshmem_ranks.py
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import shmem
+from shmem.errors import SignalTimeoutError
+
+pytestmark = [pytest.mark.mpi, pytest.mark.gpu]
+
+CI_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "ci.toml"
+
+
+@pytest.fixture(scope="module")
+def gpu_world() -> Iterator[Any]:
+    w = shmem.init(CI_CONFIG, backend="nvshmem", heap_nbytes="256MiB", signal_timeout_s=60.0)
+    yield w
+    if not w.finalized:
+        w.finalize()
+
+
+def test_init_reports_mode_and_version(gpu_world: Any) -> None:
+    heap = gpu_world.heap
+    assert gpu_world.backend == "nvshmem"
+    assert heap.version and heap.mode in ("initialised", "LIMITED_MPG", "FULL_MPG")
+    print(f"nvshmem {heap.version}, mode {heap.mode}, GPU {heap.device.id}")  # for the log
+    assert all(heap.is_local(r) for r in range(gpu_world.world_size))  # one node
+
+
+def test_local_is_a_device_buffer_shared_with_torch_and_cupy(gpu_world: Any) -> None:
+    buf = gpu_world.zeros(1000, "float32")
+    try:
+        loc = buf.local()
+        assert not loc.is_host and loc.shape == (1000,)
+        np.testing.assert_array_equal(loc.to_numpy(), 0)
+        for lib in ("torch", "cupy"):
+            mod = pytest.importorskip(lib)
+            t = mod.from_dlpack(buf)
+            t += 1
+        gpu_world.ctx.synchronize()
+        got = buf.get(gpu_world.rank)
+        expected = sum(1 for lib in ("torch", "cupy") if _importable(lib))
+        np.testing.assert_array_equal(got, expected)
+        gpu_world.barrier()
+    finally:
+        buf.close()
+
+
+def _importable(name: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(name) is not None
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int32", "int64", "uint8", "bfloat16"])
+def test_ring_put_with_signal_then_get(gpu_world: Any, dtype: str) -> None:
+    w = gpu_world
+    r, p = w.rank, w.world_size
+    with_dtype = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.dtype(dtype)
+    buf = w.zeros(257, dtype)
+    try:
+        data = (np.arange(257) % 50 + r).astype(with_dtype)
+        w.barrier()
+        buf.put((r + 1) % p, data, signal=(0, 1, "add"))
+        w.wait_until(0, "ge", 1)
+        left = (r - 1) % p
+        np.testing.assert_array_equal(
+            buf.local().to_numpy(), (np.arange(257) % 50 + left).astype(with_dtype)
+        )
+        got = buf.get((r + 1) % p)  # what I put there
+        np.testing.assert_array_equal(got, data)
+        w.barrier()
+        w.signal(r, 0, 0)
+        w.barrier()
+    finally:
+        buf.close()
+
+
+def test_device_to_device_put(gpu_world: Any) -> None:
+    w = gpu_world
+    r, p = w.rank, w.world_size
+    src = w.zeros(64, "float32")
+    dst = w.zeros(64, "float32")
+    try:
+        w.ctx.enqueue_copy(src.local(), np.full(64, r, np.float32))
+        w.ctx.synchronize()
+        w.barrier()
+        dst.put((r + 1) % p, src.local())  # a GPU Buffer as the source
+        w.barrier()
+        np.testing.assert_array_equal(dst.local().to_numpy(), (r - 1) % p)
+    finally:
+        dst.close()
+        src.close()
+
+
+def test_atomic_tickets_are_distinct(gpu_world: Any) -> None:
+    w = gpu_world
+    counter = w.zeros(1, "int64")
+    try:
+        tickets = [counter.atomic_fetch_add(0, 0, 1) for _ in range(50)]
+        everyone = sorted(t for ts in w.comm.allgather(tickets) for t in ts)
+        assert everyone == list(range(50 * w.world_size))
+        w.barrier()
+        assert counter.atomic_compare_swap(0, 0, 50 * w.world_size, -7) in (
+            50 * w.world_size,
+            -7,
+        )
+        w.barrier()
+        assert counter.get(0)[0] == -7
+        w.barrier()
+    finally:
+        counter.close()
+
+
+def test_a_wait_times_out_with_the_host_backends_error(gpu_world: Any) -> None:
+    with pytest.raises(SignalTimeoutError, match="slot 5"):
+        gpu_world.wait_until(5, "eq", 12345, timeout=0.2)
+    gpu_world.barrier()
+
+
+def _inputs(rank: int, n: int, dtype: Any) -> np.ndarray[Any, Any]:
+    rng = np.random.default_rng(1000 + rank)
+    x = rng.standard_normal(n) * 4
+    x[rng.integers(0, n, max(1, n // 50))] = 0.0
+    return x.astype(dtype)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
+@pytest.mark.parametrize("op", ["sum", "avg", "prod", "min", "max"])
+@pytest.mark.parametrize("algorithm", ["one_shot", "two_shot"])
+@pytest.mark.parametrize("n", [1, 1000, (1 << 20) + 3])
+def test_gpu_all_reduce_equals_host_semantics(
+    gpu_world: Any, dtype: str, op: str, algorithm: str, n: int
+) -> None:
+    import collectives
+    from collectives.ops import accumulate_dtype, reduce_into
+
+    w = gpu_world
+    dt = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(dtype)
+    mine = _inputs(w.rank, n, dt)
+    with collectives.Communicator(w) as comm:
+        got = comm.all_reduce(mine, op=op, algorithm=algorithm)  # numpy in: numpy out
+    expected = np.empty(n, dt)
+    reduce_into(
+        expected,
+        [_inputs(r, n, dt) for r in range(w.world_size)],
+        op,
+        accumulate_dtype(dt, np.dtype(np.float32)),
+        avg_count=w.world_size,
+    )
+    assert got.tobytes() == expected.tobytes()
+    digests = w.comm.allgather(hashlib.sha256(got.tobytes()).hexdigest())
+    assert len(set(digests)) == 1
+
+
+def test_gpu_all_reduce_in_place_on_an_shmem_buffer_and_errors(gpu_world: Any) -> None:
+    import collectives
+
+    w = gpu_world
+    buf = w.zeros(4096, "float32")
+    try:
+        w.ctx.enqueue_copy(buf.local(), np.full(4096, w.rank + 1, np.float32))
+        w.ctx.synchronize()
+        with collectives.Communicator(w) as comm:
+            res = comm.all_reduce(buf, out=buf.local())
+            total = w.world_size * (w.world_size + 1) / 2
+            np.testing.assert_array_equal(res.to_numpy(), total)
+            with pytest.raises(ValueError, match="takes"):
+                comm.all_reduce(np.zeros(4, np.int32))
+            with pytest.raises(ValueError, match="ops"):
+                comm.all_reduce(np.zeros(4, np.float32), op="band")
+            with pytest.raises(shmem.errors.ShmemStateError, match="nvshmem backend"):
+                comm.all_gather(np.zeros(4, np.float32))
+    finally:
+        buf.close()
