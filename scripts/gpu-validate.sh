@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# The whole GPU validation, for a lent GPU machine (one command; see docs/gpu-validation.md):
+#   tests/gpu in one process (devices, streams, DLPack), tests/gpu at 1, 2 and 4 ranks on the
+#   nvshmem backend (ranks share the GPU: LIMITED_MPG without MPS), the NVRTC compile checks,
+#   and the GPU all-reduce benchmark. Logs and JSON go to $OUT (default logs/gpu); a summary
+#   is printed last and written to $OUT/summary.txt. Exit code: non-zero if any step failed.
+#
+#   OUT=/some/dir scripts/gpu-validate.sh          # on the device: run from the repo root
+#   PY=python3 WHEELS=wheels/ scripts/gpu-validate.sh
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT="${OUT:-logs/gpu}"
+PY="${PY:-python3}"
+mkdir -p "$OUT"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+export SHMEM_KERNEL_CACHE="${SHMEM_KERNEL_CACHE:-$OUT/kernel-cache}"
+# one node, one GPU: no remote transport, no NVLS or NCCL (FACTS.md)
+export NVSHMEM_REMOTE_TRANSPORT="${NVSHMEM_REMOTE_TRANSPORT:-none}"
+export NVSHMEM_DISABLE_NVLS="${NVSHMEM_DISABLE_NVLS:-1}"
+export NVSHMEM_DISABLE_NCCL="${NVSHMEM_DISABLE_NCCL:-1}"
+export NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME="${NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME:-lo}"
+
+if [ -n "${WHEELS:-}" ] && [ -d "$WHEELS" ]; then  # packages the image lacks, carried as wheels
+    "$PY" -m pip install -q --no-index --find-links "$WHEELS" \
+        ml-dtypes threadpoolctl pytest pytest-mpi pytest-timeout hypothesis >"$OUT/pip.log" 2>&1
+fi
+
+{
+    date -u +"date: %Y-%m-%dT%H:%M:%SZ"
+    echo "git: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | sed 's/^/gpu: /'
+    "$PY" - <<'PY' 2>&1
+import importlib
+for name in ("numpy", "cuda.core", "cuda.bindings", "mpi4py", "torch", "cupy", "nvshmem"):
+    try:
+        mod = importlib.import_module(name)
+        print(f"{name}: {getattr(mod, '__version__', '?')}")
+    except Exception as exc:
+        print(f"{name}: missing ({exc})")
+try:
+    import nvshmem.core as nv
+    print(f"nvshmem library: {nv.get_version()}")
+except Exception as exc:
+    print(f"nvshmem library: unknown ({exc})")
+PY
+} >"$OUT/environment.txt"
+cat "$OUT/environment.txt"
+
+failed=()
+step() {
+    local name="$1"
+    shift
+    echo "== $name: $*"
+    if timeout 1200 "$@" >"$OUT/$name.log" 2>&1; then
+        echo "   ok   $(grep -E '(passed|failed|skipped)' "$OUT/$name.log" | tail -1)"
+    else
+        echo "   FAIL (see $OUT/$name.log)"
+        tail -30 "$OUT/$name.log"
+        failed+=("$name")
+    fi
+}
+
+PYTEST=("$PY" -m pytest -q -p no:cacheprovider --timeout=600)
+step nvrtc env SHMEM_REQUIRE_NVRTC=1 "${PYTEST[@]}" tests/unit/test_nvrtc.py tests/unit/test_kernel_cache.py
+step gpu-1proc "${PYTEST[@]}" tests/gpu/test_device_gpu.py
+for n in 1 2 4; do
+    step "gpu-mpi-$n" "$PY" -m launch -n "$n" --allow-gpu-sharing --timeout 1100 \
+        -m pytest -q -p no:cacheprovider --only-mpi --timeout=600 tests/gpu/test_nvshmem_ranks.py
+done
+step bench-gpu-allreduce "$PY" benchmarks/gpu_allreduce.py --out "$OUT/gpu_allreduce.jsonl"
+
+{
+    echo "GPU validation $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+    cat "$OUT/environment.txt"
+    for f in "$OUT"/*.log; do
+        [ "$(basename "$f")" = pip.log ] && continue
+        echo "$(basename "$f" .log): $(grep -E '(passed|failed|error)' "$f" | tail -1)"
+    done
+    echo "failed steps: ${failed[*]:-none}"
+} | tee "$OUT/summary.txt"
+[ ${#failed[@]} -eq 0 ]
