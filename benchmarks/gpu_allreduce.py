@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import time
 from pathlib import Path
 from typing import Any
@@ -28,8 +27,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-KERNELS = "collectives/kernels/allreduce.cu"
-THREADS = 512
+from collectives.gpu import KERNELS, THREADS, grid_blocks
 
 
 def parse_size(text: str) -> int:
@@ -115,7 +113,7 @@ def main() -> None:
                     CCBuffer.from_handle(int(table.ctypes.data), table.nbytes), stream=stream
                 )
                 stream.sync()
-                blocks = max(1, min(8 * sms, math.ceil(n / THREADS)))
+                blocks = grid_blocks(n, sms)  # the production launch shape
 
                 def ours(
                     t: Any = table_dev,

@@ -22,6 +22,7 @@ and the communicator is then unusable (its stages are out of step).
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import TYPE_CHECKING, Any, cast
 
@@ -34,7 +35,9 @@ from shmem.errors import ShmemError, SignalTimeoutError
 if TYPE_CHECKING:
     from .communicator import Communicator
 
-__all__ = ["GPU_DTYPES", "GPU_OPS", "GpuAllReduce"]
+__all__ = ["GPU_DTYPES", "GPU_OPS", "GpuAllReduce", "grid_blocks"]
+
+log = logging.getLogger(__name__)
 
 GPU_DTYPES = ("float16", "bfloat16", "float32", "float64")
 GPU_OPS = ("sum", "avg", "prod", "min", "max")
@@ -46,6 +49,13 @@ ONE_SHOT_MAX_NBYTES = 512 << 10  # measured crossover to fill in on a GPU (docs/
 
 class GpuCollectiveError(ShmemError, ValueError):
     pass
+
+
+def grid_blocks(count: int, multiprocessors: int) -> int:
+    """Blocks of :data:`THREADS` for ``count`` elements: at least 4 elements per thread, at
+    most one block per multiprocessor (every block must be resident: they wait for each
+    other; the launch is cooperative)."""
+    return max(1, min(multiprocessors, math.ceil(count / (THREADS * 4))))
 
 
 class GpuAllReduce:
@@ -70,7 +80,10 @@ class GpuAllReduce:
         gpu = self.heap._gpu.current()
         stream = self.heap.stream
         self._arrive = gpu.allocate(8, stream=stream)  # u32 arrival counter, then the status
-        self.heap._memcpy(int(self._arrive.handle), int(np.zeros(1, np.int64).ctypes.data), 8)
+        _cuda._check(
+            _cuda._drv().cuMemsetD8Async(int(self._arrive.handle), 0, 8, stream.handle),
+            "cuMemsetD8Async",
+        )
         self._tables = gpu.allocate(3 * 8 * self.size, stream=stream)
         if not unreachable:
             table = np.array(
@@ -88,6 +101,8 @@ class GpuAllReduce:
         self._sms = int(self.heap._gpu.attributes.multiprocessor_count or 1)
         self._acc64 = comm._acc32 == np.dtype(np.float64)
         self.broken = False
+        # compile (or load from the kernel cache) now, before the peers start waiting
+        _cuda._module(self.heap.device.id, KERNELS)
 
     # -- the call ------------------------------------------------------------------------------
 
@@ -121,22 +136,31 @@ class GpuAllReduce:
         return buf
 
     def all_reduce(self, x: Any, op: str = "sum", out: Any = None, algorithm: str = "auto") -> Any:
+        """``x`` and ``out``: GPU Buffers, SHMEMBuffers, DLPack GPU arrays or numpy arrays
+        (copied to and from the GPU). Returns ``out``, or a new array like ``x`` (numpy for
+        numpy, else a GPU Buffer)."""
         where = "Communicator.all_reduce"
         src = self._check(x, op, where)
-        host_result = isinstance(x, np.ndarray)
-        if out is None:
+        host_out = isinstance(out, np.ndarray) or (out is None and isinstance(x, np.ndarray))
+        if out is None or isinstance(out, np.ndarray):
             dst = Buffer(src.dtype, src.shape, device=self.heap.device, stream=self.world.ctx)
+            if isinstance(out, np.ndarray) and (
+                out.dtype != src.dtype or out.size != src.num_elements or not out.flags.writeable
+            ):
+                raise GpuCollectiveError(
+                    f"{where}: out does not match x (got {out.dtype} {out.size} elements, "
+                    f"writeable {out.flags.writeable}; expected a writeable "
+                    f"{dtype_name(src.dtype)} array of {src.num_elements})"
+                )
         else:
-            dst = _as_device_buffer(out, self.heap.device, where)
+            dst = _as_device_buffer(out, self.heap.device, where, output=True)
             if dst.dtype != src.dtype or dst.num_elements != src.num_elements:
                 raise GpuCollectiveError(
                     f"{where}: out does not match x (got {dtype_name(dst.dtype)} "
                     f"{dst.num_elements} elements; expected {dtype_name(src.dtype)} "
                     f"{src.num_elements})"
                 )
-        for b in (src, dst):
-            if b.stream is not None:
-                b.stream.synchronize()
+        self.heap._gpu.current().sync()  # inputs written on any stream (torch, cupy) are done
         n, item = src.num_elements, src.element_size
         algo = algorithm
         if algo == "auto":
@@ -151,18 +175,18 @@ class GpuAllReduce:
             count = min(step, n - lo)
             self._launch(algo, src, dst, lo * item, count, op)
         self.comm.stats.count(algo)
-        if host_result:
-            return dst.to_numpy().reshape(np.shape(x))
         if isinstance(out, np.ndarray):
             np.copyto(out.reshape(-1), dst.to_numpy().reshape(-1))
             return out
+        if host_out:
+            return dst.to_numpy().reshape(np.shape(x))
         return out if out is not None else dst
 
     def _launch(
         self, algo: str, src: Buffer, dst: Buffer, byte_off: int, count: int, op: str
     ) -> None:
         heap, size = self.heap, self.size
-        blocks = max(1, min(self._sms, math.ceil(count / (THREADS * 4))))
+        blocks = grid_blocks(count, self._sms)
         tables = int(self._tables.handle)
         scratch_t, results_t, flags_t = tables, tables + 8 * size, tables + 16 * size
         arrive = int(self._arrive.handle)
@@ -182,34 +206,46 @@ class GpuAllReduce:
             data.append(np.uint64(results_t))
         data += [np.uint64(dst._ptr + byte_off), np.uint64(count)]
         fn = self._kernel(algo, src.dtype, op)
-        self._cuda.launch(heap.stream, fn, blocks, THREADS, *data, *sync)
+        self._cuda.launch(heap.stream, fn, blocks, THREADS, *data, *sync, cooperative=True)
         heap._memcpy(int(self._status.ctypes.data), status, 4)
         heap.stream.sync()
         self._stage += STAGES[algo]
         self._arrived += blocks * STAGES[algo]
         if self._status[0]:
             self.broken = True
-            stage = int(self._status[0]) - 1
+            wait = int(self._status[0])
+            what = "to finish the previous call" if wait == 1 else f"at step {wait - 1}"
             raise SignalTimeoutError(
                 f"Communicator.all_reduce ({algo}): rank {self.rank} timed out after "
-                f"{self.world.config.signal.timeout_s:g} s waiting for every rank to reach "
-                f"stage {stage} (a peer failed or is not calling all_reduce)",
+                f"{self.world.config.signal.timeout_s:g} s waiting for every rank {what} "
+                "(a peer failed or is not calling all_reduce)",
                 operation="all_reduce",
                 slot=-1,
-                expected=f">= {stage}",
+                expected=f"every rank {what}",
                 last_value=-1,
             )
 
     def close(self) -> None:
-        """Free the symmetric buffers (collective: after every peer finished its last call)."""
-        if not self.broken and not self._unreachable:
+        """Free the symmetric buffers (collective: after every peer finished its last call).
+
+        After a timeout a peer may still write into them, so they are left allocated then.
+        """
+        if self.broken:
+            log.warning(
+                "Communicator.close: rank %d leaves %d bytes of GPU scratch allocated (a "
+                "timed-out all_reduce may still write there)",
+                self.rank,
+                self.scratch.nbytes + self.results.nbytes + self.flags.nbytes,
+            )
+            return
+        if not self._unreachable:
             heap = self.heap
             arrive = int(self._arrive.handle)
             self._cuda.launch(
                 heap.stream,
                 self._cuda.kernel(heap.device.id, KERNELS, "allreduce_drain"),
                 1,
-                32,
+                32 * math.ceil(max(self.size, 1) / 32),
                 np.uint64(int(self._tables.handle) + 16 * self.size),
                 np.uint64(arrive),
                 np.uint32(self._arrived & 0xFFFFFFFF),
@@ -226,9 +262,10 @@ class GpuAllReduce:
             buf.close()
 
 
-def _as_device_buffer(x: Any, device: Any, where: str) -> Buffer:
+def _as_device_buffer(x: Any, device: Any, where: str, output: bool = False) -> Buffer:
     """``x`` as a contiguous Buffer on ``device``: a Buffer, an SHMEMBuffer (its local copy),
-    a DLPack producer on the GPU (cupy, torch), or a numpy array (copied to the GPU)."""
+    a DLPack producer on the GPU (cupy, torch), or (inputs only) a numpy array or host Buffer,
+    copied to the GPU. An output must already be a contiguous GPU array."""
     from shmem import SHMEMBuffer
 
     if isinstance(x, SHMEMBuffer):
@@ -245,6 +282,11 @@ def _as_device_buffer(x: Any, device: Any, where: str) -> Buffer:
                 f"{where}: expected a GPU Buffer, SHMEMBuffer, DLPack GPU array or numpy array "
                 f"(got {type(x).__name__}: {exc})"
             ) from None
+    if output and (x.is_host or not x.is_contiguous):
+        raise GpuCollectiveError(
+            f"{where}: out must be a contiguous array on this rank's GPU or a numpy array (got "
+            f"a {'host' if x.is_host else 'non-contiguous'} Buffer)"
+        )
     if x.is_host:
         host = x.to_numpy()
         dev = Buffer(host.dtype, host.shape, device=device)

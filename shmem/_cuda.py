@@ -299,10 +299,15 @@ def kernel(device_id: int, relative: str, name: str) -> Any:
     return _module(device_id, relative).get_kernel(name)
 
 
-def launch(stream: Any, fn: Any, grid: int, block: int, *args: Any) -> None:
-    """Launch ``fn`` on a cuda.core stream (scalars must be numpy scalars)."""
+def launch(
+    stream: Any, fn: Any, grid: int, block: int, *args: Any, cooperative: bool = False
+) -> None:
+    """Launch ``fn`` on a cuda.core stream (scalars must be numpy scalars). ``cooperative``:
+    the driver refuses the launch unless every block can be resident at once (kernels whose
+    blocks wait for each other)."""
     cc = _cc()
-    cc.launch(stream, cc.LaunchConfig(grid=grid, block=block), fn, *args)
+    config = cc.LaunchConfig(grid=grid, block=block, is_cooperative=cooperative)
+    cc.launch(stream, config, fn, *args)
 
 
 def _launch_strided_copy(

@@ -3,7 +3,9 @@
 // Semantics are those of collectives/ops.py: out = ((x_0 op x_1) op x_2) ... in rank order,
 // in the accumulation type (float for float16/bfloat16, float or double for float32, double
 // for float64), rounded once to the element type (round-to-nearest-even). avg divides the sum
-// by P before that rounding. min/max follow numpy (a NaN operand wins; ties keep the left).
+// by P before that rounding. min/max follow numpy (a NaN operand wins; on a tie, such as 0.0
+// and -0.0, the right operand). NaN results may differ from the host in payload: the GPU's
+// conversions give a canonical NaN.
 // The order is fixed, so every rank and both algorithms give bitwise identical results.
 //
 // one_shot: every rank reduces every element from all P inputs.
@@ -18,8 +20,9 @@
 // launch). The last block to arrive publishes the stage to every peer's flag slot for this
 // rank with a system-scope release store. A block waits for a stage by spinning on every
 // peer's flag with system-scope acquire loads, bounded by a deadline on the global timer; a
-// timeout writes the stage (+1) into *status and the kernel returns (the host raises).
-// Blocks must all be resident: the host launches at most one block per multiprocessor.
+// timeout writes the wait's index within the call (1: the entry wait, 2: stage0, ...) into
+// *status and the kernel returns (the host raises). Blocks must all be resident: the host
+// launches cooperatively (the driver refuses a grid that cannot be co-resident).
 //
 //   before:  peers are done with the previous call (its last stage, stage0 - 1)
 //   copy:    this rank's input into its symmetric scratch (skipped when it is already there)
@@ -55,9 +58,18 @@ __device__ __forceinline__ void from_acc(float a, f16* out) {
     out->bits = h;
 }
 __device__ __forceinline__ void from_acc(float a, bf16* out) {
+#if __CUDA_ARCH__ >= 800
     u16 h;
     asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(a));
     out->bits = h;
+#else  // round to nearest even in software (cvt to bf16 needs sm_80)
+    u32 bits = __float_as_uint(a);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) {
+        out->bits = (u16)((bits >> 16) | 0x40u);  // a quiet NaN, sign kept
+    } else {
+        out->bits = (u16)((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+    }
+#endif
 }
 __device__ __forceinline__ void from_acc(float a, float* out) { *out = a; }
 __device__ __forceinline__ void from_acc(double a, float* out) { *out = (float)a; }
@@ -75,8 +87,8 @@ template <int OP, typename A>
 __device__ __forceinline__ A apply(A a, A b) {
     if (OP == OP_SUM || OP == OP_AVG) return a + b;
     if (OP == OP_PROD) return a * b;
-    if (OP == OP_MIN) return (a <= b || a != a) ? a : b;
-    return (a >= b || a != a) ? a : b;
+    if (OP == OP_MIN) return (a < b || a != a) ? a : b;
+    return (a > b || a != a) ? a : b;
 }
 
 // -- cross-rank stages ----------------------------------------------------------------------
@@ -130,7 +142,7 @@ __device__ bool wait_for(const Sync& s, u64 want) {
         u64 start = now_ns();
         while (load_acquire_sys(flag) < want) {
             if (*(volatile int*)s.status != 0 || now_ns() - start > s.timeout_ns) {
-                atomicCAS(s.status, 0, (int)(want + 1));
+                atomicCAS(s.status, 0, (int)(want + 2 - s.stage0));  // 1: entry wait
                 ok = 0;
                 break;
             }

@@ -136,7 +136,11 @@ class NvshmemHeap:
             nranks=self.world_size,
             initializer_method="uid",
         )
-        self.stream = cc_dev.create_stream()
+        from cuda.core import StreamOptions
+
+        # blocking, like cudaStreamCreate: ordered after the legacy default stream, where
+        # torch/cupy (DLPack) and buffers made without a context do their work
+        self.stream = cc_dev.create_stream(options=StreamOptions(nonblocking=False))
         self._slab = nv.buffer(self.nbytes)
         self.base = int(self._slab.handle)
         nv.barrier_all(self.stream)  # the mode is final once the heap exists
@@ -144,7 +148,8 @@ class NvshmemHeap:
         status = int(nv.init_status())
         self.mode = _MODES.get(status, str(status))
         self.limited_mpg = status == int(nv.InitStatus.STATUS_LIMITED_MPG)
-        self.version = str(nv.get_version())
+        version = nv.get_version()
+        self.version = str(getattr(version, "libnvshmem_version", version))
         self._peer_buffers: list[Any] = []
         self._peer_base: list[int | None] = []
         for r in range(self.world_size):
@@ -409,12 +414,16 @@ class DeviceSignalPad(SignalPad):
         self, rank: int, slot: int, value: int, op: str, timeout_s: float | None = None
     ) -> None:
         heap = self._gpu_heap
+        # release: every write this process queued on the GPU (any stream: the World's
+        # context, torch, cupy) completes before the flag
+        heap._gpu.current().sync()
+        value &= (1 << 64) - 1
         target = heap.peer_address(rank, self._slot_offset(slot))
         if target is not None:
             heap.launch(
                 "shmem_signal",
                 np.uint64(target),
-                np.uint64(value & ((1 << 64) - 1)),
+                np.uint64(value),
                 np.int32(0 if op == "set" else 1),
             )
         else:
