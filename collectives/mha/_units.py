@@ -44,14 +44,22 @@ __all__ = [
     "SequenceParallelStats",
     "Unit",
     "UnitPlan",
+    "beat",
+    "check_peers",
     "drive",
+    "finish",
+    "guarded",
     "pieces",
     "publish",
+    "ready",
     "runs",
+    "wait_for",
 ]
 
-TAKE, DONE, ABORT = 0, 1, 2  # every rank's int64 counters: queue, ranks done, failed rank + 1
-COUNTERS = 3
+# every rank's int64 counters: its queue; ranks done; the first failed rank + 1; ranks whose
+# inputs are written; (rank 0 only) units completed anywhere, a heartbeat for the deadlines
+TAKE, DONE, ABORT, READY, BEAT = 0, 1, 2, 3, 4
+COUNTERS = 5
 
 
 class PeerFailedError(ShmemError, RuntimeError):
@@ -332,7 +340,7 @@ def drive(
     """Run every unit exactly once across the ranks (collective in effect), folding this
     rank's arrived slots meanwhile, then wait until all of them are folded. ``deliver`` must
     end with :func:`publish` for every slot it wrote."""
-    try:
+    with guarded(world, counters):
         _drive(
             world,
             plan,
@@ -347,15 +355,103 @@ def drive(
             stats=stats,
             what=what,
         )
+
+
+@contextlib.contextmanager
+def guarded(world: Any, counters: Any) -> Iterator[None]:
+    """On an error here (not a peer's), tell every rank: they stop at their next unit or
+    wait with :class:`PeerFailedError` instead of waiting out a deadline."""
+    try:
+        yield
+    except PeerFailedError:
+        raise
     except BaseException:
-        _abort(world, counters)  # peers stop at their next unit or wait, not at a deadline
+        _abort(world, counters)
         raise
 
 
 def _abort(world: Any, counters: Any) -> None:
-    for r in range(world.world_size):
+    for r in range(world.world_size):  # the first failure wins: it is the one to name
         with contextlib.suppress(Exception):  # best effort: an unreachable peer times out
-            counters.atomic_swap(r, ABORT, world.rank + 1)
+            counters.atomic_compare_swap(r, ABORT, 0, world.rank + 1)
+
+
+def check_peers(counters: Any, me: int, what: str) -> None:
+    failed = int(counters.local()[ABORT])
+    if failed:
+        raise PeerFailedError(
+            f"{what}: rank {me} stopped: rank {failed - 1} failed (its error is raised there)"
+        )
+
+
+def beat(counters: Any) -> None:
+    """A unit was completed somewhere: keeps the peers' deadlines from running out."""
+    counters.atomic_fetch_add(0, BEAT, 1)
+
+
+def wait_for(
+    world: Any, counters: Any, done: Callable[[], bool], what: str, describe: Callable[[], str]
+) -> None:
+    """Wait until ``done()``, stopping when a peer fails, with a deadline of
+    ``[signal] timeout_s`` that restarts whenever a unit is completed anywhere (so long work
+    elsewhere is not taken for a stuck peer)."""
+    me, heap = world.rank, world.heap
+    timeout = world.config.signal.timeout_s
+    mine = counters.local()
+    seen = counters.atomic_fetch_add(0, BEAT, 0)
+    deadline = time.monotonic() + timeout
+    while True:
+        check_peers(counters, me, what)
+        if done():
+            heap.fence()  # acquire
+            return
+        now = time.monotonic()
+        if poll_until(
+            lambda: bool(mine[ABORT]) or done(), min(deadline, now + 0.05), heap.progress
+        ):
+            continue
+        beats = counters.atomic_fetch_add(0, BEAT, 0)
+        if beats != seen:
+            seen, deadline = beats, time.monotonic() + timeout
+        elif time.monotonic() >= deadline:
+            raise SignalTimeoutError(
+                f"{what}: rank {me} timed out after {timeout:g} s without progress anywhere "
+                f"({describe()}; a peer is stuck)",
+                operation=what,
+                slot=-1,
+                expected="progress",
+                last_value=-1,
+            )
+
+
+def ready(world: Any, counters: Any, what: str) -> None:
+    """Every rank has written its inputs (a barrier that a failing peer ends early)."""
+    world.heap.fence()  # release: the inputs before the count
+    for r in range(world.world_size):
+        counters.atomic_fetch_add(r, READY, 1)
+    mine = counters.local()
+    wait_for(
+        world,
+        counters,
+        lambda: int(mine[READY]) >= world.world_size,
+        what,
+        lambda: f"{int(mine[READY])} of {world.world_size} ranks have written their inputs",
+    )
+
+
+def finish(world: Any, counters: Any, what: str) -> None:
+    """Every rank is done reading peers' inputs and writing their slots (a barrier that a
+    failing peer ends early): after it the call's buffers may be freed."""
+    for r in range(world.world_size):
+        counters.atomic_fetch_add(r, DONE, 1)
+    mine = counters.local()
+    wait_for(
+        world,
+        counters,
+        lambda: int(mine[DONE]) >= world.world_size,
+        what,
+        lambda: f"{int(mine[DONE])} of {world.world_size} ranks done",
+    )
 
 
 def _drive(
@@ -376,20 +472,12 @@ def _drive(
     me, size = world.rank, world.world_size
     heap = world.heap
     queues = plan.queues
-    mine = counters.local()
-
-    def check_peers() -> None:
-        failed = int(mine[ABORT])
-        if failed:
-            raise PeerFailedError(
-                f"{what}: rank {me} stopped: rank {failed - 1} failed (its error is raised there)"
-            )
 
     victims = [me] + ([(me + i) % size for i in range(1, size)] if dynamic else [])
     state = {"victim": 0, "local": 0}
 
     def take() -> tuple[int, Unit] | None:
-        check_peers()
+        check_peers(counters, me, what)
         while state["victim"] < len(victims):
             v = victims[state["victim"]]
             if dynamic:
@@ -435,43 +523,17 @@ def _drive(
             result, spent = result_of(fut)
             busy += spent
             deliver(unit, result)
+            beat(counters)
             stats.units_computed += 1
             stats.units_taken += victim != me
-    timeout = world.config.signal.timeout_s
-    deadline = time.monotonic() + timeout
-
-    def folded() -> bool:
-        check_peers()
-        return bool(folds.drain())
-
-    if not poll_until(folded, deadline, heap.progress):
-        raise SignalTimeoutError(
-            f"{what}: rank {me} timed out after {timeout:g} s waiting for {folds.remaining} "
-            "unit results (a peer is stuck)",
-            operation=what,
-            slot=-1,
-            expected="every unit result",
-            last_value=folds.remaining,
-        )
-    # done: no more reads of peers' inputs or writes to their slots (a barrier that a
-    # failing peer ends early)
-    for r in range(size):
-        counters.atomic_fetch_add(r, DONE, 1)
-
-    def all_done() -> bool:
-        check_peers()
-        return bool(int(mine[DONE]) >= size)
-
-    if not poll_until(all_done, time.monotonic() + timeout, heap.progress):
-        raise SignalTimeoutError(
-            f"{what}: rank {me} timed out after {timeout:g} s waiting for the other ranks to "
-            f"finish ({int(mine[DONE])} of {size} done; a peer is stuck)",
-            operation=what,
-            slot=DONE,
-            expected=f">= {size}",
-            last_value=int(mine[DONE]),
-        )
-    heap.fence()
+    wait_for(
+        world,
+        counters,
+        folds.drain,
+        what,
+        lambda: f"{folds.remaining} unit results still to arrive here",
+    )
+    finish(world, counters, what)
     own = len(queues[me])
     computed_own = stats.units_computed - stats.units_taken
     stats.units += own

@@ -53,9 +53,14 @@ from ._units import (
     SequenceParallelStats,
     Unit,
     UnitPlan,
+    beat,
+    check_peers,
     drive,
+    finish,
+    guarded,
     pieces,
     publish,
+    ready,
     runs,
 )
 from .attention import INPUT_DTYPES, normalise_window
@@ -180,6 +185,11 @@ def _setup(
                     + f" (got {type(a).__name__}"
                     + (f" of shape {a.shape})" if isinstance(a, np.ndarray) else ")")
                 )
+            if name == "lse" and a.dtype.kind != "f":
+                raise SequenceParallelError(
+                    f"{where}: lse must be floating point (got {a.dtype}; pass the forward's "
+                    "return_lse=True result)"
+                )
             if name != "lse" and dtype_name(as_dtype(a.dtype, where)) not in INPUT_DTYPES:
                 raise SequenceParallelError(
                     f"{where}: unsupported dtype for {name} (got {a.dtype}; expected one of "
@@ -233,7 +243,7 @@ def _setup(
             unit_rows,
             stats is not None,
         )
-    except (ValueError, TypeError) as exc:
+    except Exception as exc:  # any local error: every rank must still reach the all-gather
         error = exc
     gathered = world.comm.allgather((record, rows, None if error is None else str(error)))
     if error is not None:
@@ -428,52 +438,73 @@ def _forward_ring(
     slowdown: float,
 ) -> tuple[Any, Any]:
     world = st.world
-    rank, size = world.rank, world.world_size
     bufs = _symmetric(
         world,
         {
             "k": ((st.rows_max, st.kv_heads, st.dim), "float32"),
             "v": ((st.rows_max, st.kv_heads, st.dim), "float32"),
+            "counters": ((COUNTERS,), "int64"),
         },
     )
-    k_sym, v_sym = bufs["k"], bufs["v"]
+    k_sym, v_sym, counters = bufs["k"], bufs["v"], bufs["counters"]
     try:
-        k_sym.local()[: st.rows] = k
-        v_sym.local()[: st.rows] = v
-        world.barrier()
-        q32 = np.ascontiguousarray(q, dtype=np.float32)
-        out = np.zeros((st.rows, st.heads, st.dim), np.float32)
-        lse = np.full((st.rows, st.heads), -np.inf, np.float32)
-        slots = [np.empty((st.rows_max, st.kv_heads, st.dim), np.float32) for _ in range(2)]
-        with (
-            ThreadPoolExecutor(1) as fetcher,
-            ThreadPoolExecutor(st.threads) as pool,
-            threadpool_limits(limits=1, user_api="blas"),
-        ):
-            pending = _fetch(fetcher, k_sym, v_sym, rank, st.rows, slots[0])
-            for step in range(size):
-                src = (rank - step) % size
-                kv_k, kv_v = pending.result()
-                if step + 1 < size:  # prefetch the next block while this one computes
-                    nxt = (rank - step - 1) % size
-                    pending = _fetch(
-                        fetcher, k_sym, v_sym, nxt, st.counts[nxt], slots[(step + 1) % 2]
-                    )
-                t0 = time.perf_counter()
-                _accumulate(
-                    pool, st, q32, kv_k, kv_v, st.positions[src], block_m, block_n, out, lse
-                )
-                spent = time.perf_counter() - t0
-                if slowdown > 1.0:
-                    time.sleep(spent * (slowdown - 1.0))
-                    spent = time.perf_counter() - t0
-                stats.busy_s += spent
-                stats.units_computed += 1
-        stats.units = stats.units_computed
-        stats.threads = st.threads
-        world.barrier()  # every peer is done reading my K/V
+        with guarded(world, counters):
+            out, lse = _ring_steps(
+                st, q, k, v, k_sym, v_sym, counters, block_m, block_n, stats, slowdown
+            )
     finally:
         _close(bufs)
+    return out, lse
+
+
+def _ring_steps(
+    st: _Setup,
+    q: Any,
+    k: Any,
+    v: Any,
+    k_sym: Any,
+    v_sym: Any,
+    counters: Any,
+    block_m: int,
+    block_n: int,
+    stats: SequenceParallelStats,
+    slowdown: float,
+) -> tuple[Any, Any]:
+    world = st.world
+    rank, size = world.rank, world.world_size
+    what = "sequence_parallel_attention"
+    k_sym.local()[: st.rows] = k
+    v_sym.local()[: st.rows] = v
+    ready(world, counters, what)
+    q32 = np.ascontiguousarray(q, dtype=np.float32)
+    out = np.zeros((st.rows, st.heads, st.dim), np.float32)
+    lse = np.full((st.rows, st.heads), -np.inf, np.float32)
+    slots = [np.empty((st.rows_max, st.kv_heads, st.dim), np.float32) for _ in range(2)]
+    with (
+        ThreadPoolExecutor(1) as fetcher,
+        ThreadPoolExecutor(st.threads) as pool,
+        threadpool_limits(limits=1, user_api="blas"),
+    ):
+        pending = _fetch(fetcher, k_sym, v_sym, rank, st.rows, slots[0])
+        for step in range(size):
+            check_peers(counters, rank, what)
+            src = (rank - step) % size
+            kv_k, kv_v = pending.result()
+            if step + 1 < size:  # prefetch the next block while this one computes
+                nxt = (rank - step - 1) % size
+                pending = _fetch(fetcher, k_sym, v_sym, nxt, st.counts[nxt], slots[(step + 1) % 2])
+            t0 = time.perf_counter()
+            _accumulate(pool, st, q32, kv_k, kv_v, st.positions[src], block_m, block_n, out, lse)
+            spent = time.perf_counter() - t0
+            if slowdown > 1.0:
+                time.sleep(spent * (slowdown - 1.0))
+                spent = time.perf_counter() - t0
+            stats.busy_s += spent
+            stats.units_computed += 1
+            beat(counters)
+    stats.units = stats.units_computed
+    stats.threads = st.threads
+    finish(world, counters, what)  # every peer is done reading my K/V
     return out, lse
 
 
@@ -655,9 +686,10 @@ def _forward_units(
         },
     )
     try:
-        for name, a in (("q", q), ("k", k), ("v", v)):
-            bufs[name].local()[: st.rows] = a
-        world.barrier()  # inputs written, flags and counters zeroed everywhere
+        with guarded(world, bufs["counters"]):  # a failure here stops the peers at once
+            for name, a in (("q", q), ("k", k), ("v", v)):
+                bufs[name].local()[: st.rows] = a
+            ready(world, bufs["counters"], "sequence_parallel_attention")
         reader = RowReader(capacity=9)
         out = np.zeros((st.rows, st.heads, d), np.float32)
         lse = np.full((st.rows, st.heads), -np.inf, np.float32)
@@ -823,14 +855,15 @@ def sequence_parallel_attention_backward(
         },
     )
     try:
-        for name, a in (("q", q), ("do", dout), ("k", k), ("v", v)):
-            bufs[name].local()[: st.rows] = a
-        ld = bufs["ld"].local()
-        ld[: st.rows, :, 0] = lse
-        ld[: st.rows, :, 1] = np.einsum(
-            "rhd,rhd->rh", dout.astype(np.float32), out.astype(np.float32)
-        )
-        world.barrier()
+        with guarded(world, bufs["counters"]):  # a failure here stops the peers at once
+            for name, a in (("q", q), ("do", dout), ("k", k), ("v", v)):
+                bufs[name].local()[: st.rows] = a
+            ld = bufs["ld"].local()
+            ld[: st.rows, :, 0] = lse
+            ld[: st.rows, :, 1] = np.einsum(
+                "rhd,rhd->rh", dout.astype(np.float32), out.astype(np.float32)
+            )
+            ready(world, bufs["counters"], where)
         reader = RowReader(capacity=15)
         dq_out = np.zeros((st.rows, st.heads, d), np.float32)
         dk_out = np.zeros((st.rows, st.kv_heads, d), np.float32)

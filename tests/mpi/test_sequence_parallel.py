@@ -245,12 +245,16 @@ def test_dynamic_is_bitwise_deterministic(world: World, comm: Any) -> None:
 def test_straggler_work_is_taken_and_the_result_is_unchanged(world: World, comm: Any) -> None:
     if world.world_size == 1:
         pytest.skip("needs a second rank to take work")
-    baseline, _ = dynamic_run(world, comm)
+    baseline, (base_fwd, base_bwd) = dynamic_run(world, comm)
     slow = world.world_size - 1  # causal: the last rank also owns the most work
     results, (fwd, bwd) = dynamic_run(world, comm, slowdown=40.0, slow_rank=slow)
     for a, b in zip(baseline, results, strict=True):  # other ranks computed its units
         assert a.tobytes() == b.tobytes()
-    for st in (fwd, bwd):
+    for base, st in ((base_fwd, fwd), (base_bwd, bwd)):
+        # the slowdown moved work: the slow rank gave away more of its queue than unslowed
+        given_before = world.comm.allgather(base.units_given)[slow]
+        given_after = world.comm.allgather(st.units_given)[slow]
+        assert given_after > given_before, (given_before, given_after)
         given = world.comm.allgather(st.units_given)
         taken = world.comm.allgather(st.units_taken)
         computed = world.comm.allgather(st.units_computed)
@@ -295,6 +299,12 @@ def test_errors(world: World, comm: Any) -> None:
         sequence_parallel_attention(comm, x, x, x, unit_rows=0)
     with pytest.raises(ValueError, match="invalid valid_length"):
         sequence_parallel_attention(comm, x, x, x, valid_length=[0, 2])
+    if world.world_size > 1:  # a local error of any kind reaches the all-gather
+        bad_docs = [0, float("inf")] if world.rank == 0 else [0, 4]
+        with pytest.raises((OverflowError, CollectiveMismatchError), match=r"infinity|rank 0"):
+            sequence_parallel_attention(comm, x, x, x, valid_length=bad_docs)
+    with pytest.raises(ValueError, match="lse must be floating point"):
+        sequence_parallel_attention_backward(comm, x, x, x, x, x, np.zeros((4, 2), np.int32))
     with pytest.raises(ValueError, match="stats must be"):
         sequence_parallel_attention(comm, x, x, x, stats={})  # type: ignore[arg-type]
     lse = np.zeros((4, 2), np.float32)
@@ -344,7 +354,8 @@ def test_a_failing_rank_stops_the_others_quickly(
     used = world.heap_stats()
     start = time.monotonic()
     expected: Any = RuntimeError if world.rank == failing else PeerFailedError
-    with pytest.raises(expected, match="on purpose" if world.rank == failing else "failed"):
+    named = "on purpose" if world.rank == failing else f"rank {failing} failed"
+    with pytest.raises(expected, match=named):
         if direction == "forward":
             sequence_parallel_attention(comm, q, k, v, causal=True, unit_rows=16)
         else:
@@ -353,3 +364,69 @@ def test_a_failing_rank_stops_the_others_quickly(
             )
     assert time.monotonic() - start < 10  # the deadline in tests is 20 s
     assert world.heap_stats() == used  # every symmetric buffer of the call was freed
+
+
+def test_a_rank_failing_before_the_units_start_stops_the_others(
+    world: World, comm: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A failure after the symmetric buffers exist but before any unit ran (here: in the
+    barrier that follows writing the inputs): no rank waits out a deadline, the heap stays
+    in step on every rank, and the next call works."""
+    import collectives.mha.sequence_parallel as spm
+    from collectives.mha._units import PeerFailedError
+
+    if world.world_size == 1:
+        pytest.skip("needs a peer")
+    from collectives.mha._units import ready as real_ready
+
+    if world.rank == 0:
+
+        def boom(*args: Any, **kwargs: Any) -> None:
+            raise RuntimeError("inputs failed on purpose")
+
+        monkeypatch.setattr(spm, "ready", boom)
+    x = np.ones((8, 2, 8), np.float32)
+    used = world.heap_stats()
+    start = time.monotonic()
+    for schedule in ("dynamic", "ring"):
+        with pytest.raises((RuntimeError, PeerFailedError), match=r"on purpose|rank 0 failed"):
+            sequence_parallel_attention(comm, x, x, x, schedule=schedule)
+    assert time.monotonic() - start < 10
+    assert world.heap_stats() == used
+    monkeypatch.setattr(spm, "ready", real_ready)
+    out = sequence_parallel_attention(comm, x, x, x)  # still in step
+    np.testing.assert_allclose(out, 1.0)
+
+
+def test_long_work_elsewhere_is_not_a_timeout(
+    world: World, comm: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ring backward takes no work from others: rank 0 waits for what the slow last rank
+    computes. Longer than the deadline in total, but with progress all along: no timeout."""
+    import dataclasses
+
+    if world.world_size == 1:
+        pytest.skip("needs a peer")
+    cfg = world.config
+    short = dataclasses.replace(cfg, signal=dataclasses.replace(cfg.signal, timeout_s=1.0))
+    monkeypatch.setattr(world, "config", short)
+    q_all, k_all, v_all, do_all = full_inputs(2, 2, 32, seed=5, total=256)
+    shard = sharder(world, "ring", 256)
+    q, k, v, do = (shard(x) for x in (q_all, k_all, v_all, do_all))
+    out, lse = sequence_parallel_attention(comm, q, k, v, schedule="ring", return_lse=True)
+    if world.rank == world.world_size - 1:  # every unit of the last rank takes 0.3 s
+        import collectives.mha.sequence_parallel as spm
+
+        real = spm._backward_unit
+
+        def slow_unit(*args: Any, **kwargs: Any) -> Any:
+            time.sleep(0.3)
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(spm, "_backward_unit", slow_unit)
+    start = time.monotonic()
+    grads = sequence_parallel_attention_backward(comm, do, q, k, v, out, lse, schedule="ring")
+    took = max(world.comm.allgather(time.monotonic() - start))
+    assert took > 1.0, f"the slow rank was not slow enough to test the deadline ({took:.2f} s)"
+    _, dq_ref, _, _ = naive(q_all, k_all, v_all, False, None, None, 1 / np.sqrt(32), do_all)
+    np.testing.assert_allclose(grads[0], shard(dq_ref), rtol=1e-4, atol=1e-4)
