@@ -425,7 +425,9 @@ def test_long_work_elsewhere_is_not_a_timeout(
 
         monkeypatch.setattr(spm, "_backward_unit", slow_unit)
     start = time.monotonic()
-    grads = sequence_parallel_attention_backward(comm, do, q, k, v, out, lse, schedule="ring")
+    grads = sequence_parallel_attention_backward(
+        comm, do, q, k, v, out, lse, schedule="ring", threads=1
+    )
     took = max(world.comm.allgather(time.monotonic() - start))
     assert took > 1.0, f"the slow rank was not slow enough to test the deadline ({took:.2f} s)"
     _, dq_ref, _, _ = naive(q_all, k_all, v_all, False, None, None, 1 / np.sqrt(32), do_all)
