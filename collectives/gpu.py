@@ -160,7 +160,7 @@ class GpuAllReduce:
                     f"{dst.num_elements} elements; expected {dtype_name(src.dtype)} "
                     f"{src.num_elements})"
                 )
-        self.heap._gpu.current().sync()  # inputs written on any stream (torch, cupy) are done
+        self._cuda.device_sync(self.heap.device.id)  # inputs written on any stream are done
         n, item = src.num_elements, src.element_size
         algo = algorithm
         if algo == "auto":

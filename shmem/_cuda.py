@@ -42,6 +42,7 @@ __all__ = [
     "copy",
     "default_sync",
     "device_count",
+    "device_sync",
     "fill",
     "kernel",
     "kernel_sources",
@@ -297,6 +298,13 @@ def kernel(device_id: int, relative: str, name: str) -> Any:
     ``"collectives/kernels/allreduce.cu"``) for device ``device_id``: compiled with NVRTC
     for its architecture once per process, through the on-disk cache (:mod:`shmem._nvrtc`)."""
     return _module(device_id, relative).get_kernel(name)
+
+
+def device_sync(device_id: int) -> None:
+    """Wait for all work queued on the device by this process, on every stream
+    (``cuCtxSynchronize`` on its primary context)."""
+    CudaDevice.get(device_id).current()
+    _check(_drv().cuCtxSynchronize(), "cuCtxSynchronize")
 
 
 def launch(

@@ -365,8 +365,6 @@ def init(
     else:
         cfg = load_config(config, **overrides)
     name, why = resolve_backend(backend)
-    if name != "host":  # resolve_backend only offers backends this version has
-        raise ShmemStateError(f"init: backend {name!r} is not built into this version")
     from mpi4py import MPI  # MPI starts here, not at ``import shmem``
 
     world = World(cfg, MPI.COMM_WORLD if comm is None else comm, name, why)

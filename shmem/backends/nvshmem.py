@@ -376,6 +376,12 @@ class NvshmemHeap:
         self.stream.close()
 
 
+def _cuda_sync(heap: NvshmemHeap) -> None:
+    from .. import _cuda
+
+    _cuda.device_sync(heap.device.id)
+
+
 class DeviceSignalPad(SignalPad):
     """A :class:`~shmem.signals.SignalPad` whose flags live on the GPU heap.
 
@@ -416,7 +422,7 @@ class DeviceSignalPad(SignalPad):
         heap = self._gpu_heap
         # release: every write this process queued on the GPU (any stream: the World's
         # context, torch, cupy) completes before the flag
-        heap._gpu.current().sync()
+        _cuda_sync(heap)
         value &= (1 << 64) - 1
         target = heap.peer_address(rank, self._slot_offset(slot))
         if target is not None:

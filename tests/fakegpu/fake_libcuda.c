@@ -1,0 +1,189 @@
+#include <string.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+typedef int CUresult;
+typedef struct { unsigned gx,gy,gz,bx,by,bz,shm; void* hStream; void* attrs; unsigned nattrs; } CUlaunchConfig;
+static int g_ctx_dummy; static void* g_cur = 0;
+static int streamdev(void* s);
+#define LOG(...) do{ if(getenv("FAKE_LOG")) {fprintf(stderr,"[fake] " __VA_ARGS__); fputc('\n',stderr);} }while(0)
+
+static void chk_stream(const char* what, void* s){
+  if(s==0 || s==(void*)1 || s==(void*)2) return;
+  void* sc=*(void**)s;
+  if(sc!=g_cur) fprintf(stderr,"[fake] MISMATCH %s: stream %p belongs to ctx %p (dev %d) but current ctx is %p (dev %d)\n",what,s,sc,(int)((char*)sc-(char*)&g_ctx_dummy),g_cur,(int)((char*)g_cur-(char*)&g_ctx_dummy));
+}
+CUresult cuInit(unsigned f){return 0;}
+CUresult cuDriverGetVersion(int* v){*v=13020;LOG("cuDriverGetVersion");return 0;}
+CUresult cuDeviceGetCount(int* c){*c=2;return 0;}
+CUresult cuDeviceGet(int* d,int o){*d=o;return 0;}
+CUresult cuDeviceGetName(char* s,int len,int dev){snprintf(s,len,"NVIDIA FAKE H100");return 0;}
+CUresult cuDeviceGetUuid(unsigned char* u,int dev){for(int i=0;i<16;i++)u[i]=i+dev;return 0;}
+CUresult cuDeviceTotalMem(size_t* b,int d){*b=80ull<<30;return 0;}
+CUresult cuDeviceGetAttribute(int* pi,int attr,int dev){
+  switch(attr){case 1:*pi=1024;break; case 16:*pi=132;break; case 75:*pi=9;break; case 76:*pi=0;break; case 10:*pi=32;break; case 41:*pi=1;break; default:*pi=1;}
+  LOG("cuDeviceGetAttribute(%d) -> %d",attr,*pi); return 0;}
+CUresult cuDeviceGetPCIBusId(char* s,int len,int dev){LOG("cuDeviceGetPCIBusId len=%d dev=%d",len,dev);snprintf(s,len,"0000:%02X:00.0",dev+0x41);return 0;}
+CUresult cuMemGetInfo(size_t* f,size_t* t){*f=1000;*t=2000;LOG("cuMemGetInfo ctx=%p",g_cur);return 0;}
+CUresult cuDeviceCanAccessPeer(int* c,int a,int b){*c=(a!=b);return 0;}
+CUresult cuCtxEnablePeerAccess(void* ctx,unsigned fl){return 704;}
+CUresult cuDevicePrimaryCtxRetain(void** c,int d){*c=(char*)&g_ctx_dummy+d;return 0;}
+CUresult cuDevicePrimaryCtxRelease(int d){return 0;}
+CUresult cuCtxGetCurrent(void** c){*c=g_cur;return 0;}
+CUresult cuCtxSetCurrent(void* c){if(c!=g_cur)LOG("cuCtxSetCurrent dev %d",(int)((char*)c-(char*)&g_ctx_dummy));g_cur=c;return 0;}
+CUresult cuCtxPushCurrent(void* c){LOG("cuCtxPushCurrent");g_cur=c;return 0;}
+CUresult cuCtxPopCurrent(void** c){if(c)*c=g_cur;return 0;}
+CUresult cuCtxGetDevice(int* d){*d=(int)((char*)g_cur-(char*)&g_ctx_dummy);return 0;}
+CUresult cuCtxSynchronize(void){LOG("cuCtxSynchronize");return 0;}
+CUresult cuCtxGetStreamPriorityRange(int* l,int* g){*l=0;*g=-5;return 0;}
+CUresult cuStreamCreateWithPriority(void** s,unsigned fl,int prio){*s=malloc(8);*(void**)*s=g_cur;LOG("cuStreamCreateWithPriority flags=%u prio=%d",fl,prio);return 0;}
+CUresult cuStreamDestroy(void* s){return 0;}
+CUresult cuStreamSynchronize(void* s){LOG("cuStreamSynchronize %p (dev %d)",s,streamdev(s));return 0;}
+CUresult cuStreamQuery(void* s){return 0;}
+CUresult cuStreamGetFlags(void* s,unsigned* f){*f=1;return 0;}
+CUresult cuStreamGetPriority(void* s,int* p){*p=0;return 0;}
+CUresult cuStreamGetCtx(void* s,void** c){*c=g_cur;return 0;}
+CUresult cuStreamGetCtx_v2(void* s,void** c,void** g){*c=g_cur;if(g)*g=0;return 0;}
+CUresult cuStreamGetDevice(void* s,int* d){*d=0;return 0;}
+CUresult cuStreamWaitEvent(void* s,void* e,unsigned f){LOG("cuStreamWaitEvent stream=%p event=%p",s,e);return 0;}
+CUresult cuEventCreate(void** e,unsigned fl){*e=malloc(8);LOG("cuEventCreate flags=%u",fl);return 0;}
+CUresult cuEventDestroy(void* e){return 0;}
+CUresult cuEventRecord(void* e,void* s){chk_stream("cuEventRecord",s);LOG("cuEventRecord event=%p stream=%p",e,s);return 0;}
+CUresult cuEventSynchronize(void* e){return 0;}
+CUresult cuEventQuery(void* e){return 600;}
+CUresult cuEventElapsedTime(float* ms,void* a,void* b){*ms=1.25f;LOG("cuEventElapsedTime start=%p end=%p",a,b);return 0;}
+CUresult cuMemAllocHost(void** p,size_t n){*p=calloc(1,n?n:1);LOG("cuMemAllocHost %zu",n);return 0;}
+CUresult cuMemFreeHost(void* p){LOG("cuMemFreeHost");return 0;}
+CUresult cuMemAlloc(uintptr_t* p,size_t n){*p=(uintptr_t)calloc(1,n?n:1);return 0;}
+CUresult cuMemFree(uintptr_t p){return 0;}
+static int g_pools[4]; static int g_access[4][4];
+#define POOLIDX(p) ((int)((int*)(p)-g_pools))
+static int curdev(void){return (int)((char*)g_cur-(char*)&g_ctx_dummy);}
+static int streamdev(void* s){ if(s==0||s==(void*)1||s==(void*)2) return curdev(); return (int)((char*)*(void**)s-(char*)&g_ctx_dummy);}
+CUresult cuDeviceGetMemPool(void** p,int d){*p=&g_pools[d];return 0;}
+CUresult cuDeviceGetDefaultMemPool(void** p,int d){*p=&g_pools[d];return 0;}
+CUresult cuMemGetMemPool(void** p,void* loc,int t){*p=&g_pools[((int*)loc)[1]];return 0;}
+CUresult cuMemPoolGetAttribute(void* p,int a,void* v){memset(v,0,8);return 0;}
+CUresult cuMemPoolSetAttribute(void* p,int a,void* v){return 0;}
+CUresult cuMemPoolGetAccess(int* f,void* p,void* loc){int id=((int*)loc)[1]; *f = (id==POOLIDX(p))?3:g_access[POOLIDX(p)][id]; return 0;}
+
+typedef struct { uintptr_t p; size_t n; int dev; } Alloc;
+static Alloc g_allocs[100000]; static int g_na;
+static void track(uintptr_t p,size_t n,int dev){ if(g_na<100000){g_allocs[g_na].p=p;g_allocs[g_na].n=n?n:1;g_allocs[g_na].dev=dev;g_na++;} }
+static int owner(uintptr_t p){ for(int i=g_na-1;i>=0;i--) if(p>=g_allocs[i].p && p<g_allocs[i].p+g_allocs[i].n) return g_allocs[i].dev; return -1; }
+static void chk_access(const char* what, uintptr_t p, int dev){ int o=owner(p); if(o>=0 && o!=dev && g_access[o][dev]==0) fprintf(stderr,"[fake] PEERFAULT %s: kernel on dev %d touches dev %d pool memory %p without pool access\n",what,dev,o,(void*)p); }
+CUresult cuMemAllocFromPoolAsync(uintptr_t* p,size_t n,void* pool,void* s){chk_stream("cuMemAllocFromPoolAsync",s); if(POOLIDX(pool)!=streamdev(s)) fprintf(stderr,"[fake] MISMATCH cuMemAllocFromPoolAsync: pool of dev %d on a stream of dev %d\n",POOLIDX(pool),streamdev(s));*p=(uintptr_t)calloc(1,n?n:1); track(*p,n,POOLIDX(pool));LOG("cuMemAllocFromPoolAsync %zu",n);return 0;}
+CUresult cuMemAllocAsync(uintptr_t* p,size_t n,void* s){*p=(uintptr_t)calloc(1,n?n:1);return 0;}
+CUresult cuMemFreeAsync(uintptr_t p,void* s){LOG("cuMemFreeAsync stream=%p (dev %d)",s,streamdev(s));return 0;}
+CUresult cuMemcpyAsync(uintptr_t d,uintptr_t s,size_t n,void* st){LOG("cuMemcpyAsync dst=%p src=%p n=%zu stream=%p (dev %d)",(void*)d,(void*)s,n,st,streamdev(st));memcpy((void*)d,(void*)s,n);return 0;}
+CUresult cuMemsetD8Async(uintptr_t d,unsigned char v,size_t n,void* s){memset((void*)d,v,n);LOG("cuMemsetD8Async v=0x%x n=%zu",v,n);return 0;}
+CUresult cuMemsetD16Async(uintptr_t d,unsigned short v,size_t n,void* s){for(size_t i=0;i<n;i++)((unsigned short*)d)[i]=v;LOG("cuMemsetD16Async v=0x%x n=%zu",v,n);return 0;}
+CUresult cuMemsetD2D32Async(uintptr_t d,size_t pitch,unsigned v,size_t w,size_t h,void* s){
+  LOG("cuMemsetD2D32Async d=%p pitch=%zu v=0x%x w=%zu h=%zu",(void*)d,pitch,v,w,h);
+  if(pitch<w*4 || (d&3)) return 1;
+  for(size_t r=0;r<h;r++) for(size_t i=0;i<w;i++) ((unsigned*)(d+r*pitch))[i]=v; return 0;}
+CUresult cuMemsetD32Async(uintptr_t d,unsigned v,size_t n,void* s){for(size_t i=0;i<n;i++)((unsigned*)d)[i]=v;LOG("cuMemsetD32Async v=0x%x n=%zu",v,n);return 0;}
+CUresult cuMemcpy2DAsync(const void* p,void* s){return 0;}
+CUresult cuPointerGetAttributes(unsigned n,int* attrs,void** data,uintptr_t p){
+  for(unsigned i=0;i<n;i++){ if(attrs[i]==2)*(unsigned*)data[i]=2; else if(attrs[i]==9)*(int*)data[i]=0; else memset(data[i],0,4);} return 0;}
+CUresult cuGetErrorString(int e,const char** p){*p="fake error";return 0;}
+CUresult cuGetErrorName(int e,const char** p){*p="FAKE";return 0;}
+static int g_lib;
+typedef struct { char name[128]; } FKern;
+static FKern g_kerns[64]; static int g_nk;
+CUresult cuLibraryLoadData(void** lib,const void* code,void* a,void* b,unsigned c,void* d,void* e,unsigned f){*lib=&g_lib;LOG("cuLibraryLoadData");return 0;}
+CUresult cuLibraryUnload(void* l){return 0;}
+CUresult cuLibraryGetKernel(void** k,void* lib,const char* name){
+  for(int i=0;i<g_nk;i++) if(!strcmp(g_kerns[i].name,name)){*k=&g_kerns[i];LOG("cuLibraryGetKernel %s (again)",name);return 0;}
+  snprintf(g_kerns[g_nk].name,128,"%s",name); *k=&g_kerns[g_nk++]; LOG("cuLibraryGetKernel %s",name); return 0;}
+CUresult cuKernelGetFunction(void** f,void* k){*f=k;return 0;}
+CUresult cuLaunchKernelEx(const CUlaunchConfig* c,void* f,void** params,void** extra){chk_stream("cuLaunchKernelEx",c->hStream);
+  const char* nm = ((FKern*)f)->name;
+  LOG("cuLaunchKernelEx %s grid=(%u,%u,%u) block=(%u,%u,%u) shm=%u nattrs=%u stream=%p dev=%d",nm,c->gx,c->gy,c->gz,c->bx,c->by,c->bz,c->shm,c->nattrs,c->hStream,streamdev(c->hStream));
+  if(!params){LOG("  NO PARAMS");return 1;}
+  if(!strcmp(nm,"shmem_strided_copy")){
+    char* dst=*(char**)params[0]; const char* src=*(const char**)params[1];
+    unsigned long long n=*(unsigned long long*)params[2]; int rank=*(int*)params[3]; int es=*(int*)params[4];
+    const long long* meta=*(const long long**)params[5];
+    LOG("  strided_copy dst=%p src=%p n=%llu rank=%d elem=%d meta=%p",dst,src,n,rank,es,meta); { int dv=streamdev(c->hStream); chk_access("dst",(uintptr_t)dst,dv); chk_access("src",(uintptr_t)src,dv); chk_access("meta",(uintptr_t)meta,dv);} 
+    for(int d=0; d<3*rank; d++) LOG("    meta[%d]=%lld",d,meta[d]);
+    for(unsigned long long i=0;i<n;i++){ long long rem=(long long)i, doff=0, soff=0;
+      for(int d=rank-1;d>=0;--d){ long long ext=meta[d], idx=rem%ext; rem/=ext; doff+=idx*meta[rank+d]; soff+=idx*meta[2*rank+d]; }
+      memcpy(dst+doff, src+soff, es); }
+  } else if(!strcmp(nm,"saxpy")){
+    float a=*(float*)params[0]; const float* x=*(const float**)params[1]; float* y=*(float**)params[2]; unsigned long long n=*(unsigned long long*)params[3];
+    LOG("  saxpy a=%g x=%p y=%p n=%llu",a,x,y,n);
+    unsigned long long total=(unsigned long long)c->gx*c->gy*c->gz*c->bx*c->by*c->bz;
+    for(unsigned long long i=0;i<n && i<total;i++) y[i]=a*x[i]+y[i];
+  } else if(!strcmp(nm,"block_ids")){
+    int* out=*(int**)params[0];
+    for(unsigned z=0;z<c->gz;z++)for(unsigned y=0;y<c->gy;y++)for(unsigned x=0;x<c->gx;x++){int b=x+c->gx*(y+c->gy*z); out[b]=b;}
+  } else if(!strcmp(nm,"shmem_signal")){
+    uint64_t* f=*(uint64_t**)params[0]; uint64_t v=*(uint64_t*)params[1]; int op=*(int*)params[2];
+    LOG("  signal %p op=%d v=%llu",(void*)f,op,(unsigned long long)v); if(op==0)*f=v; else *f+=v;
+  } else if(!strcmp(nm,"shmem_wait_until")){
+    uint64_t* f=*(uint64_t**)params[0]; int cmp=*(int*)params[1]; long long val=*(long long*)params[2]; long long* res=*(long long**)params[4];
+    long long v=(long long)*f; int ok = cmp==0? v==val : cmp==1? v!=val : cmp==2? v>val : cmp==3? v>=val : cmp==4? v<val : v<=val;
+    res[0]=v; res[1]=ok; LOG("  wait_until v=%lld cmp=%d val=%lld ok=%d",v,cmp,val,ok);
+  } else if(!strcmp(nm,"shmem_barrier")){
+    uint64_t** pads=*(uint64_t***)params[0]; int rank=*(int*)params[1]; int size=*(int*)params[2]; uint64_t ep=*(uint64_t*)params[3]; long long* res=*(long long**)params[5];
+    int round=0; res[0]=-1; res[1]=0;
+    for(int d=1; d<size; d<<=1, ++round){ pads[(rank+d)%size][round]=ep; if(pads[rank][round]<ep){res[0]=round;res[1]=(long long)pads[rank][round];break;} }
+    LOG("  barrier rank=%d size=%d epoch=%llu -> %lld",rank,size,(unsigned long long)ep,res[0]);
+  } else if(!strcmp(nm,"shmem_atomic")){
+    void* t=*(void**)params[0]; int w=*(int*)params[1]; int op=*(int*)params[2]; uint64_t v=*(uint64_t*)params[3], cmpv=*(uint64_t*)params[4]; uint64_t* old=*(uint64_t**)params[5];
+    if(w==8){uint64_t* p=t; uint64_t prev=*p; if(op==0)*p+=v; else if(op==1)*p=v; else if(prev==cmpv)*p=v; *old=prev;}
+    else {uint32_t* p=t; uint32_t prev=*p; if(op==0)*p+=(uint32_t)v; else if(op==1)*p=(uint32_t)v; else if(prev==(uint32_t)cmpv)*p=(uint32_t)v; *old=prev;}
+    LOG("  atomic w=%d op=%d -> old=%llu",w,op,(unsigned long long)*old);
+  } else if(!strncmp(nm,"allreduce_one_shot_",19) || !strncmp(nm,"allreduce_two_shot_",19)){
+    int two = nm[10]=='t'; int k=0;
+    char* in=*(char**)params[k++]; char** scratch=*(char***)params[k++]; char** results= two? *(char***)params[k++] : 0;
+    char* out=*(char**)params[k++]; unsigned long long n=*(unsigned long long*)params[k++];
+    uint64_t** flags=*(uint64_t***)params[k++]; unsigned* arrive=*(unsigned**)params[k++]; unsigned base=*(unsigned*)params[k++];
+    uint64_t stage0=*(uint64_t*)params[k++]; k++; int* status=*(int**)params[k++]; int rank=*(int*)params[k++]; int size=*(int*)params[k++];
+    const char* dt=nm+19;
+    int es = (!strncmp(dt,"float16",7)||!strncmp(dt,"bfloat16",8)) ? 2 : !strncmp(dt,"float64",7) ? 8 : 4;
+    unsigned stages = two?3:2;
+    LOG("  allreduce %s n=%llu es=%d rank=%d size=%d stage0=%llu base=%u arrive=%u",nm,n,es,rank,size,(unsigned long long)stage0,base,*arrive);
+    if(size!=1){fprintf(stderr,"[fake] allreduce emulated for one rank only\n"); return 1;}
+    if(*arrive!=base) fprintf(stderr,"[fake] ARRIVE MISMATCH: counter %u, host base %u\n",*arrive,base);
+    if(flags[0][0] < stage0-1){ *status=1; fprintf(stderr,"[fake] ENTRY: flag %llu < stage0-1 %llu\n",(unsigned long long)flags[0][0],(unsigned long long)(stage0-1)); return 0; }
+    if(in!=scratch[0]) memcpy(scratch[0],in,n*es);
+    if(two){ memcpy(results[0],scratch[0],n*es); memcpy(out,results[0],n*es);} else memcpy(out,scratch[0],n*es);
+    flags[0][0]=stage0+stages-1; *arrive += c->gx*stages;
+  } else if(!strcmp(nm,"allreduce_drain")){
+    uint64_t** flags=*(uint64_t***)params[0]; uint64_t stage0=*(uint64_t*)params[3]; int* status=*(int**)params[5];
+    if(flags[0][0] < stage0-1){*status=1; fprintf(stderr,"[fake] DRAIN: flag %llu < %llu\n",(unsigned long long)flags[0][0],(unsigned long long)(stage0-1));}
+  } else LOG("  unknown kernel, not emulated");
+  return 0;}
+
+CUresult cuStreamIsCapturing(void* s,int* st){*st=0;return 0;}
+CUresult cuStreamGetCaptureInfo(void* s,int* st,unsigned long long* id,void** g,void** deps,void** ed,size_t* n){if(st)*st=0;return 0;}
+CUresult cuPointerGetAttribute(void* data,int attr,uintptr_t p){memset(data,0,8);return 0;}
+CUresult cuKernelGetAttribute(int* pi,int attr,void* k,int dev){*pi=attr==0?1024:0;return 0;}
+CUresult cuKernelGetParamInfo(void* k,size_t idx,size_t* off,size_t* sz){if(idx>=3)return 1; *off=idx*8; *sz=8; return 0;}
+CUresult cuKernelGetParamCount(void* k,size_t* n){*n=3;return 0;}
+CUresult cuMemGetDefaultMemPool(void** p,void* loc,int t){*p=&g_pools[((int*)loc)[1]];return 0;}
+CUresult cuMemPoolSetAccess(void* p,void* d,size_t n){const int* a=(const int*)d; for(size_t i=0;i<n;i++){ LOG("cuMemPoolSetAccess pool of dev %d: dev %d gets flags=%d (loc.type=%d)",POOLIDX(p),a[3*i+1],a[3*i+2],a[3*i]); g_access[POOLIDX(p)][a[3*i+1]]=a[3*i+2]; } return 0;}
+CUresult cuLibraryGetModule(void** m,void* l){*m=l;return 0;}
+CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int* n,void* f,int bs,size_t shm){*n=2048/bs;LOG("cuOccupancyMaxActiveBlocksPerMultiprocessor bs=%d -> %d",bs,*n);return 0;}
+CUresult cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int* n,void* f,int bs,size_t shm,unsigned fl){*n=2048/bs;return 0;}
+CUresult cuCtxDisablePeerAccess(void* c){return 0;}
+struct E{const char*n;void*f;};
+#define X(n) {#n, n}
+static struct E T[]={X(cuInit),X(cuDriverGetVersion),X(cuDeviceGetCount),X(cuDeviceGet),X(cuDeviceGetName),X(cuDeviceGetUuid),X(cuDeviceTotalMem),
+X(cuDeviceGetAttribute),X(cuDeviceGetPCIBusId),X(cuMemGetInfo),X(cuDeviceCanAccessPeer),X(cuCtxEnablePeerAccess),X(cuDevicePrimaryCtxRetain),
+X(cuDevicePrimaryCtxRelease),X(cuCtxGetCurrent),X(cuCtxSetCurrent),X(cuCtxPushCurrent),X(cuCtxPopCurrent),X(cuCtxGetDevice),X(cuCtxSynchronize),
+X(cuCtxGetStreamPriorityRange),X(cuStreamCreateWithPriority),X(cuStreamDestroy),X(cuStreamSynchronize),X(cuStreamQuery),X(cuStreamGetFlags),
+X(cuStreamGetPriority),X(cuStreamGetCtx),X(cuStreamGetCtx_v2),X(cuStreamGetDevice),X(cuStreamWaitEvent),X(cuEventCreate),X(cuEventDestroy),
+X(cuEventRecord),X(cuEventSynchronize),X(cuEventQuery),X(cuEventElapsedTime),{"cuEventElapsedTime_v2",cuEventElapsedTime},X(cuMemAllocHost),X(cuMemFreeHost),
+X(cuMemAlloc),X(cuMemFree),X(cuDeviceGetMemPool),X(cuDeviceGetDefaultMemPool),X(cuMemGetMemPool),X(cuMemPoolGetAttribute),X(cuMemPoolSetAttribute),
+X(cuMemPoolGetAccess),X(cuMemAllocFromPoolAsync),X(cuMemAllocAsync),X(cuMemFreeAsync),X(cuMemcpyAsync),X(cuMemsetD8Async),X(cuMemsetD16Async),
+X(cuMemsetD32Async),X(cuMemsetD2D32Async),X(cuMemcpy2DAsync),X(cuPointerGetAttributes),X(cuGetErrorString),X(cuGetErrorName),X(cuLibraryLoadData),X(cuLibraryUnload),
+X(cuLibraryGetKernel),X(cuKernelGetFunction),X(cuLaunchKernelEx),X(cuStreamIsCapturing),X(cuStreamGetCaptureInfo),X(cuPointerGetAttribute),X(cuKernelGetAttribute),X(cuKernelGetParamInfo),X(cuKernelGetParamCount),X(cuMemGetDefaultMemPool),X(cuMemPoolSetAccess),X(cuLibraryGetModule),X(cuOccupancyMaxActiveBlocksPerMultiprocessor),X(cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags),X(cuCtxDisablePeerAccess),{0,0}};
+CUresult cuGetProcAddress_v2(const char* sym,void** pfn,int ver,uint64_t flags,int* st){
+  for(int i=0;T[i].n;i++) if(!strcmp(T[i].n,sym)){*pfn=T[i].f; if(st)*st=0; return 0;}
+  if(getenv("FAKE_MISS")) fprintf(stderr,"[fake] MISSING %s\n",sym);
+  *pfn=0; if(st)*st=1; return 500;}
+CUresult cuGetProcAddress(const char* sym,void** pfn,int ver,uint64_t flags){return cuGetProcAddress_v2(sym,pfn,ver,flags,0);}
+CUresult cuGetExportTable(const void** tbl, const void* uuid){LOG("cuGetExportTable -> not supported"); if(tbl)*tbl=0; return 801;}

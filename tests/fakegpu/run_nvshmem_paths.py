@@ -1,0 +1,142 @@
+# mypy: disable-error-code="func-returns-value,misc"
+"""The nvshmem backend's Python paths at one rank on the fake driver (tests/fakegpu/README.md).
+
+Prints one line per check and ``SUMMARY <ok> ok; <failed> failed: [...]`` last.
+"""
+
+from __future__ import annotations
+
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+import collectives
+import shmem
+import shmem._cuda as _c
+import shmem.backends as _backends
+from shmem.errors import SignalTimeoutError
+
+RESULTS: list[tuple[str, bool]] = []
+
+
+def check(label: str, fn: Callable[[], Any]) -> Any:
+    try:
+        result = fn()
+    except Exception as exc:
+        print(f"FAIL {label}: {type(exc).__name__}: {exc}"[:600], flush=True)
+        traceback.print_exc(limit=-5)
+        RESULTS.append((label, False))
+        return None
+    print(f"OK   {label} -> {result!r}"[:300], flush=True)
+    RESULTS.append((label, True))
+    return result
+
+
+def error_of(fn: Callable[[], Any]) -> str:
+    try:
+        fn()
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"[:150]
+    raise AssertionError("no error raised")
+
+
+def times_out(fn: Callable[[], Any]) -> str:
+    try:
+        fn()
+    except SignalTimeoutError:
+        return "raised"
+    raise AssertionError("no SignalTimeoutError")
+
+
+def main() -> None:
+    _c._driver_present = lambda: True  # the fake libcuda stands in for a driver
+    _c.device_count.cache_clear()
+    _backends._nvshmem_status = lambda: None  # and the fake nvshmem for nvshmem4py
+    w = shmem.init(backend="nvshmem", heap_nbytes="64MiB", signal_timeout_s=2.0)
+    heap: Any = w.heap
+    check("backend", lambda: (w.backend, heap.mode, heap.version, heap.limited_mpg))
+    buf = w.zeros(100, "float32")
+    check("local is a device Buffer", lambda: (buf.local().is_host, buf.local().shape))
+    check("zeros", lambda: buf.local().to_numpy()[:3].tolist())  # noqa: PLW0108 - deferred
+    check("put numpy, get", lambda: (buf.put(0, np.arange(100, dtype=np.float32)), buf.get(0)[4]))
+    dev_dst = shmem.Buffer("float32", 100, device=heap.device)
+    check("get into a device Buffer", lambda: buf.get(0, dev_dst).to_numpy()[2])
+    check("put a device Buffer", lambda: (buf.put(0, buf.local()), buf.get(0)[-1]))
+    check(
+        "put with signal, wait",
+        lambda: (buf.put(0, np.ones(100, np.float32), signal=(3, 7)), w.wait_until(3, "eq", 7)),
+    )
+    check("signal read", lambda: w.signals.read(3))
+    check("a wait times out", lambda: times_out(lambda: w.wait_until(4, "eq", 1, timeout=0.1)))
+    check("barrier", lambda: [w.barrier() for _ in range(3)])
+    ctr = w.zeros(2, "int64")
+    check(
+        "atomics int64",
+        lambda: (
+            ctr.atomic_fetch_add(0, 0, 5),
+            ctr.atomic_fetch_add(0, 0, -2),
+            ctr.atomic_swap(0, 1, 9),
+            ctr.atomic_compare_swap(0, 1, 9, -4),
+            ctr.get(0).tolist(),
+        ),
+    )
+    i32 = w.zeros(1, "int32")
+    check("atomics int32", lambda: (i32.atomic_fetch_add(0, 0, -1), i32.get(0).tolist()))
+    check("DLPack device", buf.__dlpack_device__)
+    host = np.zeros(100, np.float32)
+    check("enqueue_copy_to", lambda: (buf.enqueue_copy_to(host), w.ctx.synchronize(), host[0]))
+    check(
+        "enqueue_copy_from",
+        lambda: (
+            buf.enqueue_copy_from(np.full(100, 3, np.float32)),
+            w.ctx.synchronize(),
+            buf.get(0)[0],
+        ),
+    )
+    comm = check("Communicator", lambda: collectives.Communicator(w))
+    if comm is not None:
+        for name in ("float16", "bfloat16", "float32", "float64"):
+            dt = np.dtype(ml_dtypes.bfloat16) if name == "bfloat16" else np.dtype(name)
+            x = (np.arange(1000) % 17).astype(dt)
+            for algo in ("one_shot", "two_shot"):
+                check(
+                    f"all_reduce {name} {algo}",
+                    lambda x=x, algo=algo: bool(
+                        (comm.all_reduce(x, op="sum", algorithm=algo) == x).all()
+                    ),
+                )
+        big = np.arange(3 << 20, dtype=np.float32)  # more than the scratch: in pieces
+        check("all_reduce in pieces", lambda: bool((comm.all_reduce(big) == big).all()))
+        out = np.zeros(1000, np.float32)
+        check(
+            "all_reduce into a numpy out",
+            lambda: (comm.all_reduce(np.ones(1000, np.float32), out=out) is out, out[1]),
+        )
+        check(
+            "all_reduce in place on an SHMEMBuffer",
+            lambda: comm.all_reduce(buf, out=buf.local()).to_numpy()[0],
+        )
+        check("all_reduce of a device Buffer", lambda: comm.all_reduce(buf.local()).to_numpy()[0])
+        check("int32 refused", lambda: error_of(lambda: comm.all_reduce(np.zeros(4, np.int32))))
+        check(
+            "all_gather refused",
+            lambda: error_of(lambda: comm.all_gather(np.zeros(4, np.float32))),
+        )
+        check("Communicator barrier", comm.barrier)
+        check("Communicator close", comm.close)
+    for b in (i32, ctr, buf):
+        check("close a buffer", b.close)
+    check("heap back to the pad only", lambda: w.heap_stats().num_allocated)
+    check("finalize", w.finalize)
+    import nvshmem.core as nv
+
+    print("nvshmem calls:", nv.CALLS)
+    bad = [label for label, ok in RESULTS if not ok]
+    print("SUMMARY", len(RESULTS) - len(bad), "ok;", len(bad), "failed:", bad, flush=True)
+
+
+if __name__ == "__main__":
+    main()
