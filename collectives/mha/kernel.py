@@ -19,6 +19,7 @@ bound them); tiles it hides partly are masked. Rows that see no key at all get `
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -55,30 +56,15 @@ def attention_tile(
     m_i = np.full(rows, -np.inf, _F32)
     l_i = np.zeros(rows, _F32)
     acc = np.zeros((rows, d_v), _F32)
-    row_idx = np.arange(q_offset, q_offset + rows)[:, None]
-    needs_mask = mask.causal or mask.left is not None or mask.right is not None
-    for j0 in range(kv_start, kv_end, block_n):
-        j1 = min(j0 + block_n, kv_end)
-        k_j = k[j0 - k_offset : j1 - k_offset]
-        v_j = v[j0 - k_offset : j1 - k_offset]
-        if k_j.dtype != _F32:
-            k_j = k_j.astype(_F32)
-            v_j = v_j.astype(_F32)
-        s_ij = q32 @ k_j.T
-        if needs_mask:
-            cols = np.arange(j0, j1)[None, :]
-            hidden = _hidden(row_idx, cols, mask, q_offset, rows, j0, j1)
-            if hidden is not None:
-                if hidden.all():
-                    continue  # the whole tile is hidden from these rows
-                s_ij[hidden] = -np.inf
+    tiles = _scored_tiles(q32, k, v, q_offset, kv_start, kv_end, block_n, mask, k_offset)
+    for _, _, _, v_j, s_ij in tiles:
         m_new = np.maximum(m_i, s_ij.max(axis=1))
         safe = np.where(np.isneginf(m_new), np.float32(0), m_new)  # rows with nothing yet
         p_ij = np.exp(s_ij - safe[:, None])
         alpha = np.exp(m_i - safe)
         l_i = alpha * l_i + p_ij.sum(axis=1)
         acc *= alpha[:, None]
-        acc += p_ij @ (v_j if v_j.dtype == _F32 else v_j.astype(_F32))
+        acc += p_ij @ v_j
         m_i = m_new
     seen = l_i > 0
     out = np.zeros_like(acc)
@@ -125,6 +111,32 @@ def attention_tile_backward(
     dq = np.zeros((rows, q.shape[1]), _F32)
     dk = np.zeros((kv_end - kv_start, k.shape[1]), _F32)
     dv = np.zeros((kv_end - kv_start, v.shape[1]), _F32)
+    tiles = _scored_tiles(qs, k, v, q_offset, kv_start, kv_end, block_n, mask, k_offset)
+    for j0, j1, k_j, v_j, s_ij in tiles:
+        p_ij = np.exp(s_ij - lse32[:, None])
+        dv[j0 - kv_start : j1 - kv_start] += p_ij.T @ do32
+        ds_ij = p_ij * (do32 @ v_j.T - d32[:, None])
+        dq += ds_ij @ k_j
+        dk[j0 - kv_start : j1 - kv_start] += ds_ij.T @ qs
+    dq *= sc
+    return dq, dk, dv
+
+
+def _scored_tiles(
+    qs: np.ndarray[Any, Any],
+    k: np.ndarray[Any, Any],
+    v: np.ndarray[Any, Any],
+    q_offset: int,
+    kv_start: int,
+    kv_end: int,
+    block_n: int,
+    mask: MaskSpec,
+    k_offset: int,
+) -> Iterator[tuple[int, int, Any, Any, Any]]:
+    """``(j0, j1, K_j, V_j, S_ij)`` for each KV tile ``[j0, j1)`` of ``[kv_start, kv_end)``:
+    K/V as float32, scores ``qs K_j^T`` (``qs`` already scaled) with hidden pairs at -inf.
+    Tiles the mask hides completely from every row are skipped."""
+    rows = qs.shape[0]
     row_idx = np.arange(q_offset, q_offset + rows)[:, None]
     needs_mask = mask.causal or mask.left is not None or mask.right is not None
     for j0 in range(kv_start, kv_end, block_n):
@@ -140,15 +152,9 @@ def attention_tile_backward(
             hidden = _hidden(row_idx, cols, mask, q_offset, rows, j0, j1)
             if hidden is not None:
                 if hidden.all():
-                    continue
+                    continue  # the whole tile is hidden from these rows
                 s_ij[hidden] = -np.inf
-        p_ij = np.exp(s_ij - lse32[:, None])
-        dv[j0 - kv_start : j1 - kv_start] += p_ij.T @ do32
-        ds_ij = p_ij * (do32 @ v_j.T - d32[:, None])
-        dq += ds_ij @ k_j
-        dk[j0 - kv_start : j1 - kv_start] += ds_ij.T @ qs
-    dq *= sc
-    return dq, dk, dv
+        yield j0, j1, k_j, v_j, s_ij
 
 
 def _hidden(
