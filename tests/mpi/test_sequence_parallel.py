@@ -251,10 +251,11 @@ def test_straggler_work_is_taken_and_the_result_is_unchanged(world: World, comm:
     for a, b in zip(baseline, results, strict=True):  # other ranks computed its units
         assert a.tobytes() == b.tobytes()
     for st in (fwd, bwd):
-        # the work moved: the slow rank owns the most (causal, last shard) yet computed the
-        # fewest units; without taking work it would compute its whole queue, the largest
+        # the work moved: without taking work the slow rank would compute its whole queue
+        # (the largest: causal, last shard); slowed 40x it computes well under half of it
         done = world.comm.allgather(st.units_computed)
-        assert done[slow] < min(d for r, d in enumerate(done) if r != slow), done
+        own = world.comm.allgather(st.units)
+        assert done[slow] * 2 < own[slow], (done, own)
         given = world.comm.allgather(st.units_given)
         taken = world.comm.allgather(st.units_taken)
         computed = world.comm.allgather(st.units_computed)
