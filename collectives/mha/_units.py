@@ -322,41 +322,6 @@ def publish(world: Any, flags: Any, home: int, slot: int) -> None:
 _ONE = np.ones(1, np.int64)
 
 
-def drive(
-    world: Any,
-    plan: UnitPlan,
-    counters: Any,
-    *,
-    dynamic: bool,
-    fetch: Callable[[Unit], Any],
-    compute: Callable[[Unit, Any], Any],
-    deliver: Callable[[Unit, Any], None],
-    folds: OrderedFolds,
-    threads: int,
-    slowdown: float,
-    stats: SequenceParallelStats,
-    what: str,
-) -> None:
-    """Run every unit exactly once across the ranks (collective in effect), folding this
-    rank's arrived slots meanwhile, then wait until all of them are folded. ``deliver`` must
-    end with :func:`publish` for every slot it wrote."""
-    with guarded(world, counters):
-        _drive(
-            world,
-            plan,
-            counters,
-            dynamic=dynamic,
-            fetch=fetch,
-            compute=compute,
-            deliver=deliver,
-            folds=folds,
-            threads=threads,
-            slowdown=slowdown,
-            stats=stats,
-            what=what,
-        )
-
-
 @contextlib.contextmanager
 def guarded(world: Any, counters: Any) -> Iterator[None]:
     """On an error here (not a peer's), tell every rank: they stop at their next unit or
@@ -454,7 +419,7 @@ def finish(world: Any, counters: Any, what: str) -> None:
     )
 
 
-def _drive(
+def drive(
     world: Any,
     plan: UnitPlan,
     counters: Any,
@@ -469,6 +434,10 @@ def _drive(
     stats: SequenceParallelStats,
     what: str,
 ) -> None:
+    """Run every unit exactly once across the ranks (collective in effect), folding this
+    rank's arrived slots meanwhile, then wait until all of them are folded and every rank is
+    done. ``deliver`` must end with :func:`publish` for every slot it wrote. Call it inside
+    :func:`guarded`, so a failure here stops the peers."""
     me, size = world.rank, world.world_size
     heap = world.heap
     queues = plan.queues

@@ -722,7 +722,7 @@ def _forward_units(
         # fold order: (query chunk, KV head), then KV chunks in order
         groups = _groups(plan.by_q_home[me], lambda u: (u.q, u.head))
         folds = OrderedFolds(world, bufs["flags"], slots.folds(world, bufs, 0, groups, fold))
-        with threadpool_limits(limits=1, user_api="blas"):
+        with guarded(world, bufs["counters"]), threadpool_limits(limits=1, user_api="blas"):
             drive(
                 world,
                 plan,
@@ -926,7 +926,7 @@ def sequence_parallel_attention_backward(
             slots.folds(world, bufs, 0, dq_groups, fold_dq)
             + slots.folds(world, bufs, 1, dkv_groups, fold_dkv),
         )
-        with threadpool_limits(limits=1, user_api="blas"):
+        with guarded(world, bufs["counters"]), threadpool_limits(limits=1, user_api="blas"):
             drive(
                 world,
                 plan,
