@@ -7,7 +7,9 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from .communicator import DONE, CollectiveArgumentError, Communicator, Operand
+from shmem.errors import CollectiveArgumentError
+
+from .communicator import DONE, Communicator, Operand
 from .family import exchange, prepare
 
 __all__ = ["broadcast"]

@@ -25,7 +25,7 @@ from mpi4py import MPI
 
 from shmem import SUPPORTED_DTYPES, SHMEMBuffer, SignalPad, World
 from shmem.dtypes import as_dtype, dtype_name
-from shmem.errors import ShmemError, ShmemStateError, SignalTimeoutError
+from shmem.errors import CollectiveArgumentError, ShmemStateError, SignalTimeoutError
 from shmem.signals import poll_until, spin_seconds
 from shmem.world import compare_across_ranks
 
@@ -40,10 +40,6 @@ _SUPPORTED = frozenset(SUPPORTED_DTYPES.values())
 READY, SHARD, DONE, SRC = 0, 1, 2, 3  # SRC: heap offset where my input is readable
 _NUM_FLAGS = 8
 _BARRIER_SLOTS = 4
-
-
-class CollectiveArgumentError(ShmemError, ValueError):
-    pass
 
 
 @dataclass

@@ -30,7 +30,7 @@ import numpy as np
 
 from shmem import Buffer
 from shmem.dtypes import dtype_name
-from shmem.errors import ShmemError, SignalTimeoutError
+from shmem.errors import GpuCollectiveError, SignalTimeoutError
 
 if TYPE_CHECKING:
     from .communicator import Communicator
@@ -45,10 +45,6 @@ KERNELS = "collectives/kernels/allreduce.cu"
 THREADS = 512
 STAGES = {"one_shot": 2, "two_shot": 3}
 ONE_SHOT_MAX_NBYTES = 512 << 10  # measured crossover to fill in on a GPU (docs/gpu-validation)
-
-
-class GpuCollectiveError(ShmemError, ValueError):
-    pass
 
 
 def grid_blocks(count: int, multiprocessors: int) -> int:

@@ -15,7 +15,7 @@ import ml_dtypes
 import numpy as np
 
 from shmem.dtypes import dtype_name
-from shmem.errors import ShmemError
+from shmem.errors import OpError
 
 __all__ = ["OPS", "UFUNCS", "accumulate_dtype", "check_op", "int_avg", "reduce_into", "widen"]
 
@@ -40,10 +40,6 @@ _LOW_PRECISION = {
 # Elements reduced per pass: small enough that the accumulator stays in cache while every
 # rank's input streams through it.
 CHUNK_BYTES = 256 << 10
-
-
-class OpError(ShmemError, ValueError):
-    pass
 
 
 def check_op(op: str, dtype: np.dtype[Any], where: str) -> None:

@@ -10,6 +10,10 @@ import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from shmem.errors import LaunchUsageError
+
+UsageError = LaunchUsageError  # the name launch has always used
+
 __all__ = [
     "LAUNCHERS",
     "MPI_FLAVOURS",
@@ -33,10 +37,6 @@ OPENMPI_ENV = {
     "OMPI_MCA_btl": "^ofi",
     "OMPI_MCA_osc": "^ucx",
 }
-
-
-class UsageError(ValueError):
-    """The command line cannot be turned into a job (exit code 2)."""
 
 
 @dataclass(frozen=True)

@@ -5,11 +5,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from shmem.errors import GpuBindingError
+
 __all__ = ["GpuBindingError", "GpuInfo", "choose_gpu", "visible_gpus"]
-
-
-class GpuBindingError(RuntimeError):
-    """More ranks on a node than GPUs without ``--allow-gpu-sharing``."""
 
 
 @dataclass(frozen=True)

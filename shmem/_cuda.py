@@ -26,7 +26,7 @@ import numpy as np
 
 from .context import DriverVersion
 from .device import Device, DeviceAttributes, MemoryInfo
-from .errors import DeviceUnavailableError, ShmemError
+from .errors import ArgumentError, CudaError, DeviceUnavailableError
 from .views import is_contiguous
 
 if TYPE_CHECKING:
@@ -53,10 +53,6 @@ __all__ = [
 KERNEL_DIR = Path(__file__).resolve().parent / "kernels"
 _THREADS = 256
 _PEER_ALREADY_ENABLED = 704  # CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED
-
-
-class CudaError(ShmemError, RuntimeError):
-    """A CUDA driver call failed."""
 
 
 def _cc() -> Any:
@@ -562,13 +558,13 @@ class GpuStream:
         for arg in args:
             if isinstance(arg, Buffer):
                 if arg.is_host and not arg.pinned:
-                    raise _LaunchArgumentError(
+                    raise ArgumentError(
                         "DeviceContext.enqueue_function: a pageable host Buffer cannot be "
                         "passed to a GPU kernel (expected device or pinned memory)"
                     )
                 converted.append(arg._ptr)
             elif isinstance(arg, bool | int | float) and not isinstance(arg, np.generic):
-                raise _LaunchArgumentError(
+                raise ArgumentError(
                     "DeviceContext.enqueue_function: pass scalars to GPU kernels as numpy "
                     f"scalars of the kernel's parameter type (got Python {type(arg).__name__} "
                     f"{arg!r}; e.g. np.int32(n), np.float32(x))"
@@ -584,7 +580,3 @@ class GpuStream:
 
     def close(self) -> None:
         self.stream.close()
-
-
-class _LaunchArgumentError(ShmemError, TypeError):
-    pass

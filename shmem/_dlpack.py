@@ -41,7 +41,12 @@ import ml_dtypes
 import numpy as np
 
 from .dtypes import DTypeLike
-from .errors import ShmemError
+from .errors import (
+    DLPackArgumentError,
+    DLPackDTypeError,
+    DLPackError,
+    DLPackMemoryError,
+)
 
 __all__ = [
     "DLPACK_VERSION",
@@ -78,22 +83,6 @@ _INT64_MAX: Final = (1 << 63) - 1
 # --------------------------------------------------------------------------------------------
 # Errors
 # --------------------------------------------------------------------------------------------
-
-
-class DLPackError(ShmemError, BufferError):
-    """A DLPack exchange failed: bad or consumed capsule, unsupported device or version."""
-
-
-class DLPackDTypeError(DLPackError, ValueError):
-    """A dtype (or DLPack type code, bits, lanes) has no DLPack/numpy counterpart here."""
-
-
-class DLPackArgumentError(ShmemError, ValueError):
-    """An argument of :func:`to_dlpack` is malformed (shape, strides, device, pointer)."""
-
-
-class _DLPackMemoryError(ShmemError, MemoryError):
-    """``PyMem_Malloc`` failed."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -485,7 +474,7 @@ def _callback_address(fn: Any) -> int:
     _immortal(callback)
     address = ctypes.cast(callback, ctypes.c_void_p).value
     if not address:  # pragma: no cover - ctypes never makes a NULL callback
-        raise _DLPackMemoryError("_dlpack: could not create a ctypes callback")
+        raise DLPackMemoryError("_dlpack: could not create a ctypes callback")
     return address
 
 
@@ -738,7 +727,7 @@ def to_dlpack(
     total = head + 2 * 8 * ndim
     block: int | None = _PyMem_Malloc(total)
     if not block:
-        raise _DLPackMemoryError(f"{where}: PyMem_Malloc({total}) failed")
+        raise DLPackMemoryError(f"{where}: PyMem_Malloc({total}) failed")
     ctypes.memset(block, 0, total)
 
     managed = struct.from_address(block)

@@ -15,17 +15,13 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from .errors import ShmemError
+from .errors import KernelCompileError
 
 __all__ = ["cache_dir", "compile_cubin", "nvrtc_version", "source_of"]
 
 _ROOT = Path(__file__).resolve().parent.parent
 _lock = threading.Lock()
 _caches: dict[Path, Any] = {}
-
-
-class KernelCompileError(ShmemError, RuntimeError):
-    pass
 
 
 def cache_dir() -> Path | None:

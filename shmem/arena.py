@@ -10,13 +10,9 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass
 
-from .errors import HeapExhaustedError, ShmemError
+from .errors import ArgumentError, HeapExhaustedError
 
 __all__ = ["Arena", "ArenaStats"]
-
-
-class _ArenaFreeError(ShmemError, ValueError):
-    pass
 
 
 @dataclass(frozen=True)
@@ -101,7 +97,7 @@ class Arena:
         """Release the block at ``offset`` and coalesce it with free neighbours."""
         size = self._allocated.pop(offset, None)
         if size is None:
-            raise _ArenaFreeError(
+            raise ArgumentError(
                 f"Arena.free: no allocated block at offset {offset} "
                 "(double free, or an offset this arena never returned)"
             )

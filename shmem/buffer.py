@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .dtypes import dtype_name
-from .errors import ShmemError, ShmemStateError
+from .errors import ArgumentError, DLPackError, ShmemStateError
 from .heap import ATOMIC_DTYPES
 from .memory import Buffer
 
@@ -20,18 +20,6 @@ if TYPE_CHECKING:
 __all__ = ["SHMEMBuffer"]
 
 _KDLCPU = 1
-
-
-class _BufferArgumentError(ShmemError, ValueError):
-    pass
-
-
-class _BufferTypeError(ShmemError, TypeError):
-    pass
-
-
-class _DLPackError(ShmemError, BufferError):
-    pass
 
 
 class SHMEMBuffer:
@@ -110,7 +98,7 @@ class SHMEMBuffer:
     def _check_rank(self, where: str, rank: int) -> int:
         size = self._world.world_size
         if isinstance(rank, bool) or not isinstance(rank, int | np.integer) or not 0 <= rank < size:
-            raise _BufferArgumentError(
+            raise ArgumentError(
                 f"SHMEMBuffer.{where}: invalid rank (got {rank!r}; expected 0 <= rank < {size})"
             )
         return int(rank)
@@ -122,12 +110,12 @@ class SHMEMBuffer:
             or offset < 0
             or offset % self._dtype.itemsize
         ):
-            raise _BufferArgumentError(
+            raise ArgumentError(
                 f"SHMEMBuffer.{where}: invalid offset (got {offset!r}; expected a non-negative "
                 f"byte offset that is a multiple of the item size {self._dtype.itemsize})"
             )
         if offset + nbytes > self._nbytes:
-            raise _BufferArgumentError(
+            raise ArgumentError(
                 f"SHMEMBuffer.{where}: out of bounds (got {nbytes} bytes at offset {offset}; "
                 f"expected offset + nbytes <= {self._nbytes})"
             )
@@ -191,7 +179,7 @@ class SHMEMBuffer:
             try:
                 arr = arr.astype(self._dtype, casting="same_kind")
             except TypeError:
-                raise _BufferTypeError(
+                raise ArgumentError(
                     f"SHMEMBuffer.{where}: cannot cast the source (got dtype {arr.dtype}; "
                     f"expected {dtype_name(self._dtype)} or a same-kind dtype)"
                 ) from None
@@ -248,7 +236,7 @@ class SHMEMBuffer:
         if isinstance(src, Buffer) and not src.is_host:
             src._require_contiguous("SHMEMBuffer.put")
             if src.dtype != self._dtype:
-                raise _BufferTypeError(
+                raise ArgumentError(
                     f"SHMEMBuffer.put: source dtype {dtype_name(src.dtype)} does not match "
                     f"the buffer's {dtype_name(self._dtype)}"
                 )
@@ -263,7 +251,7 @@ class SHMEMBuffer:
 
     def _check_signal(self, signal: Any) -> tuple[int, int, str]:
         if not isinstance(signal, tuple) or len(signal) not in (2, 3):
-            raise _BufferArgumentError(
+            raise ArgumentError(
                 f"SHMEMBuffer.put: invalid signal (got {signal!r}; expected (slot, value) or "
                 "(slot, value, op))"
             )
@@ -288,13 +276,13 @@ class SHMEMBuffer:
         elif isinstance(dst, Buffer) and not dst.is_host:
             heap: Any = self._world.heap
             if not getattr(heap, "device_memory", False):
-                raise _BufferTypeError(
+                raise ArgumentError(
                     "SHMEMBuffer.get: a GPU dst needs the nvshmem backend (got a device Buffer "
                     "on the host backend; pass a numpy array)"
                 )
             dst._require_contiguous("SHMEMBuffer.get")
             if dst.dtype != self._dtype:
-                raise _BufferArgumentError(
+                raise ArgumentError(
                     f"SHMEMBuffer.get: dst dtype {dtype_name(dst.dtype)} does not match the "
                     f"buffer's {dtype_name(self._dtype)}"
                 )
@@ -303,11 +291,11 @@ class SHMEMBuffer:
             return dst
         else:
             if not isinstance(dst, np.ndarray):
-                raise _BufferTypeError(
+                raise ArgumentError(
                     f"SHMEMBuffer.get: dst must be a numpy array (got {type(dst).__name__})"
                 )
             if dst.dtype != self._dtype or not dst.flags.c_contiguous or not dst.flags.writeable:
-                raise _BufferArgumentError(
+                raise ArgumentError(
                     f"SHMEMBuffer.get: invalid dst (got dtype {dst.dtype}, contiguous "
                     f"{dst.flags.c_contiguous}, writeable {dst.flags.writeable}; expected a "
                     f"writeable C-contiguous {dtype_name(self._dtype)} array)"
@@ -334,7 +322,7 @@ class SHMEMBuffer:
             src = self._as_source("enqueue_copy_from", src)
         count = src.num_elements if isinstance(src, Buffer) else src.size
         if count != self._count:
-            raise _BufferArgumentError(
+            raise ArgumentError(
                 f"SHMEMBuffer.enqueue_copy_from: wrong element count (got {count}; "
                 f"expected {self._count})"
             )
@@ -346,12 +334,12 @@ class SHMEMBuffer:
         if isinstance(arr, Buffer):
             arr = arr.to_numpy()
         if not isinstance(arr, np.ndarray):
-            raise _BufferTypeError(
+            raise ArgumentError(
                 f"SHMEMBuffer.{where}: expected a numpy array or host Buffer (got "
                 f"{type(arr).__name__})"
             )
         if arr.dtype != self._dtype or arr.size != self._count or not arr.flags.writeable:
-            raise _BufferArgumentError(
+            raise ArgumentError(
                 f"SHMEMBuffer.{where}: incompatible array (got dtype {arr.dtype}, "
                 f"{arr.size} elements; expected a writeable {dtype_name(self._dtype)} array "
                 f"of {self._count} elements)"
@@ -363,14 +351,14 @@ class SHMEMBuffer:
         self._live(where)
         rank = self._check_rank(where, rank)
         if self._dtype not in ATOMIC_DTYPES:
-            raise _BufferTypeError(
+            raise ArgumentError(
                 f"SHMEMBuffer.{where}: atomics need an integer buffer (got "
                 f"{dtype_name(self._dtype)}; expected int32, int64, uint32 or uint64)"
             )
         if isinstance(index, bool) or not isinstance(index, int | np.integer):
-            raise _BufferArgumentError(f"SHMEMBuffer.{where}: invalid index (got {index!r})")
+            raise ArgumentError(f"SHMEMBuffer.{where}: invalid index (got {index!r})")
         if not 0 <= index < self._count:
-            raise _BufferArgumentError(
+            raise ArgumentError(
                 f"SHMEMBuffer.{where}: index out of range (got {index}; expected 0 <= index "
                 f"< {self._count})"
             )
@@ -407,7 +395,7 @@ class SHMEMBuffer:
         try:
             return arr.__dlpack__(**kwargs)
         except BufferError as exc:
-            raise _DLPackError(
+            raise DLPackError(
                 f"SHMEMBuffer.__dlpack__: cannot export dtype {dtype_name(self._dtype)} ({exc}); "
                 "expected a float16/32/64, integer or bool buffer, or use "
                 "local().view(numpy.uint16) for bfloat16"

@@ -26,16 +26,12 @@ import numpy as np
 
 from ._version import __version__
 from .device import Device, as_device
-from .errors import AsyncExecutionError, ShmemError, ShmemStateError
+from .errors import ArgumentError, AsyncExecutionError, ShmemStateError
 
 if TYPE_CHECKING:
     from .memory import Buffer
 
 __all__ = ["Block", "DeviceContext", "Dim3", "DriverVersion", "Event", "Function"]
-
-
-class _ContextArgumentError(ShmemError, ValueError):
-    pass
 
 
 class Dim3(NamedTuple):
@@ -57,7 +53,7 @@ def as_dim3(value: int | Sequence[int], where: str, what: str) -> Dim3:
     if not 1 <= len(dims) <= 3 or any(
         isinstance(d, bool) or not isinstance(d, int | np.integer) or d < 1 for d in dims
     ):
-        raise _ContextArgumentError(
+        raise ArgumentError(
             f"{where}: invalid {what} (got {value!r}; expected 1 to 3 positive ints)"
         )
     return Dim3(*(int(d) for d in dims))
@@ -317,7 +313,7 @@ class DeviceContext:
         if self._gpu is not None:
             kernel_name = name or ""
             if not isinstance(source_or_callable, str) or not kernel_name:
-                raise _ContextArgumentError(
+                raise ArgumentError(
                     "DeviceContext.compile_function: a GPU kernel needs CUDA C++ source text and "
                     f"a kernel name (got {type(source_or_callable).__name__}, name={name!r})"
                 )
@@ -331,11 +327,11 @@ class DeviceContext:
             exec(compile(source_or_callable, f"<kernel {name}>", "exec"), namespace)
             fn = namespace.get(name)
             if not callable(fn):
-                raise _ContextArgumentError(
+                raise ArgumentError(
                     f"DeviceContext.compile_function: the source defines no callable {name!r}"
                 )
             return Function(name, self.device, fn)
-        raise _ContextArgumentError(
+        raise ArgumentError(
             "DeviceContext.compile_function: expected a callable, or source text with a name "
             f"(got {type(source_or_callable).__name__}, name={name!r})"
         )
@@ -360,13 +356,13 @@ class DeviceContext:
         block = as_dim3(block_dim, "DeviceContext.enqueue_function", "block_dim")
         shmem_bytes = 0 if shared_mem_bytes is None else int(shared_mem_bytes)
         if shmem_bytes < 0:
-            raise _ContextArgumentError(
+            raise ArgumentError(
                 "DeviceContext.enqueue_function: invalid shared_mem_bytes (got "
                 f"{shared_mem_bytes}; expected >= 0)"
             )
         func = fn if isinstance(fn, Function) else self.compile_function(fn)
         if func.device != self.device:
-            raise _ContextArgumentError(
+            raise ArgumentError(
                 f"DeviceContext.enqueue_function: {func!r} was compiled for "
                 f"{func.device.label}, not {self.device.label}"
             )
@@ -413,7 +409,7 @@ class DeviceContext:
         (CUDA events on a GPU; the host clock between synchronizations on the host)."""
         self._live("execution_time")
         if num_iters < 1:
-            raise _ContextArgumentError(
+            raise ArgumentError(
                 f"DeviceContext.execution_time: invalid num_iters (got {num_iters}; expected >= 1)"
             )
         self.synchronize()

@@ -13,15 +13,11 @@ import platform
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import DeviceUnavailableError, ShmemError
+from .errors import ArgumentError, DeviceUnavailableError
 
 __all__ = ["CPU", "Accelerator", "Device", "DeviceAttributes", "MemoryInfo"]
 
 APIS = ("cpu", "cuda")
-
-
-class _DeviceArgumentError(ShmemError, ValueError):
-    pass
 
 
 @dataclass(frozen=True)
@@ -117,7 +113,7 @@ class Device:
             from . import _cuda
 
             return _cuda.device_count()
-        raise _DeviceArgumentError(
+        raise ArgumentError(
             f"Device.count: unknown api (got {api!r}; expected one of {list(APIS)})"
         )
 
@@ -190,7 +186,7 @@ class CPUDevice(Device):
 def CPU(id: int = 0) -> Device:
     """The host device (``id`` must be 0)."""
     if id != 0:
-        raise _DeviceArgumentError(f"CPU: invalid id (got {id!r}; expected 0)")
+        raise ArgumentError(f"CPU: invalid id (got {id!r}; expected 0)")
     return _HOST
 
 
@@ -206,9 +202,9 @@ def Accelerator(id: int = 0, api: str = "cuda") -> Device:
         No CUDA driver, cuda.core missing, or no device ``id``.
     """
     if api != "cuda":
-        raise _DeviceArgumentError(f"Accelerator: unknown api (got {api!r}; expected 'cuda')")
+        raise ArgumentError(f"Accelerator: unknown api (got {api!r}; expected 'cuda')")
     if isinstance(id, bool) or not isinstance(id, int) or id < 0:
-        raise _DeviceArgumentError(f"Accelerator: invalid id (got {id!r}; expected an int >= 0)")
+        raise ArgumentError(f"Accelerator: invalid id (got {id!r}; expected an int >= 0)")
     from . import _cuda
 
     return _cuda.CudaDevice.get(id)
@@ -230,6 +226,6 @@ def as_device(device: Any, where: str) -> Device:
             return _HOST
         if api == "cuda" and num >= 0:
             return Accelerator(num)
-    raise _DeviceArgumentError(
+    raise ArgumentError(
         f"{where}: invalid device (got {device!r}; expected a Device, 'cpu' or 'cuda:N')"
     )

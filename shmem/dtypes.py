@@ -10,7 +10,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from .errors import ShmemError
+from .errors import ArgumentError
 
 __all__ = ["SUPPORTED_DTYPES", "DTypeLike", "as_dtype", "dtype_name"]
 
@@ -48,10 +48,6 @@ _ALIASES = {
 _BY_DTYPE = {dt: name for name, dt in SUPPORTED_DTYPES.items()}
 
 
-class _DTypeError(ShmemError, TypeError):
-    pass
-
-
 def as_dtype(dtype: Any, where: str = "as_dtype") -> np.dtype[Any]:
     """Return the numpy dtype for ``dtype`` (a numpy dtype, a type or a name).
 
@@ -68,7 +64,7 @@ def as_dtype(dtype: Any, where: str = "as_dtype") -> np.dtype[Any]:
             dt = None
         if dt is not None and dt in _BY_DTYPE:
             return SUPPORTED_DTYPES[_BY_DTYPE[dt]]
-    raise _DTypeError(
+    raise ArgumentError(
         f"{where}: unsupported dtype (got {dtype!r}; expected one of {sorted(SUPPORTED_DTYPES)})"
     )
 

@@ -9,17 +9,36 @@ naturally catch (``ValueError``, ``MemoryError``, ``TimeoutError``, ...), so bot
 from __future__ import annotations
 
 __all__ = [
+    "ArgumentError",
     "AsyncExecutionError",
+    "AttentionArgumentError",
     "BackendUnavailableError",
+    "CollectiveArgumentError",
     "CollectiveMismatchError",
     "ConfigError",
+    "CudaError",
+    "DLPackArgumentError",
+    "DLPackDTypeError",
+    "DLPackError",
+    "DLPackMemoryError",
     "DescriptorError",
     "DeviceUnavailableError",
+    "ExporterGoneError",
+    "GpuBindingError",
+    "GpuCollectiveError",
     "HeapExhaustedError",
+    "IpcPermissionError",
+    "KernelCompileError",
+    "LaunchUsageError",
+    "NvshmemError",
+    "OpError",
+    "PeerFailedError",
     "RemoteTimeoutError",
+    "SequenceParallelError",
     "ShmemError",
     "ShmemStateError",
     "SignalTimeoutError",
+    "ViewError",
 ]
 
 
@@ -123,3 +142,84 @@ class RemoteTimeoutError(ShmemError, TimeoutError):
 
 class DescriptorError(ShmemError, ValueError):
     """An IPC descriptor is malformed, of the wrong version, or otherwise invalid."""
+
+
+class ArgumentError(ShmemError, ValueError, TypeError):
+    """A function was called with an invalid argument: a wrong value or a wrong type.
+
+    The one argument error of the project. It derives from both ``ValueError`` and
+    ``TypeError`` so that callers catching either builtin keep working; the message says which
+    function, what was wrong and what was expected.
+    """
+
+
+class CollectiveArgumentError(ArgumentError):
+    """A collective (``collectives.Communicator``) was called with an invalid argument."""
+
+
+class OpError(ArgumentError):
+    """A reduction operation does not exist or does not apply to the dtype."""
+
+
+class GpuCollectiveError(ArgumentError):
+    """A GPU collective was called with an argument its kernels cannot take."""
+
+
+class AttentionArgumentError(ArgumentError):
+    """An attention function (``collectives.mha``) was called with an invalid argument."""
+
+
+class SequenceParallelError(ArgumentError):
+    """``sequence_parallel_attention`` (or its backward) was called with an invalid argument."""
+
+
+class PeerFailedError(ShmemError, RuntimeError):
+    """Another rank failed during the call (its own error is raised there)."""
+
+
+class ViewError(ShmemError, IndexError):
+    """An index a strided view cannot express, or one out of range."""
+
+
+class DLPackError(ShmemError, BufferError):
+    """A DLPack exchange failed: bad or consumed capsule, unsupported device or version."""
+
+
+class DLPackDTypeError(DLPackError, ValueError):
+    """A dtype (or DLPack type code, bits, lanes) has no DLPack/numpy counterpart here."""
+
+
+class DLPackArgumentError(ArgumentError):
+    """An argument of ``to_dlpack`` is malformed (shape, strides, device, pointer)."""
+
+
+class DLPackMemoryError(ShmemError, MemoryError):
+    """``PyMem_Malloc`` failed while building a DLPack capsule."""
+
+
+class CudaError(ShmemError, RuntimeError):
+    """A CUDA driver call failed."""
+
+
+class KernelCompileError(ShmemError, RuntimeError):
+    """NVRTC could not compile a kernel source; the message holds the compiler log."""
+
+
+class NvshmemError(ShmemError, RuntimeError):
+    """An NVSHMEM call failed or NVSHMEM is in a state the call cannot use."""
+
+
+class IpcPermissionError(ShmemError, PermissionError):
+    """Credentials do not allow this (another user's descriptor, or an unsafe directory)."""
+
+
+class ExporterGoneError(ShmemError, ConnectionError):
+    """The exporting process is no longer serving (it exited or closed the buffer)."""
+
+
+class LaunchUsageError(ArgumentError):
+    """The launcher's command line cannot be turned into a job (exit code 2)."""
+
+
+class GpuBindingError(ShmemError, RuntimeError):
+    """More ranks on a node than GPUs without ``--allow-gpu-sharing``."""

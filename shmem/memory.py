@@ -18,7 +18,7 @@ import numpy as np
 
 from .device import CPU, Device, as_device
 from .dtypes import as_dtype, dtype_name
-from .errors import ShmemError, ShmemStateError
+from .errors import ArgumentError, ShmemStateError
 from .views import contiguous_strides, index_view, is_contiguous, single_index
 
 if TYPE_CHECKING:
@@ -27,27 +27,17 @@ if TYPE_CHECKING:
 __all__ = ["Buffer"]
 
 
-class _BufferArgumentError(ShmemError, ValueError):
-    pass
-
-
-class _BufferTypeError(ShmemError, TypeError):
-    pass
-
-
 def _shape(shape: Any, where: str) -> tuple[int, ...]:
     if isinstance(shape, int | np.integer) and not isinstance(shape, bool):
         shape = (shape,)
     try:
         dims = tuple(shape)
     except TypeError:
-        raise _BufferArgumentError(
+        raise ArgumentError(
             f"{where}: invalid shape (got {shape!r}; expected an int or a tuple of ints)"
         ) from None
     if any(isinstance(d, bool) or not isinstance(d, int | np.integer) or d < 0 for d in dims):
-        raise _BufferArgumentError(
-            f"{where}: invalid shape (got {shape!r}; expected non-negative ints)"
-        )
+        raise ArgumentError(f"{where}: invalid shape (got {shape!r}; expected non-negative ints)")
     return tuple(int(d) for d in dims)
 
 
@@ -84,14 +74,12 @@ class Buffer:
             else as_device(device, "Buffer")
         )
         if stream is not None and not dev.is_host and stream.device != dev:
-            raise _BufferArgumentError(
+            raise ArgumentError(
                 f"Buffer: the stream is on {stream.device.label}, the buffer on {dev.label} "
                 "(expected the same device)"
             )
         if pinned and not dev.is_host:
-            raise _BufferArgumentError(
-                f"Buffer: pinned applies to host buffers (got device {dev.label})"
-            )
+            raise ArgumentError(f"Buffer: pinned applies to host buffers (got device {dev.label})")
         nbytes = math.prod(dims) * dt.itemsize
         self._device = dev
         self._dtype = dt
@@ -265,7 +253,7 @@ class Buffer:
 
     def _require_contiguous(self, where: str) -> None:
         if not self.is_contiguous:
-            raise _BufferArgumentError(
+            raise ArgumentError(
                 f"{where}: the buffer is not contiguous (got shape {self._shape}, strides "
                 f"{self._strides}; expected a contiguous buffer: call .contiguous() first)"
             )
@@ -295,7 +283,7 @@ class Buffer:
         :meth:`inplace_copy_from` instead)."""
         self._live("__setitem__")
         if not single_index(self._shape, key):
-            raise _BufferArgumentError(
+            raise ArgumentError(
                 f"Buffer.__setitem__: can only set a single element (got index {key!r} on a "
                 f"rank-{self.rank} buffer; expected {self.rank} integer indices). To set "
                 "several, copy into a view: buf[...].inplace_copy_from(src)"
@@ -303,7 +291,7 @@ class Buffer:
         view = self[key]
         scalar = np.asarray(value).astype(self._dtype)
         if scalar.shape != ():
-            raise _BufferArgumentError(
+            raise ArgumentError(
                 f"Buffer.__setitem__: expected a scalar value (got shape {scalar.shape})"
             )
         if view._array is not None:
@@ -327,7 +315,7 @@ class Buffer:
                 last = self._shape[-1] if self._shape else 1
                 scaled = last * self._dtype.itemsize
                 if not self._shape or scaled % dt.itemsize:
-                    raise _BufferArgumentError(
+                    raise ArgumentError(
                         f"Buffer.view: cannot deduce a shape for {dtype_name(dt)} (last "
                         f"dimension of {scaled} bytes is not a multiple of {dt.itemsize}); "
                         "pass shape="
@@ -336,7 +324,7 @@ class Buffer:
         else:
             dims = _shape(shape, "Buffer.view")
         if math.prod(dims) * dt.itemsize != self.nbytes:
-            raise _BufferArgumentError(
+            raise ArgumentError(
                 f"Buffer.view: size mismatch (got shape {dims} of {dtype_name(dt)} = "
                 f"{math.prod(dims) * dt.itemsize} bytes; expected {self.nbytes} bytes)"
             )
@@ -401,31 +389,31 @@ class Buffer:
             return obj
         if isinstance(obj, np.ndarray):
             return Buffer.from_numpy(obj)
-        raise _BufferTypeError(
+        raise ArgumentError(
             f"{where}: {name} must be a Buffer or a numpy array (got {type(obj).__name__})"
         )
 
     @staticmethod
     def _check_copy_pair(dst: Buffer, src: Buffer, where: str, contiguous: bool) -> None:
         if dst._dtype != src._dtype:
-            raise _BufferTypeError(
+            raise ArgumentError(
                 f"{where}: dtype mismatch (got dst {dtype_name(dst._dtype)}, src "
                 f"{dtype_name(src._dtype)}; expected the same dtype)"
             )
         if contiguous:
             if dst.num_elements != src.num_elements:
-                raise _BufferArgumentError(
+                raise ArgumentError(
                     f"{where}: size mismatch (got dst {dst.num_elements} elements, src "
                     f"{src.num_elements}; expected equal counts)"
                 )
             for buf, name in ((dst, "dst"), (src, "src")):
                 if not buf.is_contiguous:
-                    raise _BufferArgumentError(
+                    raise ArgumentError(
                         f"{where}: {name} is not contiguous (got strides {buf._strides}; "
                         "expected a contiguous buffer: call .contiguous() first)"
                     )
         elif dst._shape != src._shape:
-            raise _BufferArgumentError(
+            raise ArgumentError(
                 f"{where}: shape mismatch (got dst {dst._shape}, src {src._shape}; expected "
                 "the same shape)"
             )
@@ -470,9 +458,7 @@ class Buffer:
         self._live("fill")
         scalar = np.asarray(value).astype(self._dtype)
         if scalar.shape != ():
-            raise _BufferArgumentError(
-                f"memset: expected a scalar value (got shape {scalar.shape})"
-            )
+            raise ArgumentError(f"memset: expected a scalar value (got shape {scalar.shape})")
         if self._array is not None:
             arr = self._array
             if ctx is not None and ctx.device.is_host:
@@ -493,7 +479,7 @@ class Buffer:
     def from_numpy(cls, array: np.ndarray[Any, Any]) -> Buffer:
         """A host buffer over ``array`` (zero-copy, strides kept)."""
         if not isinstance(array, np.ndarray):
-            raise _BufferTypeError(
+            raise ArgumentError(
                 f"Buffer.from_numpy: expected a numpy array (got {type(array).__name__})"
             )
         as_dtype(array.dtype, "Buffer.from_numpy")
@@ -570,7 +556,7 @@ class Buffer:
             from . import _cuda
 
             return _cuda.buffer_from_dlpack(view)
-        raise _BufferTypeError(
+        raise ArgumentError(
             f"Buffer.from_dlpack: unsupported device type {view.device_type} (expected a CPU "
             "or CUDA tensor)"
         )
@@ -607,13 +593,13 @@ class Buffer:
         dt = as_dtype(dtype, "Buffer.mmap")
         dims = _shape(shape, "Buffer.mmap")
         if mode not in ("r", "r+", "w+", "c"):
-            raise _BufferArgumentError(
+            raise ArgumentError(
                 f"Buffer.mmap: invalid mode (got {mode!r}; expected 'r', 'r+', 'w+' or 'c')"
             )
         try:
             arr = np.memmap(filename, dtype=dt, mode=cast(Any, mode), offset=offset, shape=dims)
         except (OSError, ValueError) as exc:
-            raise _BufferArgumentError(
+            raise ArgumentError(
                 f"Buffer.mmap: cannot map {os.fspath(filename)!r} ({exc})"
             ) from None
         return cls._host(arr)
@@ -622,7 +608,7 @@ class Buffer:
         """The value of a rank-0 buffer as a Python scalar."""
         self._live("item")
         if self.rank != 0:
-            raise _BufferArgumentError(
+            raise ArgumentError(
                 f"Buffer.item: only rank-0 buffers have an item (got shape {self._shape})"
             )
         value = self.to_numpy()[()]

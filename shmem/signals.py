@@ -31,7 +31,7 @@ from typing import Any, cast
 
 import numpy as np
 
-from .errors import RemoteTimeoutError, ShmemError, SignalTimeoutError
+from .errors import ArgumentError, RemoteTimeoutError, SignalTimeoutError
 from .heap import SymmetricHeap
 
 __all__ = ["COMPARISONS", "SignalPad", "poll_until"]
@@ -56,10 +56,6 @@ _BARRIER_ROUNDS = 64  # dissemination rounds: enough for 2**64 ranks
 _SPIN_S = 2e-6
 _YIELD_S = 2e-3
 _SLEEP_MAX_S = 1e-3
-
-
-class _SignalArgumentError(ShmemError, ValueError):
-    pass
 
 
 def _int64_view(arr: np.ndarray[Any, Any]) -> memoryview:
@@ -140,14 +136,14 @@ class SignalPad:
 
     def _check_rank(self, where: str, rank: int) -> None:
         if not isinstance(rank, int | np.integer) or not 0 <= rank < self._heap.world_size:
-            raise _SignalArgumentError(
+            raise ArgumentError(
                 f"{where}: invalid rank (got {rank!r}; expected 0 <= rank < "
                 f"{self._heap.world_size})"
             )
 
     def _check_slot(self, where: str, slot: int) -> None:
         if not isinstance(slot, int | np.integer) or not 0 <= slot < self.slots:
-            raise _SignalArgumentError(
+            raise ArgumentError(
                 f"{where}: invalid slot (got {slot!r}; expected 0 <= slot < {self.slots})"
             )
 
@@ -171,7 +167,7 @@ class SignalPad:
         if type(slot) is not int or not 0 <= slot < self.slots:
             self._check_slot("signal", slot)
         if op != "set" and op != "add":  # noqa: PLR1714 - faster than a set lookup here
-            raise _SignalArgumentError(
+            raise ArgumentError(
                 f"signal: invalid op (got {op!r}; expected one of {list(SIGNAL_OPS)})"
             )
         self._raw_signal(int(rank), int(slot), int(value), op)
@@ -230,7 +226,7 @@ class SignalPad:
         if type(slot) is not int or not 0 <= slot < self.slots:
             self._check_slot("wait_until", slot)
         if cmp not in COMPARISONS:
-            raise _SignalArgumentError(
+            raise ArgumentError(
                 f"wait_until: invalid comparison (got {cmp!r}; expected one of {list(COMPARISONS)})"
             )
         return self._raw_wait("wait_until", int(slot), cmp, int(value), timeout, peers)
@@ -252,7 +248,7 @@ class SignalPad:
         if not test(seen, value):
             timeout_s = self.timeout_s if timeout is None else timeout
             if timeout_s < 0:
-                raise _SignalArgumentError(
+                raise ArgumentError(
                     f"{operation}: invalid timeout (got {timeout_s}; expected >= 0 seconds)"
                 )
             last = [seen]

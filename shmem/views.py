@@ -12,13 +12,9 @@ import operator
 from collections.abc import Sequence
 from typing import Any
 
-from .errors import ShmemError
+from .errors import ViewError
 
 __all__ = ["ViewError", "contiguous_strides", "index_view", "is_contiguous", "single_index"]
-
-
-class ViewError(ShmemError, IndexError):
-    """An index a strided view cannot express, or one out of range."""
 
 
 def contiguous_strides(shape: Sequence[int], itemsize: int) -> tuple[int, ...]:

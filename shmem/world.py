@@ -21,7 +21,7 @@ from .config import Config, load_config
 from .context import DeviceContext
 from .device import CPU
 from .dtypes import as_dtype, dtype_name
-from .errors import CollectiveMismatchError, ShmemError, ShmemStateError
+from .errors import ArgumentError, CollectiveMismatchError, ShmemStateError
 from .heap import SymmetricHeap
 from .signals import SignalPad
 
@@ -34,10 +34,6 @@ log = logging.getLogger(__name__)
 
 _lock = threading.Lock()
 _current: World | None = None
-
-
-class _WorldArgumentError(ShmemError, ValueError):
-    pass
 
 
 def compare_across_ranks(
@@ -66,12 +62,12 @@ def _normalise_shape(where: str, shape: Any) -> tuple[int, ...]:
     try:
         dims = tuple(shape)
     except TypeError:
-        raise _WorldArgumentError(
+        raise ArgumentError(
             f"{where}: invalid shape (got {shape!r}; expected an int or a tuple of ints)"
         ) from None
     for d in dims:
         if isinstance(d, bool) or not isinstance(d, int | np.integer) or d < 0:
-            raise _WorldArgumentError(
+            raise ArgumentError(
                 f"{where}: invalid shape (got {shape!r}; expected non-negative integers)"
             )
     return tuple(int(d) for d in dims)
@@ -357,7 +353,7 @@ def init(
             )
     if isinstance(config, Config):
         if overrides:
-            raise _WorldArgumentError(
+            raise ArgumentError(
                 "init: keyword overrides need a config path or None, not a Config object "
                 f"(got {sorted(overrides)}; use dataclasses.replace on the Config instead)"
             )

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from shmem.errors import ShmemError, SignalTimeoutError
+from shmem.errors import PeerFailedError, SignalTimeoutError
 from shmem.signals import poll_until
 
 from .scheduler import MaskSpec
@@ -60,10 +60,6 @@ __all__ = [
 # inputs are written; (rank 0 only) units completed anywhere, a heartbeat for the deadlines
 TAKE, DONE, ABORT, READY, BEAT = 0, 1, 2, 3, 4
 COUNTERS = 5
-
-
-class PeerFailedError(ShmemError, RuntimeError):
-    """Another rank failed during the call (its own error is raised there)."""
 
 
 @dataclass

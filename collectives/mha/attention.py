@@ -16,7 +16,7 @@ from threadpoolctl import threadpool_limits
 
 from shmem import CPU, Block, DeviceContext
 from shmem.dtypes import as_dtype, dtype_name
-from shmem.errors import ShmemError
+from shmem.errors import AttentionArgumentError
 
 from .kernel import attention_tile
 from .scheduler import (
@@ -33,10 +33,6 @@ __all__ = ["attention", "normalise_window"]
 INPUT_DTYPES = ("float32", "float16", "bfloat16")
 _ctx_lock = threading.Lock()
 _ctx: DeviceContext | None = None
-
-
-class AttentionArgumentError(ShmemError, ValueError):
-    pass
 
 
 def _context() -> DeviceContext:

@@ -42,7 +42,7 @@ from threadpoolctl import threadpool_limits
 
 from shmem import CPU
 from shmem.dtypes import as_dtype, dtype_name
-from shmem.errors import CollectiveMismatchError, ShmemError
+from shmem.errors import CollectiveMismatchError, SequenceParallelError
 
 from ..communicator import Communicator
 from ..schedule import shard_bounds
@@ -78,10 +78,6 @@ __all__ = [
 SCHEDULES = ("dynamic", "ring", "zigzag")
 CHUNKS_PER_RANK = 4  # dynamic: default query/KV chunks per rank (unit_rows=None)
 _F32 = np.dtype(np.float32)
-
-
-class SequenceParallelError(ShmemError, ValueError):
-    pass
 
 
 def zigzag_shard(x: np.ndarray[Any, Any], rank: int, world_size: int) -> np.ndarray[Any, Any]:

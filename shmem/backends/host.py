@@ -43,7 +43,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ..config import HeapConfig
-from ..errors import RemoteTimeoutError, ShmemError
+from ..errors import ArgumentError, RemoteTimeoutError
 from ..heap import ATOMIC_DTYPES
 from ..signals import poll_until
 
@@ -64,13 +64,9 @@ _MPI_OPS = {"add": MPI.SUM, "set": MPI.REPLACE}
 _TOTAL_STORE_ORDER = platform.machine().lower() in {"x86_64", "amd64", "i386", "i686"}
 
 
-class _HeapArgumentError(ShmemError, ValueError):
-    pass
-
-
 def _check_atomic_dtype(where: str, dtype: np.dtype[Any]) -> None:
     if dtype not in ATOMIC_DTYPES:
-        raise _HeapArgumentError(
+        raise ArgumentError(
             f"{where}: unsupported dtype (got {dtype}; expected int32, int64, uint32 or uint64)"
         )
 
@@ -202,7 +198,7 @@ class HostHeap:
 
     def _remote_window(self) -> MPI.Win:
         if self._rma_win is None:  # pragma: no cover - is_local() is True for every rank then
-            raise _HeapArgumentError("HostHeap: no RMA window (every rank is on this node)")
+            raise ArgumentError("HostHeap: no RMA window (every rank is on this node)")
         return self._rma_win
 
     # -- atomics ----------------------------------------------------------------------------

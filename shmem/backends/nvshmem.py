@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import BackendUnavailableError, ShmemError, SignalTimeoutError
+from ..errors import BackendUnavailableError, NvshmemError, SignalTimeoutError
 from ..signals import SLOT_DTYPE, SignalPad
 
 __all__ = ["SAFE_IN_LIMITED_MPG", "DeviceSignalPad", "NvshmemHeap"]
@@ -66,10 +66,6 @@ _MODES = {
     3: "LIMITED_MPG",
     4: "FULL_MPG",
 }
-
-
-class NvshmemError(ShmemError, RuntimeError):
-    pass
 
 
 def _nodes(comm: Any, node_comm: Any) -> tuple[int, int]:

@@ -29,7 +29,7 @@ from typing import Any, cast
 import numpy as np
 
 from ..dtypes import as_dtype, dtype_name
-from ..errors import DescriptorError, ShmemError, ShmemStateError
+from ..errors import ArgumentError, DescriptorError, ShmemStateError
 from ..memory import Buffer
 from .descriptor import IpcDescriptor
 from .service import ExporterGoneError, IpcPermissionError, Server, request, runtime_dir
@@ -51,14 +51,10 @@ __all__ = [
 _NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 
 
-class _IpcArgumentError(ShmemError, ValueError):
-    pass
-
-
 def _shape(shape: Any) -> tuple[int, ...]:
     dims = (shape,) if isinstance(shape, int) else tuple(shape)
     if any(isinstance(d, bool) or not isinstance(d, int) or d < 0 for d in dims):
-        raise _IpcArgumentError(f"allocate: invalid shape (got {shape!r}; expected ints >= 0)")
+        raise ArgumentError(f"allocate: invalid shape (got {shape!r}; expected ints >= 0)")
     return dims
 
 
@@ -205,7 +201,7 @@ def allocate(shape: Any, dtype: Any = "uint8", device: Any = None) -> IpcBuffer:
 def export(buf: IpcBuffer) -> IpcDescriptor:
     """A descriptor for ``buf`` (starts this process's IPC service on first use)."""
     if not isinstance(buf, IpcBuffer):
-        raise _IpcArgumentError(
+        raise ArgumentError(
             f"export: expected an IpcBuffer from shmem.ipc.allocate (got {type(buf).__name__})"
         )
     if buf.closed:
@@ -287,7 +283,7 @@ def _registry() -> Path:
 def publish(name: str, buf: IpcBuffer) -> IpcDescriptor:
     """Export ``buf`` under ``name`` on this node (replacing an entry whose owner is gone)."""
     if not isinstance(name, str) or not _NAME.match(name):
-        raise _IpcArgumentError(
+        raise ArgumentError(
             f"publish: invalid name (got {name!r}; expected 1-64 of A-Z a-z 0-9 . _ -)"
         )
     path = _registry() / f"{name}.json"
@@ -298,7 +294,7 @@ def publish(name: str, buf: IpcBuffer) -> IpcDescriptor:
         except (OSError, ValueError, KeyError, TypeError):
             owner = 0
         if owner and owner != os.getpid() and _alive(owner):
-            raise _IpcArgumentError(f"publish: {name!r} is already published by pid {owner}")
+            raise ArgumentError(f"publish: {name!r} is already published by pid {owner}")
     desc = export(buf)
     entry = {
         "name": name,
@@ -328,7 +324,7 @@ def lookup(name: str) -> IpcDescriptor:
         Its exporter has exited.
     """
     if not isinstance(name, str) or not _NAME.match(name):
-        raise _IpcArgumentError(f"lookup: invalid name (got {name!r})")
+        raise ArgumentError(f"lookup: invalid name (got {name!r})")
     path = _registry() / f"{name}.json"
     try:
         entry = json.loads(path.read_text())

@@ -23,21 +23,13 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import DescriptorError, ShmemError
+from ..errors import DescriptorError, ExporterGoneError, IpcPermissionError
 
 __all__ = ["ExporterGoneError", "IpcPermissionError", "Server", "request", "runtime_dir"]
 
 _CREDS = struct.Struct("3i")  # pid, uid, gid
 _MAX_REQUEST = 512
 _TIMEOUT_S = 5.0
-
-
-class IpcPermissionError(ShmemError, PermissionError):
-    """Credentials do not allow this (another user's descriptor, or an unsafe directory)."""
-
-
-class ExporterGoneError(ShmemError, ConnectionError):
-    """The exporting process is no longer serving (it exited or closed the buffer)."""
 
 
 def runtime_dir() -> Path:

@@ -51,7 +51,8 @@ def test_nvshmem_module_imports_without_nvshmem() -> None:
 
 
 def test_limited_mpg_guard_refuses_unsafe_calls() -> None:
-    from shmem.backends.nvshmem import NvshmemError, NvshmemHeap
+    from shmem.backends.nvshmem import NvshmemHeap
+    from shmem.errors import NvshmemError
 
     heap = NvshmemHeap.__new__(NvshmemHeap)
     heap._nv = SimpleNamespace(barrier_all="ok", reduce="exits")
