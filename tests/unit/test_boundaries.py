@@ -1,0 +1,264 @@
+"""The tree's structure, checked from the source: package boundaries and import cycles.
+
+* No module of one top-level package imports an underscore-named module or name of another
+  package, or reads an underscore attribute of something it imported from another package
+  (what a package needs from ``shmem`` is public API there).
+* No module-level import cycle anywhere in the tree (imports under ``if TYPE_CHECKING:`` and
+  inside functions do not count: they run after every module has loaded).
+
+Both read the code with :mod:`ast` only: nothing is imported or run.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("shmem", "collectives", "launch")
+# scripts and tests may use only the public API of the packages too
+CONSUMERS = (*PACKAGES, "benchmarks", "examples")
+
+
+def _modules(top: str) -> Iterator[tuple[str, Path]]:
+    base = ROOT / top
+    for path in sorted(base.rglob("*.py")):
+        if any(part.startswith(".") for part in path.relative_to(ROOT).parts):
+            continue
+        rel = path.relative_to(ROOT).with_suffix("")
+        parts = list(rel.parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        yield ".".join(parts), path
+
+
+def _is_private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def _resolve(module: str, path: Path, node: ast.ImportFrom) -> str:
+    """The absolute module name an ``ImportFrom`` refers to."""
+    if node.level == 0:
+        return node.module or ""
+    package = module.split(".")
+    if path.name != "__init__.py":
+        package = package[:-1]
+    package = package[: len(package) - (node.level - 1)]
+    return ".".join([*package, node.module] if node.module else package)
+
+
+def _type_checking_lines(tree: ast.Module) -> set[int]:
+    lines: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If):
+            test = node.test
+            name = test.id if isinstance(test, ast.Name) else getattr(test, "attr", "")
+            if name == "TYPE_CHECKING":
+                for child in node.body:
+                    lines.update(range(child.lineno, (child.end_lineno or child.lineno) + 1))
+    return lines
+
+
+def _file_violations(top: str, module: str, path: Path, source: str) -> list[str]:
+    found: list[str] = []
+    tree = ast.parse(source, str(path))
+    foreign: set[str] = set()  # local names bound to another package's modules or objects
+    where = str(path)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                head = alias.name.split(".")[0]
+                if head in PACKAGES and head != top:
+                    if any(_is_private(p) for p in alias.name.split(".")):
+                        found.append(f"{where}:{node.lineno}: import {alias.name}")
+                    foreign.add(alias.asname or head)
+        elif isinstance(node, ast.ImportFrom):
+            target = _resolve(module, path, node)
+            head = target.split(".")[0]
+            if head not in PACKAGES or head == top:
+                continue
+            if any(_is_private(p) for p in target.split(".")):
+                found.append(f"{where}:{node.lineno}: from {target} import ...")
+            for alias in node.names:
+                if _is_private(alias.name):
+                    found.append(f"{where}:{node.lineno}: from {target} import {alias.name}")
+                foreign.add(alias.asname or alias.name)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and _is_private(node.attr):
+            base = node.value
+            while isinstance(base, ast.Attribute):
+                base = base.value
+            if isinstance(base, ast.Name) and base.id in foreign:
+                found.append(f"{where}:{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def _violations(top: str) -> list[str]:
+    return [
+        v
+        for module, path in _modules(top)
+        for v in _file_violations(top, module, path.relative_to(ROOT), path.read_text())
+    ]
+
+
+def _private_members(source: str) -> set[str]:
+    """Underscore names a module defines as members: methods, and ``self._x = ...``."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and _is_private(node.name):
+            names.add(node.name)
+        elif (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.ctx, ast.Store)
+            and _is_private(node.attr)
+        ):
+            names.add(node.attr)
+    return names
+
+
+def _member_violations(top: str, path: Path, source: str, elsewhere: set[str]) -> list[str]:
+    """``obj._x`` where ``obj`` is not ``self``/``cls`` and only another package defines
+    ``_x``: reaching into another package's object (``self.world._check_open``)."""
+    found: list[str] = []
+    for node in ast.walk(ast.parse(source)):
+        if not (isinstance(node, ast.Attribute) and node.attr in elsewhere):
+            continue
+        if isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"):
+            continue
+        found.append(f"{path}:{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def _members_used_across(top: str) -> list[str]:
+    sources = {
+        t: {p: p.read_text() for _, p in _modules(t)} for t in CONSUMERS if (ROOT / t).is_dir()
+    }
+    defined = {t: set().union(*map(_private_members, s.values())) for t, s in sources.items()}
+    mine = defined.get(top, set())
+    others = set().union(*(d for t, d in defined.items() if t != top)) - mine
+    return [
+        v
+        for path, src in sources.get(top, {}).items()
+        for v in _member_violations(top, path.relative_to(ROOT), src, others)
+    ]
+
+
+@pytest.mark.parametrize("top", CONSUMERS)
+def test_no_package_uses_another_packages_private_names(top: str) -> None:
+    found = sorted(set(_violations(top) + _members_used_across(top)))
+    assert not found, "private names used across packages:\n" + "\n".join(found)
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """Module -> modules it imports at module level (not under TYPE_CHECKING)."""
+    known = {m: p for top in PACKAGES for m, p in _modules(top)}
+    graph: dict[str, set[str]] = {m: set() for m in known}
+    for module, path in known.items():
+        tree = ast.parse(path.read_text(), str(path))
+        skip = _type_checking_lines(tree)
+        for node in tree.body:  # module level only
+            stmts: list[ast.stmt] = [node]
+            if isinstance(node, ast.Try):
+                stmts = [*node.body, *node.orelse, *node.finalbody]
+            for stmt in stmts:
+                if stmt.lineno in skip:
+                    continue
+                targets: list[str] = []
+                if isinstance(stmt, ast.Import):
+                    targets = [a.name for a in stmt.names]
+                elif isinstance(stmt, ast.ImportFrom):
+                    base = _resolve(module, path, stmt)
+                    targets = [base] + [f"{base}.{a.name}" for a in stmt.names]
+                for t in targets:
+                    # importing a.b.c runs a, a.b and a.b.c
+                    parts = t.split(".")
+                    for i in range(1, len(parts) + 1):
+                        name = ".".join(parts[:i])
+                        if name in known and name != module:
+                            graph[module].add(name)
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+    counter = 0
+
+    def visit(v: str) -> None:
+        nonlocal counter
+        index[v] = low[v] = counter
+        counter += 1
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def _is_package_init_cycle(comp: list[str], graph: dict[str, set[str]]) -> bool:
+    """A package's ``__init__`` importing its own submodules, which import siblings through
+    the package (``from . import x``) is how packages work, not a cycle between modules:
+    drop package nodes and look again."""
+    packages = {m for m in comp if any(o.startswith(m + ".") for o in comp)}
+    rest = {m: {w for w in graph[m] if w in comp and w not in packages} for m in comp}
+    sub = {m: e for m, e in rest.items() if m not in packages}
+    return not _cycles(sub)
+
+
+def test_no_module_level_import_cycles() -> None:
+    graph = _import_graph()
+    cycles = [c for c in _cycles(graph) if not _is_package_init_cycle(c, graph)]
+    assert not cycles, "module-level import cycles:\n" + "\n".join(" <-> ".join(c) for c in cycles)
+
+
+def test_the_checks_can_fail() -> None:
+    """The detectors find what they are for, on made-up graphs and sources."""
+    assert _cycles({"a": {"b"}, "b": {"a"}, "c": set()}) == [["a", "b"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
+    src = (
+        "import shmem\n"
+        "from shmem.backends.host import _X\n"
+        "from shmem import _cuda\n"
+        "from shmem.world import World\n"
+        "shmem._private\n"
+        "World._finalized\n"
+        "self._mine\n"
+    )
+    found = _file_violations("collectives", "collectives.x", Path("collectives/x.py"), src)
+    assert [f.split(": ", 1)[1] for f in found] == [
+        "from shmem.backends.host import _X",
+        "from shmem import _cuda",
+        "shmem._private",
+        "World._finalized",
+    ]
+    shmem_src = "class W:\n    def _check_open(self): self._gpu = 1\n"
+    assert _private_members(shmem_src) == {"_check_open", "_gpu"}
+    use = "self.world._check_open()\nself._gpu\nheap._gpu\n"
+    found = _member_violations("collectives", Path("c.py"), use, {"_check_open", "_gpu"})
+    assert sorted(f.split(": ", 1)[1] for f in found) == ["heap._gpu", "self.world._check_open"]
+    assert _file_violations("shmem", "shmem.x", Path("shmem/x.py"), src) == []
