@@ -67,15 +67,12 @@ def main() -> None:
     from cuda.core import Buffer as CCBuffer
     from cuda.core import Device, LaunchConfig, launch
 
-    from shmem import _cuda, _nvrtc
+    from shmem import cuda as shmem_cuda
 
     dev = Device(0)
     dev.set_current()
     stream = dev.create_stream()
     sms = int(dev.properties.multiprocessor_count)
-    module = _nvrtc.compile_cubin(
-        _nvrtc.source_of(KERNELS), name="allreduce.cu", arch=str(dev.arch)
-    )
     torch: Any = None
     try:
         import torch as _torch
@@ -87,14 +84,14 @@ def main() -> None:
     records = []
     for dtype in args.dtypes.split(","):
         dt = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(dtype)
-        fn = module.get_kernel(f"reduce_local_{dtype}_sum")
+        fn = shmem_cuda.load_kernel(0, KERNELS, f"reduce_local_{dtype}_sum")
         for nbytes in (parse_size(s) for s in args.sizes.split(",")):
             n = nbytes // dt.itemsize
             copy_src = dev.allocate(nbytes, stream=stream)
             copy_dst = dev.allocate(nbytes, stream=stream)
 
             def d2d(a: Any = copy_src, b: Any = copy_dst, size: int = nbytes) -> None:
-                _cuda._memcpy(int(b.handle), int(a.handle), size, stream)
+                shmem_cuda.memcpy_async(int(b.handle), int(a.handle), size, stream)
 
             t_copy = timed(stream, d2d, args.repeat)
             copy_bw = 2 * nbytes / t_copy

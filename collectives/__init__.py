@@ -8,8 +8,18 @@ waits. Depends on :mod:`shmem` only.
 
 from __future__ import annotations
 
-from .communicator import CommStats, Communicator
-from .ops import OPS
-from .schedule import ALGORITHMS, AlgorithmTable, shard_bounds
+from .channel import CommStats
+from .communicator import Communicator
+from .ops import OPS, ReduceOp
+from .schedule import ALGORITHMS, Algorithm, AlgorithmTable, shard_bounds
 
-__all__ = ["ALGORITHMS", "OPS", "AlgorithmTable", "CommStats", "Communicator", "shard_bounds"]
+__all__ = [
+    "ALGORITHMS",
+    "OPS",
+    "Algorithm",
+    "AlgorithmTable",
+    "CommStats",
+    "Communicator",
+    "ReduceOp",
+    "shard_bounds",
+]

@@ -2,39 +2,41 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 from mpi4py import MPI
 
-from .communicator import DONE, Communicator
-from .family import exchange, prepare
+from shmem import SHMEMBuffer
+
+from .channel import Channel
+from .family import exchange, over_mpi
+from .operand import Array, prepare
 
 __all__ = ["all_gather"]
 
 
-def all_gather(comm: Communicator, x: Any, out: Any) -> Any:
+def all_gather(
+    ch: Channel, x: SHMEMBuffer | Array, out: SHMEMBuffer | Array | None
+) -> SHMEMBuffer | Array:
     where = "Communicator.all_gather"
-    size = comm.world_size
-    xin, ret, dst = prepare(comm, where, x, out, lambda n: n * size)
+    size = ch.world_size
+    xin, ret, dst = prepare(ch, where, x, out, lambda n: n * size)
     m = xin.count
-    if comm.num_nodes > 1 or xin.count * xin.dtype.itemsize > comm.scratch_capacity:
+    if not ch.fits_scratch(xin):
         # across nodes, or too large for the scratch: MPI (non-blocking, within the deadline)
-        s = comm._next_call()
         send = np.ascontiguousarray(xin.array)
-        comm.mpi_wait(
-            comm.world.comm.Iallgather(
+        over_mpi(
+            ch,
+            where,
+            lambda: ch.comm.Iallgather(
                 [send.view(np.uint8), MPI.BYTE], [dst.view(np.uint8), MPI.BYTE]
             ),
-            where,
             keep=(send, dst),
         )
-        comm._post(DONE, s)  # node-local peers wait for it before reusing scratch
         return ret
-    comm.stats.count("all_gather")
+    ch.stats.count("all_gather")
 
-    def read(r: int, src: np.ndarray[Any, Any], target: np.ndarray[Any, Any]) -> None:
+    def read(r: int, src: Array, target: Array) -> None:
         np.copyto(target[r * m : (r + 1) * m], src)
 
-    exchange(comm, where, xin, dst, read)
+    exchange(ch, where, xin, dst, read)
     return ret

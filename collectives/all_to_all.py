@@ -3,22 +3,24 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 from mpi4py import MPI
 
+from shmem import SHMEMBuffer
 from shmem.errors import CollectiveArgumentError
 
-from .communicator import DONE, Communicator, Operand
-from .family import exchange, prepare
+from .channel import Channel
+from .family import exchange, over_mpi
+from .operand import Array, Operand, prepare
 
 __all__ = ["all_to_all"]
 
 
-def all_to_all(comm: Communicator, x: Any, out: Any) -> Any:
+def all_to_all(
+    ch: Channel, x: SHMEMBuffer | Array, out: SHMEMBuffer | Array | None
+) -> SHMEMBuffer | Array:
     where = "Communicator.all_to_all"
-    size, rank = comm.world_size, comm.rank
+    size, rank = ch.world_size, ch.rank
 
     def validate(xin: Operand) -> None:
         if xin.count % size:
@@ -27,25 +29,24 @@ def all_to_all(comm: Communicator, x: Any, out: Any) -> Any:
                 f"size {size})"
             )
 
-    xin, ret, dst = prepare(comm, where, x, out, lambda n: n, (), validate)
+    xin, ret, dst = prepare(ch, where, x, out, lambda n: n, (), validate)
     m = xin.count // size
-    if comm.num_nodes > 1 or xin.count * xin.dtype.itemsize > comm.scratch_capacity:
+    if not ch.fits_scratch(xin):
         # across nodes, or too large for the scratch: MPI (non-blocking, within the deadline)
-        s = comm._next_call()
         send = np.array(xin.array, copy=True)  # in place is allowed: MPI needs two buffers
-        comm.mpi_wait(
-            comm.world.comm.Ialltoall(
+        over_mpi(
+            ch,
+            where,
+            lambda: ch.comm.Ialltoall(
                 [send.view(np.uint8), MPI.BYTE], [dst.view(np.uint8), MPI.BYTE]
             ),
-            where,
             keep=(send, dst),
         )
-        comm._post(DONE, s)  # node-local peers wait for it before reusing scratch
         return ret
-    comm.stats.count("all_to_all")
+    ch.stats.count("all_to_all")
 
-    def read(r: int, src: np.ndarray[Any, Any], target: np.ndarray[Any, Any]) -> None:
+    def read(r: int, src: Array, target: Array) -> None:
         np.copyto(target[r * m : (r + 1) * m], src[rank * m : (rank + 1) * m])
 
-    exchange(comm, where, xin, dst, read)  # a staged x is read from scratch: in place is safe
+    exchange(ch, where, xin, dst, read)  # a staged x is read from scratch: in place is safe
     return ret

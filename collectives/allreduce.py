@@ -10,20 +10,24 @@ identical on every rank, though it may differ from one-shot in the last bit for 
 
 from __future__ import annotations
 
+import logging
 from typing import Any, cast
 
 import numpy as np
 
 from shmem import SHMEMBuffer
-from shmem.backends.host import _TOTAL_STORE_ORDER
 from shmem.dtypes import dtype_name
-from shmem.errors import ShmemError
+from shmem.errors import CollectiveArgumentError, ShmemError
 
-from .communicator import DONE, READY, SHARD, SRC, Communicator, Operand, output_array
-from .ops import UFUNCS, int_avg, reduce_into, widen
-from .schedule import shard_bounds, shard_of
+from .channel import Channel, Flag
+from .operand import Array, Operand, agree, output_array
+from .ops import UFUNCS, ReduceOp, accumulate_dtype, check_op, int_avg, reduce_into, widen
+from .schedule import ALGORITHMS, Algorithm, shard_bounds, shard_of
 
-__all__ = ["all_reduce"]
+__all__ = ["TinyPlan", "all_reduce", "choose", "tiny_plan"]
+
+log = logging.getLogger(__name__)
+DONE, READY, SHARD, SRC = Flag.DONE, Flag.READY, Flag.SHARD, Flag.SRC
 
 _ALIGN = 64
 
@@ -32,30 +36,58 @@ def _round_up(n: int) -> int:
     return (n + _ALIGN - 1) // _ALIGN * _ALIGN
 
 
-def all_reduce(comm: Communicator, x: Any, op: str, out: Any, algorithm: str) -> Any:
+def choose(ch: Channel, algorithm: Algorithm | str, nbytes: int, where: str) -> str:
+    """The algorithm to run: the table's for ``"auto"``, else the one asked for (off-node
+    peers have no peer views, so several nodes always take ``hierarchical``)."""
+    if algorithm == "auto":
+        algo = ch.table.choose(nbytes, ch.world_size, ch.num_nodes)
+    elif isinstance(algorithm, str) and algorithm in ALGORITHMS:
+        algo = str(algorithm)
+    else:
+        raise CollectiveArgumentError(
+            f"{where}: unknown algorithm (got {algorithm!r}; expected 'auto' or one of "
+            f"{list(ALGORITHMS)})"
+        )
+    if algo != "hierarchical" and ch.num_nodes > 1:
+        algo = "hierarchical"
+    if log.isEnabledFor(logging.DEBUG):
+        log.debug("%s: %d bytes on %d ranks -> %s", where, nbytes, ch.world_size, algo)
+    ch.stats.count(algo)
+    return algo
+
+
+def all_reduce(
+    ch: Channel,
+    x: SHMEMBuffer | Array,
+    op: ReduceOp | str,
+    out: SHMEMBuffer | Array | None,
+    algorithm: Algorithm | str,
+) -> SHMEMBuffer | Array:
     where = "Communicator.all_reduce"
     error: Exception | None = None
     xin: Operand | None = None
-    ret: Any = None
-    dst: np.ndarray[Any, Any] | None = None
-    record: tuple[Any, ...] = ("all_reduce", "invalid")
+    ret: SHMEMBuffer | Array | None = None
+    dst: Array | None = None
+    record: tuple[object, ...] = ("all_reduce", "invalid")
     try:
         xin = Operand(x, where, "x")
-        comm.check_op(op, xin.dtype, where)
-        ret, dst = output_array(comm, out, xin.count, xin.dtype, where, xin)
-        record = ("all_reduce", xin.count, dtype_name(xin.dtype), op, algorithm)
+        check_op(op, xin.dtype, where)
+        ret, dst = output_array(out, xin.count, xin.dtype, where, xin)
+        record = ("all_reduce", xin.count, dtype_name(xin.dtype), str(op), str(algorithm))
     except (ValueError, TypeError, ShmemError) as exc:  # also closed buffers
         error = exc
-    comm.check(where, record, error)
-    assert xin is not None and dst is not None
+    agree(ch, where, record, error)
+    if xin is None or dst is None or ret is None:  # agree() raised already; for the types
+        raise CollectiveArgumentError(f"{where}: invalid arguments")
+    op = str(op)
     n, isz = xin.count, xin.dtype.itemsize
-    algo = comm.choose(algorithm, n * isz, where)
+    algo = choose(ch, algorithm, n * isz, where)
     if n == 0:
         return ret
-    acc = comm.accumulate_dtype(xin.dtype)
+    acc = accumulate_dtype(xin.dtype, ch.float32_accumulate)
     staged = xin.shmem is None
     in_place = np.may_share_memory(dst, xin.array)
-    parts = 1 if algo == "one_shot" else len(comm.local_peers)
+    parts = 1 if algo == "one_shot" else len(ch.local_peers)
 
     def need(count: int) -> int:
         # the same on every rank whatever kind of x it passed (staging space is reserved
@@ -64,26 +96,26 @@ def all_reduce(comm: Communicator, x: Any, op: str, out: Any, algorithm: str) ->
         return _round_up(count * isz) + shard
 
     piece = n
-    cap = comm.scratch_capacity
-    uses_scratch = not (algo == "hierarchical" and comm.num_nodes > 1 and not comm.uniform_nodes)
+    cap = ch.scratch_capacity
+    uses_scratch = not (algo == "hierarchical" and ch.num_nodes > 1 and not ch.uniform_nodes)
     if uses_scratch and need(n) > cap:
         while need(piece) > cap and piece > 1:
             piece = max(1, piece // 2)
     run = {"one_shot": _one_shot, "two_shot": _two_shot, "hierarchical": _hierarchical}[algo]
     for lo in range(0, n, piece):
         hi = min(lo + piece, n)
-        run(comm, xin, dst, lo, hi, op, acc, staged, in_place, need(hi - lo))
+        run(ch, xin, dst, lo, hi, op, acc, staged, in_place, need(hi - lo))
     return ret
 
 
 def _inputs(
-    comm: Communicator, xin: Operand, lo: int, hi: int, s: int, scratch_bytes: int
+    ch: Channel, xin: Operand, lo: int, hi: int, s: int, scratch_bytes: int
 ) -> list[np.ndarray[Any, Any]]:
     """Publish my piece ``[lo, hi)``, wait for every node-local rank's, and return them in
     local-rank (= rank) order. Callers have waited ``DONE >= s - 1`` already."""
-    comm.publish(s, xin, scratch_bytes, lo, hi)
-    comm._wait_peers(READY, s, "all_reduce")
-    return [comm.peer_input(r, hi - lo, xin.dtype) for r in comm.local_peers]
+    ch.publish(s, xin, scratch_bytes, lo, hi)
+    ch.wait_peers(READY, s, "all_reduce")
+    return [ch.peer_input(r, hi - lo, xin.dtype) for r in ch.local_peers]
 
 
 TINY_NBYTES = 64 << 10  # one-shot calls up to this size run from a cached plan
@@ -101,59 +133,59 @@ class TinyPlan:
     """
 
     def __init__(
-        self, comm: Communicator, count: int, dtype: np.dtype[Any], op: str, acc: np.dtype[Any]
+        self, ch: Channel, count: int, dtype: np.dtype[Any], op: str, acc: np.dtype[Any]
     ) -> None:
         self.count, self.dtype, self.op, self.acc = count, dtype, op, acc
         self.nbytes = count * dtype.itemsize
         self.ufunc = UFUNCS[op]
-        self.divide = acc.type(comm.world_size) if op == "avg" else None
+        self.divide = acc.type(ch.world_size) if op == "avg" else None
         self.widen = acc != dtype  # low precision: accumulate in float32, round once
         self.acc_buf = np.empty(count if self.widen else 0, acc)
         self.tmp_buf = np.empty(count if self.widen else 0, acc)
-        self.stage = comm.scratch(_round_up(self.nbytes))[: self.nbytes].view(dtype)
-        self.stage_offset = comm._scratch.offset
-        self.flags = [comm._peer_flags[r] for r in comm.local_peers if r != comm.rank]
-        self.order = list(comm.local_peers)
+        self.stage = ch.scratch(_round_up(self.nbytes))[: self.nbytes].view(dtype)
+        self.stage_offset = ch.scratch_buf.offset
+        self.flags = [ch.peer_flags[r] for r in ch.local_peers if r != ch.rank]
+        self.order = list(ch.local_peers)
         self.offsets: list[int] = []
         self.inputs: list[np.ndarray[Any, Any]] = []
-        self.scratch = comm._scratch
+        self.scratch = ch.scratch_buf
         # x86-64 orders loads before a later store (TSO): the release fence is a no-op there
-        self.fence_needed = not _TOTAL_STORE_ORDER or comm.num_nodes > 1
+        self.fence_needed = ch.release_fence_needed
         # the fast path may replay this plan for algorithm="auto" only if the table agrees
-        self.auto = comm.table.choose(self.nbytes, comm.world_size, comm.num_nodes) == "one_shot"
+        self.auto = ch.table.choose(self.nbytes, ch.world_size, ch.num_nodes) == "one_shot"
 
     def run(
         self,
-        comm: Communicator,
+        ch: Channel,
         x: np.ndarray[Any, Any],
         shm: SHMEMBuffer | None,
         dst: np.ndarray[Any, Any],
         in_place: bool,
     ) -> None:
-        s = comm._seq = comm._seq + 1
+        s = ch.seq = ch.seq + 1
         prev = s - 1
         for f in self.flags:
             if f[DONE] < prev:
-                comm._wait_peers(DONE, prev, "all_reduce")
+                ch.wait_peers(DONE, prev, "all_reduce")
                 break
-        mine = comm._my_flags
+        mine = ch.my_flags
         if shm is None:
             np.copyto(self.stage, x)
             mine[SRC] = self.stage_offset
-            comm.stats.staged_bytes += self.nbytes
+            ch.stats.staged_bytes += self.nbytes
         else:
             mine[SRC] = shm.offset
-        comm._post(READY, s)
+        ch.post(READY, s)
         for f in self.flags:
             if f[READY] < s:
-                comm._wait_peers(READY, s, "all_reduce")
+                ch.wait_peers(READY, s, "all_reduce")
                 break
         else:
-            comm.world.heap.fence()
-        offsets = [mine[SRC] if r == comm.rank else comm._peer_flags[r][SRC] for r in self.order]
+            ch.world.heap.fence()
+        offsets = [mine[SRC] if r == ch.rank else ch.peer_flags[r][SRC] for r in self.order]
         if offsets != self.offsets:
             self.offsets = offsets
-            self.inputs = [comm.peer_input(r, self.count, self.dtype) for r in self.order]
+            self.inputs = [ch.peer_input(r, self.count, self.dtype) for r in self.order]
         inputs = self.inputs
         target = np.empty_like(dst) if (in_place and shm is not None) else dst
         if self.widen:
@@ -178,30 +210,30 @@ class TinyPlan:
             else:
                 int_avg(target, int(self.divide))
         if self.fence_needed:
-            comm.world.heap.fence()  # release: my reads of peers' memory are done
+            ch.world.heap.fence()  # release: my reads of peers' memory are done
         mine[DONE] = s
-        comm.stats.calls += 1
+        ch.stats.calls += 1
         if shm is not None:  # the caller owns x again once every peer has read it
-            comm._wait_peers(DONE, s, "all_reduce")
+            ch.wait_peers(DONE, s, "all_reduce")
             if target is not dst:
                 np.copyto(dst, target)
 
 
 def tiny_plan(
-    comm: Communicator, count: int, dtype: np.dtype[Any], op: str, acc: np.dtype[Any]
+    ch: Channel, count: int, dtype: np.dtype[Any], op: str, acc: np.dtype[Any]
 ) -> TinyPlan | None:
     """The cached plan for this shape, or None when the call does not qualify (off-node
     peers, too large, debug checks on)."""
-    if comm.num_nodes > 1 or count * dtype.itemsize > TINY_NBYTES or comm._check_args:
+    if ch.num_nodes > 1 or count * dtype.itemsize > TINY_NBYTES or ch.check_args:
         return None
     key = (count, dtype, op)
-    plan = comm._plans.get(key)
-    if plan is None or plan.scratch is not comm._scratch or plan.acc != acc:
-        plan = comm._plans[key] = TinyPlan(comm, count, dtype, op, acc)
-        while len(comm._plans) > MAX_PLANS:  # least recently made first
-            comm._plans.popitem(last=False)
+    plan = ch.plans.get(key)
+    if plan is None or plan.scratch is not ch.scratch_buf or plan.acc != acc:
+        plan = ch.plans[key] = TinyPlan(ch, count, dtype, op, acc)
+        while len(ch.plans) > MAX_PLANS:  # least recently made first
+            ch.plans.popitem(last=False)
     else:
-        comm._plans.move_to_end(key)
+        ch.plans.move_to_end(key)
     return cast(TinyPlan, plan)
 
 
@@ -209,25 +241,24 @@ class _Plan:
     """What a repeated one-shot call of one shape needs, made once: the peers' flag views,
     and their inputs (valid while they publish at the same offsets)."""
 
-    def __init__(self, comm: Communicator, count: int, dtype: np.dtype[Any]) -> None:
+    def __init__(self, ch: Channel, count: int, dtype: np.dtype[Any]) -> None:
         self.count, self.dtype = count, dtype
         self.offsets: list[int] = []
         self.inputs: list[np.ndarray[Any, Any]] = []
-        self.flags = [comm._peer_flags[r] for r in comm.local_peers if r != comm.rank]
+        self.flags = [ch.peer_flags[r] for r in ch.local_peers if r != ch.rank]
 
-    def sources(self, comm: Communicator) -> list[np.ndarray[Any, Any]]:
+    def sources(self, ch: Channel) -> list[np.ndarray[Any, Any]]:
         offsets = [
-            comm._my_flags[SRC] if r == comm.rank else comm._peer_flags[r][SRC]
-            for r in comm.local_peers
+            ch.my_flags[SRC] if r == ch.rank else ch.peer_flags[r][SRC] for r in ch.local_peers
         ]
         if offsets != self.offsets:
             self.offsets = offsets
-            self.inputs = [comm.peer_input(r, self.count, self.dtype) for r in comm.local_peers]
+            self.inputs = [ch.peer_input(r, self.count, self.dtype) for r in ch.local_peers]
         return self.inputs
 
 
 def _one_shot(
-    comm: Communicator,
+    ch: Channel,
     xin: Operand,
     dst: np.ndarray[Any, Any],
     lo: int,
@@ -240,37 +271,37 @@ def _one_shot(
 ) -> None:
     count = hi - lo
     if lo == 0 and hi == xin.count:
-        tiny = tiny_plan(comm, count, xin.dtype, op, acc)
+        tiny = tiny_plan(ch, count, xin.dtype, op, acc)
         if tiny is not None:
-            tiny.run(comm, xin.array, xin.shmem, dst, in_place)
+            tiny.run(ch, xin.array, xin.shmem, dst, in_place)
             return
-    s = comm._next_call()
+    s = ch.next_call()
     key = (count, xin.dtype)
-    plan = comm._plans.get(key)
+    plan = ch.plans.get(key)
     if plan is None:
-        plan = comm._plans[key] = _Plan(comm, count, xin.dtype)
+        plan = ch.plans[key] = _Plan(ch, count, xin.dtype)
     prev = s - 1
     if any(f[DONE] < prev for f in plan.flags):
-        comm._wait_peers(DONE, prev, "all_reduce")  # peers finished reading my scratch
-    comm.publish(s, xin, nbytes, lo, hi)
+        ch.wait_peers(DONE, prev, "all_reduce")  # peers finished reading my scratch
+    ch.publish(s, xin, nbytes, lo, hi)
     if any(f[READY] < s for f in plan.flags):
-        comm._wait_peers(READY, s, "all_reduce")
+        ch.wait_peers(READY, s, "all_reduce")
     else:
-        comm.world.heap.fence()
-    inputs = plan.sources(comm)
+        ch.world.heap.fence()
+    inputs = plan.sources(ch)
     # zero-copy and in place: peers still read my x, so reduce aside and write after DONE
     aside = in_place and not staged
     target = np.empty(count, dst.dtype) if aside else dst[lo:hi]
-    reduce_into(target, inputs, op, acc, avg_count=comm.world_size)
-    comm._post(DONE, s)
+    reduce_into(target, inputs, op, acc, avg_count=ch.world_size)
+    ch.post(DONE, s)
     if not staged:  # the caller owns x again once every peer has read it
-        comm._wait_peers(DONE, s, "all_reduce")
+        ch.wait_peers(DONE, s, "all_reduce")
         if aside:
             np.copyto(dst[lo:hi], target)
 
 
 def _two_shot(
-    comm: Communicator,
+    ch: Channel,
     xin: Operand,
     dst: np.ndarray[Any, Any],
     lo: int,
@@ -281,21 +312,21 @@ def _two_shot(
     in_place: bool,
     nbytes: int,
 ) -> None:
-    s = comm._next_call()
+    s = ch.next_call()
     count, dtype = hi - lo, xin.dtype
-    parts = len(comm.local_peers)
-    comm._wait_peers(DONE, s - 1, "all_reduce")
-    inputs = _inputs(comm, xin, lo, hi, s, nbytes)
+    parts = len(ch.local_peers)
+    ch.wait_peers(DONE, s - 1, "all_reduce")
+    inputs = _inputs(ch, xin, lo, hi, s, nbytes)
     # reduce-scatter: I own shard `local_index`, reduced in rank order into my scratch
     base = _round_up(count * dtype.itemsize)  # my shard sits after the staging area
-    a, b = shard_of(count, parts, comm.local_index)
-    mine = comm.scratch(nbytes)[base : base + (b - a) * dtype.itemsize].view(dtype)
-    reduce_into(mine, [inp[a:b] for inp in inputs], op, acc, avg_count=comm.world_size)
-    _gather_shards(comm, s, dst, lo, count, base, dtype)
+    a, b = shard_of(count, parts, ch.local_index)
+    mine = ch.scratch(nbytes)[base : base + (b - a) * dtype.itemsize].view(dtype)
+    reduce_into(mine, [inp[a:b] for inp in inputs], op, acc, avg_count=ch.world_size)
+    _gather_shards(ch, s, dst, lo, count, base, dtype)
 
 
 def _gather_shards(
-    comm: Communicator,
+    ch: Channel,
     s: int,
     dst: np.ndarray[Any, Any],
     lo: int,
@@ -305,18 +336,16 @@ def _gather_shards(
 ) -> None:
     """Publish my reduced shard (``SHARD``), then copy every owner's shard, in order, from
     its scratch at ``base`` into ``dst[lo:lo + count]`` (the all-gather half of two-shot)."""
-    comm._post(SHARD, s)
-    comm._wait_peers(SHARD, s, "all_reduce")  # every shard done: no one reads inputs any more
-    for q, (qa, qb) in zip(
-        comm.local_peers, shard_bounds(count, len(comm.local_peers)), strict=True
-    ):
-        src = comm.peer_scratch(q)[base : base + (qb - qa) * dtype.itemsize].view(dtype)
+    ch.post(SHARD, s)
+    ch.wait_peers(SHARD, s, "all_reduce")  # every shard done: no one reads inputs any more
+    for q, (qa, qb) in zip(ch.local_peers, shard_bounds(count, len(ch.local_peers)), strict=True):
+        src = ch.peer_scratch(q)[base : base + (qb - qa) * dtype.itemsize].view(dtype)
         np.copyto(dst[lo + qa : lo + qb], src)
-    comm._post(DONE, s)
+    ch.post(DONE, s)
 
 
 def _hierarchical(
-    comm: Communicator,
+    ch: Channel,
     xin: Operand,
     dst: np.ndarray[Any, Any],
     lo: int,
@@ -329,27 +358,27 @@ def _hierarchical(
 ) -> None:
     from mpi4py import MPI
 
-    s = comm._next_call()
+    s = ch.next_call()
     count, dtype = hi - lo, xin.dtype
-    cross = comm._cross
+    cross = ch.cross
     if (
-        cross is not None and not comm.uniform_nodes
+        cross is not None and not ch.uniform_nodes
     ):  # every rank reduces everything, in rank order, over MPI
         mine = np.ascontiguousarray(xin.array[lo:hi], dtype=acc)
-        every = np.empty((comm.world_size, count), dtype=acc)
-        comm.mpi_wait(
+        every = np.empty((ch.world_size, count), dtype=acc)
+        ch.mpi_wait(
             cross.Iallgather([mine.view(np.uint8), MPI.BYTE], [every.view(np.uint8), MPI.BYTE]),
             "all_reduce",
             keep=(mine, every),
         )
-        reduce_into(dst[lo:hi], list(every), op, acc, avg_count=comm.world_size)
-        comm._post(DONE, s)
+        reduce_into(dst[lo:hi], list(every), op, acc, avg_count=ch.world_size)
+        ch.post(DONE, s)
         return
-    parts = len(comm.local_peers)
-    comm._wait_peers(DONE, s - 1, "all_reduce")
-    inputs = _inputs(comm, xin, lo, hi, s, nbytes)
+    parts = len(ch.local_peers)
+    ch.wait_peers(DONE, s - 1, "all_reduce")
+    inputs = _inputs(ch, xin, lo, hi, s, nbytes)
     # intra-node reduce-scatter: my node's partial of shard `local_index` (no rounding yet)
-    a, b = shard_of(count, parts, comm.local_index)
+    a, b = shard_of(count, parts, ch.local_index)
     partial = np.empty(b - a, dtype=acc)
     partial_op = "sum" if op == "avg" else op
     reduce_into(partial, [inp[a:b] for inp in inputs], partial_op, acc)
@@ -358,12 +387,12 @@ def _hierarchical(
         nodes = partial[None, :]
     else:
         nodes = np.empty((cross.Get_size(), b - a), dtype=acc)
-        comm.mpi_wait(
+        ch.mpi_wait(
             cross.Iallgather([partial.view(np.uint8), MPI.BYTE], [nodes.view(np.uint8), MPI.BYTE]),
             "all_reduce",
             keep=(partial, nodes),
         )
     base = _round_up(count * dtype.itemsize)  # my shard sits after the staging area
-    mine = comm.scratch(nbytes)[base : base + (b - a) * dtype.itemsize].view(dtype)
-    reduce_into(mine, list(nodes), op, acc, avg_count=comm.world_size)
-    _gather_shards(comm, s, dst, lo, count, base, dtype)
+    mine = ch.scratch(nbytes)[base : base + (b - a) * dtype.itemsize].view(dtype)
+    reduce_into(mine, list(nodes), op, acc, avg_count=ch.world_size)
+    _gather_shards(ch, s, dst, lo, count, base, dtype)

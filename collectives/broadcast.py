@@ -2,22 +2,24 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 from mpi4py import MPI
 
+from shmem import SHMEMBuffer
 from shmem.errors import CollectiveArgumentError
 
-from .communicator import DONE, Communicator, Operand
-from .family import exchange, prepare
+from .channel import Channel
+from .family import exchange, over_mpi
+from .operand import Array, Operand, prepare
 
 __all__ = ["broadcast"]
 
 
-def broadcast(comm: Communicator, x: Any, root: int, out: Any) -> Any:
+def broadcast(
+    ch: Channel, x: SHMEMBuffer | Array, root: int, out: SHMEMBuffer | Array | None
+) -> SHMEMBuffer | Array:
     where = "Communicator.broadcast"
-    size = comm.world_size
+    size = ch.world_size
 
     def validate(xin: Operand) -> None:
         if (
@@ -30,7 +32,7 @@ def broadcast(comm: Communicator, x: Any, root: int, out: Any) -> Any:
             )
 
     xin, ret, dst = prepare(
-        comm,
+        ch,
         where,
         x,
         out,
@@ -40,22 +42,18 @@ def broadcast(comm: Communicator, x: Any, root: int, out: Any) -> Any:
         default_out_is_x=True,
     )
     root = int(root)
-    if comm.num_nodes > 1 or xin.count * xin.dtype.itemsize > comm.scratch_capacity:
+    if not ch.fits_scratch(xin):
         # across nodes, or too large for the scratch: MPI (non-blocking, within the deadline)
-        s = comm._next_call()
-        if comm.rank == root and not np.shares_memory(dst, xin.array):
+        if ch.rank == root and not np.shares_memory(dst, xin.array):
             np.copyto(dst, xin.array)
         buf = dst  # the root's data is in dst now (it is x itself by default)
-        comm.mpi_wait(
-            comm.world.comm.Ibcast([buf.view(np.uint8), MPI.BYTE], root=root), where, keep=buf
-        )
-        comm._post(DONE, s)  # node-local peers wait for it before reusing scratch
+        over_mpi(ch, where, lambda: ch.comm.Ibcast([buf.view(np.uint8), MPI.BYTE], root=root), buf)
         return ret
-    comm.stats.count("broadcast")
+    ch.stats.count("broadcast")
 
-    def read(r: int, src: np.ndarray[Any, Any], target: np.ndarray[Any, Any]) -> None:
+    def read(r: int, src: Array, target: Array) -> None:
         if not np.shares_memory(target, src):
             np.copyto(target, src)
 
-    exchange(comm, where, xin, dst, read, peers=[root])
+    exchange(ch, where, xin, dst, read, peers=[root])
     return ret

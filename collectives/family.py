@@ -1,4 +1,4 @@
-"""Shared steps of the collective family: argument handling and the node-local exchange.
+"""Shared steps of the collective family: the node-local exchange and the MPI fallback.
 
 Every collective of the family has the same shape on one node: this rank makes its input
 readable (zero-copy for a SHMEMBuffer, else staged into its scratch), raises ``READY``, reads
@@ -10,54 +10,25 @@ MPI (non-blocking, within the deadline): multi-node scale comes from MPI.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from shmem.dtypes import dtype_name
-from shmem.errors import ShmemError
+from .channel import Channel, Flag
+from .operand import Array, Operand
 
-from .communicator import DONE, READY, Communicator, Operand, output_array
+if TYPE_CHECKING:
+    from mpi4py import MPI
 
-__all__ = ["exchange", "prepare"]
-
-
-def prepare(
-    comm: Communicator,
-    where: str,
-    x: Any,
-    out: Any,
-    out_count: Callable[[int], int],
-    extra: tuple[Any, ...] = (),
-    validate: Callable[[Operand], None] | None = None,
-    default_out_is_x: bool = False,
-) -> tuple[Operand, Any, np.ndarray[Any, Any]]:
-    """Validate identically on every rank (and compare across ranks in debug mode)."""
-    error: Exception | None = None
-    xin: Operand | None = None
-    ret: Any = None
-    dst: np.ndarray[Any, Any] | None = None
-    record: tuple[Any, ...] = (where, "invalid")
-    try:
-        xin = Operand(x, where, "x")
-        if validate is not None:
-            validate(xin)
-        target = x if (out is None and default_out_is_x) else out
-        ret, dst = output_array(comm, target, out_count(xin.count), xin.dtype, where, xin)
-        record = (where, xin.count, dtype_name(xin.dtype), *extra)
-    except (ValueError, TypeError, ShmemError) as exc:  # also closed buffers
-        error = exc
-    comm.check(where, record, error)
-    assert xin is not None and dst is not None
-    return xin, ret, dst
+__all__ = ["exchange", "over_mpi"]
 
 
 def exchange(
-    comm: Communicator,
+    ch: Channel,
     where: str,
     xin: Operand,
-    dst: np.ndarray[Any, Any],
-    read: Callable[[int, np.ndarray[Any, Any], np.ndarray[Any, Any]], None],
+    dst: Array,
+    read: Callable[[int, Array, Array], None],
     peers: list[int] | None = None,
 ) -> None:
     """One node-local round: publish my input, ``read(rank, input_of_rank, tmp_or_dst)`` for
@@ -66,18 +37,27 @@ def exchange(
     When ``dst`` overlaps my zero-copy input, reads go to a temporary copied into ``dst`` once
     every peer has finished reading my input.
     """
-    s = comm._next_call()
+    s = ch.next_call()
     staged = xin.shmem is None
-    comm._wait_peers(DONE, s - 1, where)
-    comm.publish(s, xin, xin.count * xin.dtype.itemsize)
-    readers = comm.local_peers if peers is None else peers
-    comm._wait_peers(READY, s, where, readers)
+    ch.wait_peers(Flag.DONE, s - 1, where)
+    ch.publish(s, xin, xin.count * xin.dtype.itemsize)
+    readers = ch.local_peers if peers is None else peers
+    ch.wait_peers(Flag.READY, s, where, readers)
     aside = (not staged) and np.may_share_memory(dst, xin.array)
     target = np.empty_like(dst) if aside else dst
     for r in readers:
-        read(r, comm.peer_input(r, xin.count, xin.dtype), target)
-    comm._post(DONE, s)
+        read(r, ch.peer_input(r, xin.count, xin.dtype), target)
+    ch.post(Flag.DONE, s)
     if not staged:  # the caller owns x again once every peer has read it
-        comm._wait_peers(DONE, s, where)
+        ch.wait_peers(Flag.DONE, s, where)
         if aside:
             np.copyto(dst, target)
+
+
+def over_mpi(ch: Channel, where: str, start: Callable[[], MPI.Request], keep: object) -> None:
+    """A family call across nodes (or too large for the scratch) through MPI: start the
+    non-blocking exchange, wait for it within the deadline, and raise ``DONE`` so node-local
+    peers may reuse their scratch."""
+    s = ch.next_call()
+    ch.mpi_wait(start(), where, keep=keep)
+    ch.post(Flag.DONE, s)

@@ -14,10 +14,14 @@ Both reduce in rank order in float32 (float16/bfloat16), float32 or float64 (flo
 bitwise the same on every rank, for both algorithms, and equal to the host backend's
 (``collectives.ops.reduce_into``).
 
-The calls are host-blocking, like the host path: the input's stream is synchronised first,
-and the result is complete on return. A peer that does not arrive within
-``[signal] timeout_s`` makes the kernel give up; this rank raises ``SignalTimeoutError``
-and the communicator is then unusable (its stages are out of step).
+Ordering: with ``stream=`` (a GPU DeviceContext) the kernel is queued on that stream after
+the work already on it (no device-wide synchronize); without it, every stream of the device is
+synchronised first (inputs may have been written on any of them: torch, cupy, the World's
+context) and the kernel runs on the heap's stream. Either way the call then waits on the host
+for that one stream, to read the kernel's status word (a peer timeout is raised here, not
+later): the call is host-blocking, and the result is complete on return. A peer that does not
+arrive within ``[signal] timeout_s`` makes the kernel give up; this rank raises
+``SignalTimeoutError`` and the communicator is then unusable (its stages are out of step).
 """
 
 from __future__ import annotations
@@ -28,7 +32,8 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
-from shmem import Buffer
+from shmem import Buffer, DeviceContext, SHMEMBuffer
+from shmem import cuda as shmem_cuda
 from shmem.dtypes import dtype_name
 from shmem.errors import GpuCollectiveError, SignalTimeoutError
 
@@ -58,14 +63,11 @@ class GpuAllReduce:
     """The GPU all-reduce of one Communicator (collective construction and close)."""
 
     def __init__(self, comm: Communicator) -> None:
-        from shmem import _cuda
-
         world = comm.world
         self.comm = comm
         self.world = world
         self.heap: Any = cast(Any, world.heap)
         self.rank, self.size = world.rank, world.world_size
-        self._cuda = _cuda
         unreachable = [r for r in range(self.size) if not self.heap.is_local(r)]
         self._unreachable = unreachable
         cfg = world.config.collectives
@@ -73,13 +75,10 @@ class GpuAllReduce:
         self.scratch = world.zeros(self.capacity, "uint8")
         self.results = world.zeros(self.capacity, "uint8")
         self.flags = world.zeros(self.size, "uint64")
-        gpu = self.heap._gpu.current()
+        gpu = self.heap.gpu.current()
         stream = self.heap.stream
         self._arrive = gpu.allocate(8, stream=stream)  # u32 arrival counter, then the status
-        _cuda._check(
-            _cuda._drv().cuMemsetD8Async(int(self._arrive.handle), 0, 8, stream.handle),
-            "cuMemsetD8Async",
-        )
+        shmem_cuda.memset_async(int(self._arrive.handle), 0, 8, stream)
         self._tables = gpu.allocate(3 * 8 * self.size, stream=stream)
         if not unreachable:
             table = np.array(
@@ -89,16 +88,16 @@ class GpuAllReduce:
                 ],
                 dtype=np.uint64,
             )
-            self.heap._memcpy(int(self._tables.handle), int(table.ctypes.data), table.nbytes)
+            self.heap.memcpy(int(self._tables.handle), int(table.ctypes.data), table.nbytes)
         stream.sync()
         self._stage = 1  # the next call's first stage (flags start at 0)
         self._arrived = 0  # blocks that have arrived on this rank so far
         self._status = np.zeros(1, np.int32)
-        self._sms = int(self.heap._gpu.attributes.multiprocessor_count or 1)
-        self._acc64 = comm._acc32 == np.dtype(np.float64)
+        self._sms = int(self.heap.gpu.attributes.multiprocessor_count or 1)
+        self._acc64 = comm.accumulate_dtype(np.dtype(np.float32)) == np.dtype(np.float64)
         self.broken = False
         # compile (or load from the kernel cache) now, before the peers start waiting
-        _cuda._module(self.heap.device.id, KERNELS)
+        shmem_cuda.compile_module(self.heap.device.id, KERNELS)
 
     # -- the call ------------------------------------------------------------------------------
 
@@ -106,7 +105,9 @@ class GpuAllReduce:
         name = dtype_name(dtype)
         if name == "float32" and self._acc64:
             name = "float32_acc64"
-        return self._cuda.kernel(self.heap.device.id, KERNELS, f"allreduce_{algorithm}_{name}_{op}")
+        return shmem_cuda.load_kernel(
+            self.heap.device.id, KERNELS, f"allreduce_{algorithm}_{name}_{op}"
+        )
 
     def _check(self, x: Any, op: str, where: str) -> Buffer:
         if self.broken:
@@ -131,11 +132,25 @@ class GpuAllReduce:
             )
         return buf
 
-    def all_reduce(self, x: Any, op: str = "sum", out: Any = None, algorithm: str = "auto") -> Any:
+    def all_reduce(
+        self,
+        x: Any,
+        op: str = "sum",
+        out: Any = None,
+        algorithm: str = "auto",
+        *,
+        stream: DeviceContext | None = None,
+    ) -> object:
         """``x`` and ``out``: GPU Buffers, SHMEMBuffers, DLPack GPU arrays or numpy arrays
         (copied to and from the GPU). Returns ``out``, or a new array like ``x`` (numpy for
-        numpy, else a GPU Buffer)."""
+        numpy, else a GPU Buffer). ``stream``: a GPU DeviceContext of this rank's device the
+        call is ordered on (see the module docstring)."""
         where = "Communicator.all_reduce"
+        if stream is not None and (stream.device != self.heap.device or stream.api != "cuda"):
+            raise GpuCollectiveError(
+                f"{where}: stream must be a DeviceContext of this rank's GPU (got one on "
+                f"{stream.device.label}; expected {self.heap.device.label})"
+            )
         src = self._check(x, op, where)
         host_out = isinstance(out, np.ndarray) or (out is None and isinstance(x, np.ndarray))
         if out is None or isinstance(out, np.ndarray):
@@ -156,7 +171,11 @@ class GpuAllReduce:
                     f"{dst.num_elements} elements; expected {dtype_name(src.dtype)} "
                     f"{src.num_elements})"
                 )
-        self._cuda.device_sync(self.heap.device.id)  # inputs written on any stream are done
+        if stream is None:  # inputs written on any stream are done
+            shmem_cuda.device_synchronize(self.heap.device.id)
+            cu_stream = self.heap.stream
+        else:  # ordered after the work already on the caller's stream
+            cu_stream = stream.stream
         n, item = src.num_elements, src.element_size
         algo = algorithm
         if algo == "auto":
@@ -169,7 +188,7 @@ class GpuAllReduce:
         step = self.capacity // item
         for lo in range(0, n, step):
             count = min(step, n - lo)
-            self._launch(algo, src, dst, lo * item, count, op)
+            self._launch(algo, src, dst, lo * item, count, op, cu_stream)
         self.comm.stats.count(algo)
         if isinstance(out, np.ndarray):
             np.copyto(out.reshape(-1), dst.to_numpy().reshape(-1))
@@ -179,9 +198,16 @@ class GpuAllReduce:
         return out if out is not None else dst
 
     def _launch(
-        self, algo: str, src: Buffer, dst: Buffer, byte_off: int, count: int, op: str
+        self,
+        algo: str,
+        src: Buffer,
+        dst: Buffer,
+        byte_off: int,
+        count: int,
+        op: str,
+        stream: shmem_cuda.CudaStream,
     ) -> None:
-        heap, size = self.heap, self.size
+        size = self.size
         blocks = grid_blocks(count, self._sms)
         tables = int(self._tables.handle)
         scratch_t, results_t, flags_t = tables, tables + 8 * size, tables + 16 * size
@@ -197,14 +223,14 @@ class GpuAllReduce:
             np.int32(self.rank),
             np.int32(size),
         )
-        data = [np.uint64(src._ptr + byte_off), np.uint64(scratch_t)]
+        data = [np.uint64(src.unsafe_ptr() + byte_off), np.uint64(scratch_t)]
         if algo == "two_shot":
             data.append(np.uint64(results_t))
-        data += [np.uint64(dst._ptr + byte_off), np.uint64(count)]
+        data += [np.uint64(dst.unsafe_ptr() + byte_off), np.uint64(count)]
         fn = self._kernel(algo, src.dtype, op)
-        self._cuda.launch(heap.stream, fn, blocks, THREADS, *data, *sync, cooperative=True)
-        heap._memcpy(int(self._status.ctypes.data), status, 4)
-        heap.stream.sync()
+        shmem_cuda.launch(stream, fn, blocks, THREADS, *data, *sync, cooperative=True)
+        shmem_cuda.memcpy_async(int(self._status.ctypes.data), status, 4, stream)
+        stream.sync()  # the status word: a peer timeout is raised by this call
         self._stage += STAGES[algo]
         self._arrived += blocks * STAGES[algo]
         if self._status[0]:
@@ -237,9 +263,9 @@ class GpuAllReduce:
         if not self._unreachable:
             heap = self.heap
             arrive = int(self._arrive.handle)
-            self._cuda.launch(
+            shmem_cuda.launch(
                 heap.stream,
-                self._cuda.kernel(heap.device.id, KERNELS, "allreduce_drain"),
+                shmem_cuda.load_kernel(heap.device.id, KERNELS, "allreduce_drain"),
                 1,
                 32 * math.ceil(max(self.size, 1) / 32),
                 np.uint64(int(self._tables.handle) + 16 * self.size),
@@ -262,8 +288,6 @@ def _as_device_buffer(x: Any, device: Any, where: str, output: bool = False) -> 
     """``x`` as a contiguous Buffer on ``device``: a Buffer, an SHMEMBuffer (its local copy),
     a DLPack producer on the GPU (cupy, torch), or (inputs only) a numpy array or host Buffer,
     copied to the GPU. An output must already be a contiguous GPU array."""
-    from shmem import SHMEMBuffer
-
     if isinstance(x, SHMEMBuffer):
         x = x.local()
     if isinstance(x, np.ndarray):

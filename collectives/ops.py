@@ -8,8 +8,9 @@ every rank and for every algorithm that keeps it (one-shot and two-shot do).
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 import ml_dtypes
 import numpy as np
@@ -17,9 +18,34 @@ import numpy as np
 from shmem.dtypes import dtype_name
 from shmem.errors import OpError
 
-__all__ = ["OPS", "UFUNCS", "accumulate_dtype", "check_op", "int_avg", "reduce_into", "widen"]
+__all__ = [
+    "OPS",
+    "UFUNCS",
+    "OpName",
+    "ReduceOp",
+    "accumulate_dtype",
+    "check_op",
+    "int_avg",
+    "reduce_into",
+    "widen",
+]
 
-OPS = ("sum", "avg", "prod", "min", "max", "band", "bor", "bxor")
+
+class ReduceOp(enum.StrEnum):
+    """A reduction: ``ReduceOp.SUM`` and ``"sum"`` are interchangeable everywhere."""
+
+    SUM = "sum"
+    AVG = "avg"  # the sum divided by the world size (integers: truncated toward zero)
+    PROD = "prod"
+    MIN = "min"
+    MAX = "max"
+    BAND = "band"  # bitwise and (integers and bool)
+    BOR = "bor"
+    BXOR = "bxor"
+
+
+OpName = Literal["sum", "avg", "prod", "min", "max", "band", "bor", "bxor"]
+OPS: tuple[str, ...] = tuple(op.value for op in ReduceOp)
 _BITWISE = ("band", "bor", "bxor")
 UFUNCS: dict[str, np.ufunc] = {
     "sum": np.add,
@@ -42,9 +68,19 @@ _LOW_PRECISION = {
 CHUNK_BYTES = 256 << 10
 
 
-def check_op(op: str, dtype: np.dtype[Any], where: str) -> None:
-    """Raise unless ``op`` applies to ``dtype``."""
-    if op not in OPS:
+_CHECKED: set[tuple[str, np.dtype[Any]]] = set()
+
+
+def check_op(op: ReduceOp | str, dtype: np.dtype[Any], where: str) -> None:
+    """Raise unless ``op`` applies to ``dtype`` (valid pairs are remembered)."""
+    if isinstance(op, str) and (op, dtype) in _CHECKED:
+        return
+    _check_op(op, dtype, where)
+    _CHECKED.add((str(op), dtype))
+
+
+def _check_op(op: ReduceOp | str, dtype: np.dtype[Any], where: str) -> None:
+    if not isinstance(op, str) or op not in OPS:
         raise OpError(f"{where}: unknown op (got {op!r}; expected one of {list(OPS)})")
     is_float = dtype.kind == "f" or dtype in _LOW_PRECISION
     if op in _BITWISE and is_float:

@@ -3,45 +3,50 @@ reduced in rank order (bitwise equal to the same elements of a one-shot all-redu
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
-from .communicator import Communicator, Operand
-from .family import exchange, prepare
-from .ops import reduce_into
+from shmem import SHMEMBuffer
+
+from .allreduce import all_reduce
+from .channel import Channel
+from .family import exchange
+from .operand import Array, Operand, prepare
+from .ops import ReduceOp, accumulate_dtype, check_op, reduce_into
 from .schedule import shard_of
 
 __all__ = ["reduce_scatter"]
 
 
-def reduce_scatter(comm: Communicator, x: Any, op: str, out: Any) -> Any:
+def reduce_scatter(
+    ch: Channel, x: SHMEMBuffer | Array, op: ReduceOp | str, out: SHMEMBuffer | Array | None
+) -> SHMEMBuffer | Array:
     where = "Communicator.reduce_scatter"
-    size, rank = comm.world_size, comm.rank
+    size, rank = ch.world_size, ch.rank
 
     def validate(xin: Operand) -> None:
-        comm.check_op(op, xin.dtype, where)
+        check_op(op, xin.dtype, where)
 
     def count_of(n: int) -> int:
         a, b = shard_of(n, size, rank)
         return b - a
 
-    xin, ret, dst = prepare(comm, where, x, out, count_of, (op,), validate)
-    acc = comm.accumulate_dtype(xin.dtype)
+    xin, ret, dst = prepare(ch, where, x, out, count_of, (str(op),), validate)
+    op = str(op)
+    acc = accumulate_dtype(xin.dtype, ch.float32_accumulate)
     a, b = shard_of(xin.count, size, rank)
-    if comm.num_nodes > 1 or xin.count * xin.dtype.itemsize > comm.scratch_capacity:
+    if not ch.fits_scratch(xin):
         # across nodes (hierarchical), or too large for the scratch (in pieces): the
         # all-reduce, then my shard
-        full = comm.all_reduce(xin.obj if xin.shmem is not None else xin.array, op=op)
+        full = all_reduce(ch, xin.shmem if xin.shmem is not None else xin.array, op, None, "auto")
         np.copyto(dst, np.asarray(full).reshape(-1)[a:b])
         return ret
-    comm.stats.count("reduce_scatter")
-    sources: list[np.ndarray[Any, Any]] = []
+    ch.stats.count("reduce_scatter")
+    sources: list[Array] = []
 
-    def read(r: int, src: np.ndarray[Any, Any], target: np.ndarray[Any, Any]) -> None:
+    def read(r: int, src: Array, target: Array) -> None:
         sources.append(src[a:b])
-        if len(sources) == len(comm.local_peers):
+        if len(sources) == len(ch.local_peers):
             reduce_into(target, sources, op, acc, avg_count=size)
 
-    exchange(comm, where, xin, dst, read)
+    exchange(ch, where, xin, dst, read)
     return ret

@@ -6,11 +6,24 @@ longer, so any count works (0, 1, primes, not divisible by the world size).
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
+from typing import Literal
 
-__all__ = ["ALGORITHMS", "AlgorithmTable", "shard_bounds", "shard_of"]
+__all__ = ["ALGORITHMS", "Algorithm", "AlgorithmName", "AlgorithmTable", "shard_bounds", "shard_of"]
 
-ALGORITHMS = ("one_shot", "two_shot", "hierarchical")
+
+class Algorithm(enum.StrEnum):
+    """An all-reduce algorithm; ``Algorithm.ONE_SHOT`` and ``"one_shot"`` are interchangeable."""
+
+    AUTO = "auto"  # the table's choice by size, world size and nodes
+    ONE_SHOT = "one_shot"  # every rank reduces every input
+    TWO_SHOT = "two_shot"  # reduce-scatter, then all-gather of the shards
+    HIERARCHICAL = "hierarchical"  # within nodes through memory, between nodes through MPI
+
+
+AlgorithmName = Literal["auto", "one_shot", "two_shot", "hierarchical"]
+ALGORITHMS: tuple[str, ...] = ("one_shot", "two_shot", "hierarchical")
 
 
 def shard_bounds(n: int, parts: int) -> list[tuple[int, int]]:

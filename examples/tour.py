@@ -27,7 +27,7 @@ class Step:
     figure: str
 
 
-def _timed(fn: Callable[[], None], repeat: int) -> float:
+def _timed(fn: Callable[[], object], repeat: int) -> float:
     """Median seconds per call over ``repeat`` calls, timed in blocks of 20."""
     blocks = []
     for _ in range(max(1, repeat // 20)):
@@ -182,7 +182,7 @@ def allreduce_step(world: shmem.World) -> Step:
         expected = np.zeros(n, np.float32)
         for r in range(world.world_size):  # rank order, as the collective guarantees
             expected = expected + (np.arange(n, dtype=np.float32) % 13 + r)
-        got = comm.all_reduce(x)
+        got = np.asarray(comm.all_reduce(x))
         assert got.tobytes() == expected.tobytes(), "all-reduce differs from the rank-order sum"
         everyone = world.comm.allgather(got.tobytes())
         assert len(set(everyone)) == 1, "all-reduce results differ between ranks"

@@ -280,7 +280,7 @@ def _compiled(device_id: int, filename: str, name: str) -> Any:
 
 
 @functools.cache
-def _module(device_id: int, relative: str) -> Any:
+def kernel_module(device_id: int, relative: str) -> Any:
     from . import _nvrtc
 
     dev = CudaDevice.get(device_id)
@@ -293,7 +293,7 @@ def kernel(device_id: int, relative: str, name: str) -> Any:
     """Kernel ``name`` of the package's CUDA file ``relative`` (e.g.
     ``"collectives/kernels/allreduce.cu"``) for device ``device_id``: compiled with NVRTC
     for its architecture once per process, through the on-disk cache (:mod:`shmem._nvrtc`)."""
-    return _module(device_id, relative).get_kernel(name)
+    return kernel_module(device_id, relative).get_kernel(name)
 
 
 def device_sync(device_id: int) -> None:
@@ -357,9 +357,26 @@ def _host_view(arr: np.ndarray[Any, Any]) -> Any:
     return _cc().Buffer.from_handle(int(arr.ctypes.data), arr.nbytes)
 
 
-def _memcpy(dst_ptr: int, src_ptr: int, nbytes: int, stream: Any) -> None:
+def memcpy_async(dst_ptr: int, src_ptr: int, nbytes: int, stream: Any) -> None:
+    """Queue ``cuMemcpyAsync`` of ``nbytes`` on a cuda.core stream."""
     if nbytes:
         _check(_drv().cuMemcpyAsync(dst_ptr, src_ptr, nbytes, stream.handle), "cuMemcpyAsync")
+
+
+def memset_async(ptr: int, value: int, nbytes: int, stream: Any) -> None:
+    """Queue ``cuMemsetD8Async`` of ``nbytes`` bytes on a cuda.core stream."""
+    if nbytes:
+        _check(_drv().cuMemsetD8Async(ptr, value, nbytes, stream.handle), "cuMemsetD8Async")
+
+
+def record_event(stream: Any) -> Any:
+    """A cuda.core event recorded on ``stream``."""
+    return stream.record()
+
+
+def wait_event(stream: Any, event: Any) -> None:
+    """Later work on ``stream`` waits for ``event`` (device-side)."""
+    stream.wait(event)
 
 
 def copy(dst: Buffer, src: Buffer, ctx: Any) -> None:
@@ -374,7 +391,7 @@ def copy(dst: Buffer, src: Buffer, ctx: Any) -> None:
     device = dst.device if not dst.is_host else src.device
     if dst.is_contiguous and src.is_contiguous:
         on_ctx = ctx is not None and ctx._gpu is not None
-        _memcpy(
+        memcpy_async(
             dst._ptr, src._ptr, dst.nbytes, ctx._gpu.stream if on_ctx else _stream_of(device, ctx)
         )
         return
@@ -400,7 +417,7 @@ def _copy_strided(dst: Buffer, src: Buffer, gpu: CudaDevice, stream: Any) -> Non
     if dst.is_host:  # strided device source -> contiguous staging on the device, then out
         tmp = _gather(gpu, stream, src)
         out = np.empty(dst.shape, dtype=dst.dtype)
-        _memcpy(int(out.ctypes.data), int(tmp.handle), out.nbytes, stream)
+        memcpy_async(int(out.ctypes.data), int(tmp.handle), out.nbytes, stream)
         stream.sync()
         np.copyto(dst.to_numpy(), out)
         tmp.close(stream)
@@ -432,7 +449,7 @@ def _scatter(gpu: CudaDevice, stream: Any, dst: Buffer, src_ptr: int) -> None:
     """Copy ``dst.nbytes`` contiguous bytes at ``src_ptr`` into the strided device view ``dst``."""
     itemsize = dst.dtype.itemsize
     tmp = gpu.current().allocate(max(dst.nbytes, 1), stream=stream)
-    _memcpy(int(tmp.handle), src_ptr, dst.nbytes, stream)
+    memcpy_async(int(tmp.handle), src_ptr, dst.nbytes, stream)
     _launch_strided_copy(
         gpu,
         stream,
@@ -462,7 +479,7 @@ def _copy_between_gpus(dst: Buffer, src: Buffer, ctx: Any, stream: Any) -> None:
     gpu = CudaDevice.get(dst.device.id)
     gpu.current()  # a default stream (CU_STREAM_LEGACY) means the current device's
     if dst.is_contiguous:
-        _memcpy(dst._ptr, src_ptr, dst.nbytes, stream)
+        memcpy_async(dst._ptr, src_ptr, dst.nbytes, stream)
     else:
         _scatter(gpu, stream, dst, src_ptr)
     if gathered is not None:

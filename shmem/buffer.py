@@ -132,7 +132,7 @@ class SHMEMBuffer:
         backend; a GPU :class:`~shmem.Buffer` on the nvshmem backend (DLPack: cupy, torch)."""
         self._live("local")
         heap: Any = self._world.heap
-        if getattr(heap, "device_memory", False):
+        if heap.device_memory:
             return self._device_buffer(heap.address(self._offset))
         raw = heap.local_view(self._offset, self._nbytes)
         return raw.view(self._dtype).reshape(self._shape)
@@ -144,7 +144,7 @@ class SHMEMBuffer:
         self._live("peer")
         rank = self._check_rank("peer", rank)
         heap: Any = self._world.heap
-        if getattr(heap, "device_memory", False):
+        if heap.device_memory:
             ptr = heap.peer_address(rank, self._offset)
             return None if ptr is None else self._device_buffer(ptr)
         raw = heap.peer_view(rank, self._offset, self._nbytes)
@@ -166,7 +166,7 @@ class SHMEMBuffer:
 
     def _zero(self) -> None:
         heap = self._world.heap
-        if getattr(heap, "device_memory", False):
+        if heap.device_memory:
             heap.memset(self._offset, self._nbytes)  # type: ignore[attr-defined]
         else:
             self.local()[...] = 0
@@ -217,7 +217,7 @@ class SHMEMBuffer:
         if offset or data.nbytes > self._nbytes or type(offset) is not int:
             self._check_span("put", offset, data.nbytes)
         sig = self._check_signal(signal) if signal is not None else None
-        if getattr(self._world.heap, "device_memory", False):
+        if self._world.heap.device_memory:
             self._put_device(rank, src, int(offset))
             if sig is not None:
                 self._world.signals.signal(rank, *sig)
@@ -275,7 +275,7 @@ class SHMEMBuffer:
                 out = np.empty((self._nbytes - offset) // self._dtype.itemsize, self._dtype)
         elif isinstance(dst, Buffer) and not dst.is_host:
             heap: Any = self._world.heap
-            if not getattr(heap, "device_memory", False):
+            if not heap.device_memory:
                 raise ArgumentError(
                     "SHMEMBuffer.get: a GPU dst needs the nvshmem backend (got a device Buffer "
                     "on the host backend; pass a numpy array)"
@@ -402,7 +402,7 @@ class SHMEMBuffer:
             ) from None
 
     def __dlpack_device__(self) -> tuple[int, int]:
-        if getattr(self._world.heap, "device_memory", False):
+        if self._world.heap.device_memory:
             return self.local().__dlpack_device__()  # type: ignore[no-any-return]
         return (_KDLCPU, 0)
 

@@ -30,6 +30,17 @@ class SymmetricHeap(Protocol):
     num_nodes: int
     nbytes: int
 
+    @property
+    def device_memory(self) -> bool:
+        """Whether the slab is GPU memory (buffers are device Buffers, not numpy views)."""
+        ...
+
+    @property
+    def release_fence_needed(self) -> bool:
+        """Whether :meth:`fence` must separate data stores from the flag store that publishes
+        them for a node-local peer (False where the hardware orders stores, as x86-64)."""
+        ...
+
     def is_local(self, rank: int) -> bool:
         """Whether ``rank``'s slab is load/store reachable from this process."""
         ...

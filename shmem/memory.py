@@ -258,6 +258,12 @@ class Buffer:
                 f"{self._strides}; expected a contiguous buffer: call .contiguous() first)"
             )
 
+    def unsafe_ptr(self) -> int:
+        """The address of the first element (host or device memory), as an ``int``; valid
+        while the buffer is open (the seed's ``SHMEMBuffer.unsafe_ptr``)."""
+        self._live("unsafe_ptr")
+        return self._ptr
+
     @property
     def _ptr(self) -> int:
         """Address of the first element (host or device)."""

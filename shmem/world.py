@@ -166,11 +166,16 @@ class World:
 
     @property
     def finalized(self) -> bool:
+        """Whether :meth:`finalize` has run (the heap and every buffer of it are gone)."""
         return self._finalized
 
-    def _check_open(self, where: str) -> None:
+    def check_open(self, where: str) -> None:
+        """Raise :class:`~shmem.errors.ShmemStateError` naming ``where`` once the World is
+        finalized (the liveness check for code built on a World)."""
         if self._finalized:
             raise ShmemStateError(f"{where}: the World is finalized (call shmem.init() again)")
+
+    _check_open = check_open
 
     def __repr__(self) -> str:
         return (

@@ -99,6 +99,7 @@ class HostHeap:
     """
 
     name = "host"
+    device_memory = False  # the slab is host memory: buffers are numpy views
 
     def __init__(
         self,
@@ -266,6 +267,14 @@ class HostHeap:
         return self._rma_win is not None
 
     # -- ordering and progress --------------------------------------------------------------
+
+    @property
+    def release_fence_needed(self) -> bool:
+        """Whether a node-local peer may see a flag before the data stored ahead of it unless
+        a fence separates them: False on x86-64, whose total store order keeps stores (and
+        loads before a later store) in order, so :meth:`fence` skips the load/store fence
+        there; True elsewhere, and whenever off-node peers are reached through MPI RMA."""
+        return not _TOTAL_STORE_ORDER or self._rma_win is not None
 
     def fence(self) -> None:
         if not _TOTAL_STORE_ORDER:

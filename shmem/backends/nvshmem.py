@@ -99,6 +99,7 @@ class NvshmemHeap:
 
     name = "nvshmem"
     device_memory = True
+    release_fence_needed = True  # flags are raised by kernels with release semantics
 
     def __init__(self, comm: Any, node_comm: Any, config: Any) -> None:
         try:
@@ -221,10 +222,16 @@ class NvshmemHeap:
             self._scratch = self._gpu.current().allocate(max(nbytes, 1 << 20), stream=self.stream)
         return int(self._scratch.handle)
 
-    def _memcpy(self, dst: int, src: int, nbytes: int) -> None:
+    @property
+    def gpu(self) -> Any:
+        """This rank's CUDA device (``shmem`` Device; ``.current()`` gives cuda.core's)."""
+        return self._gpu
+
+    def memcpy(self, dst: int, src: int, nbytes: int) -> None:
+        """Queue a copy of ``nbytes`` between addresses on the heap's stream."""
         from .. import _cuda
 
-        _cuda._memcpy(dst, src, nbytes, self.stream)
+        _cuda.memcpy_async(dst, src, nbytes, self.stream)
 
     def put_device(self, rank: int, offset: int, src_ptr: int, nbytes: int) -> None:
         """Copy ``nbytes`` of device (or pinned) memory at ``src_ptr`` into ``rank``'s slab."""
@@ -232,7 +239,7 @@ class NvshmemHeap:
             return
         target = self.peer_address(rank, offset)
         if target is not None:
-            self._memcpy(target, src_ptr, nbytes)
+            self.memcpy(target, src_ptr, nbytes)
         else:
             self.nv("put")(
                 self._cc_buffer(self.base + offset, nbytes),
@@ -249,7 +256,7 @@ class NvshmemHeap:
             return
         source = self.peer_address(rank, offset)
         if source is not None:
-            self._memcpy(dst_ptr, source, nbytes)
+            self.memcpy(dst_ptr, source, nbytes)
         else:
             self.nv("get")(
                 self._cc_buffer(dst_ptr, nbytes),
@@ -266,7 +273,7 @@ class NvshmemHeap:
             self.put_device(rank, offset, int(data.ctypes.data), n)  # UVA: host -> peer GPU
             return
         stage = self._staging(n)
-        self._memcpy(stage, int(data.ctypes.data), n)
+        self.memcpy(stage, int(data.ctypes.data), n)
         self.put_device(rank, offset, stage, n)
 
     def get_bytes(self, rank: int, offset: int, dst: np.ndarray[Any, Any]) -> None:
@@ -277,7 +284,7 @@ class NvshmemHeap:
             return
         stage = self._staging(n)
         self.get_device(rank, offset, stage, n)
-        self._memcpy(int(raw.ctypes.data), stage, n)
+        self.memcpy(int(raw.ctypes.data), stage, n)
         self.stream.sync()
 
     def memset(self, offset: int, nbytes: int, value: int = 0) -> None:
@@ -298,7 +305,7 @@ class NvshmemHeap:
 
     def result(self) -> tuple[int, int]:
         """The two int64 a kernel wrote to the result slot (synchronises the stream)."""
-        self._memcpy(int(self._pinned.ctypes.data), int(self._result.handle), 16)
+        self.memcpy(int(self._pinned.ctypes.data), int(self._result.handle), 16)
         self.stream.sync()
         return int(self._pinned[0]), int(self._pinned[1])
 
@@ -406,7 +413,7 @@ class DeviceSignalPad(SignalPad):
                 dtype=np.uint64,
             )
             self._pads = heap._gpu.current().allocate(table.nbytes, stream=heap.stream)
-            heap._memcpy(int(self._pads.handle), int(table.ctypes.data), table.nbytes)
+            heap.memcpy(int(self._pads.handle), int(table.ctypes.data), table.nbytes)
             heap.stream.sync()
 
     def _slot_offset(self, slot: int) -> int:
@@ -444,7 +451,7 @@ class DeviceSignalPad(SignalPad):
         self._check_slot("read", slot)
         out = np.zeros(1, np.int64)
         heap = self._gpu_heap
-        heap._memcpy(int(out.ctypes.data), heap.address(self._slot_offset(slot)), 8)
+        heap.memcpy(int(out.ctypes.data), heap.address(self._slot_offset(slot)), 8)
         heap.stream.sync()
         return int(out[0])
 

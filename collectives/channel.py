@@ -1,0 +1,301 @@
+"""The node-local transport of one Communicator: flags, scratch, sequence numbers (internal).
+
+Synchronisation on a node is pull-style: every rank owns a small array of int64 flags in the
+symmetric heap and raises them to the call's sequence number at fixed points (``READY``: my
+input is readable; ``SHARD``: my reduced shard is in my scratch; ``DONE``: I have finished
+reading peers' memory for this call). Peers poll those flags through zero-copy peer views,
+with a deadline. Sequence numbers only grow, so flags are never reset.
+
+Scratch reuse rule: before a rank writes its scratch for call ``s`` it waits until every
+node-local peer has posted ``DONE >= s - 1`` (they finished reading it). A rank whose input is
+the caller's own SHMEMBuffer (zero-copy) waits for every peer's ``DONE`` of this call before
+returning, so the caller may overwrite the input at once.
+
+The algorithm modules (``allreduce``, ``family``, ...) drive a :class:`Channel`; the
+:class:`~collectives.Communicator` facade owns one and adds validation, algorithm choice and
+stats. Everything here is package-internal API: public names, no compatibility promise.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, cast
+
+import numpy as np
+
+from shmem import SHMEMBuffer, SignalPad, World
+from shmem.errors import ShmemStateError, SignalTimeoutError
+from shmem.signals import poll_until, spin_seconds
+
+from .operand import Operand
+from .schedule import AlgorithmTable
+
+if TYPE_CHECKING:
+    from mpi4py import MPI
+
+__all__ = ["BARRIER_SLOTS", "NUM_FLAGS", "Channel", "CommStats", "Flag"]
+
+log = logging.getLogger(__name__)
+
+NUM_FLAGS = 8
+BARRIER_SLOTS = 4
+
+
+class Flag(enum.IntEnum):
+    """Index of each of a rank's flags (``SRC`` holds a heap offset, not a sequence number)."""
+
+    READY = 0
+    SHARD = 1
+    DONE = 2
+    SRC = 3
+
+
+@dataclass
+class CommStats:
+    """Counters: calls made, bytes of inputs copied into scratch (0 on the zero-copy path),
+    scratch growths, and calls per algorithm."""
+
+    calls: int = 0
+    staged_bytes: int = 0
+    scratch_growths: int = 0
+    algorithms: dict[str, int] | None = field(default=None)
+
+    def count(self, algorithm: str) -> None:
+        if self.algorithms is None:
+            self.algorithms = {}
+        self.algorithms[algorithm] = self.algorithms.get(algorithm, 0) + 1
+
+
+def _q(arr: np.ndarray[Any, Any]) -> memoryview:
+    return memoryview(cast(Any, arr)).cast("B").cast("q")
+
+
+class Channel:
+    """Flags, scratch and sequence numbers of one Communicator on a host World (collective
+    to create: it allocates from the symmetric heap and, across nodes, splits the world
+    communicator).
+
+    Attributes
+    ----------
+    seq : int
+        The sequence number of the last call that exchanged flags.
+    my_flags, peer_flags : memoryview, dict of memoryview
+        My flags (int64) and each node-local peer's, as zero-copy views.
+    local_peers : list of int
+        Node-local ranks in local-rank order (world ranks); ``local_index`` is mine.
+    cross : MPI.Intracomm or None
+        The ranks of other nodes this rank exchanges with (hierarchical algorithms).
+    plans : OrderedDict
+        Cached per-shape plans of the algorithms (cleared when the scratch moves).
+    broken : bool
+        A call failed after exchanging flags: peers may be mid-call, so ``close`` does not
+        wait on them.
+    """
+
+    def __init__(self, world: World, stats: CommStats) -> None:
+        cfg = world.config.collectives
+        self.world = world
+        self.comm: MPI.Intracomm = world.comm
+        self.heap = world.heap
+        self.stats = stats
+        self.rank, self.world_size = world.rank, world.world_size
+        self.num_nodes = world.num_nodes
+        self.timeout_s = world.config.signal.timeout_s
+        self.spin_s = spin_seconds(world.local_size)
+        self.check_args = cfg.check_args
+        self.float32_accumulate = np.dtype(cfg.float32_accumulate)
+        self.release_fence_needed = world.heap.release_fence_needed or self.num_nodes > 1
+        self.table = AlgorithmTable()  # the owner sets its configured table
+        self.seq = 0
+        self.calls = 0  # calls checked across ranks (debug mode's call number)
+        self.broken = False
+        self.pending: list[tuple[MPI.Request, object]] = []
+        self.cross: MPI.Intracomm | None = None
+        # node-local peers in local-rank order (world ranks), and my index among them
+        node_of = world.comm.allgather((world.node, world.local_rank))
+        self.local_peers = [
+            r
+            for r, _ in sorted(
+                ((r, lr) for r, (nd, lr) in enumerate(node_of) if nd == world.node),
+                key=lambda t: t[1],
+            )
+        ]
+        self.local_index = self.local_peers.index(self.rank)
+        sizes = {sum(1 for nd, _ in node_of if nd == k) for k in range(self.num_nodes)}
+        self.uniform_nodes = len(sizes) == 1
+        self.flags_buf = world.zeros(NUM_FLAGS, "int64")
+        self.pad_buf = world.zeros(SignalPad.nbytes_for(BARRIER_SLOTS), "uint8")
+        self.pad = SignalPad(world.heap, self.pad_buf.offset, BARRIER_SLOTS, self.timeout_s)
+        self.scratch_buf = world.zeros(max(cfg.scratch_nbytes, 64), "uint8")
+        self.scratch_max = cfg.scratch_max_nbytes
+        self.stage_views: dict[tuple[int, np.dtype[Any]], np.ndarray[Any, Any]] = {}
+        self.input_views: dict[tuple[int, int, int, np.dtype[Any]], np.ndarray[Any, Any]] = {}
+        self.plans: OrderedDict[Hashable, Any] = OrderedDict()
+        self.my_flags = _q(self.flags_buf.local())
+        self.peer_flags = {
+            r: _q(cast("np.ndarray[Any, Any]", self.flags_buf.peer(r))) for r in self.local_peers
+        }
+        if self.num_nodes > 1:
+            # uniform nodes: ranks with the same local index, one per node, in node order;
+            # otherwise everyone, in rank order (every rank then reduces the whole vector)
+            color, key = (world.local_rank, world.node) if self.uniform_nodes else (0, world.rank)
+            self.cross = cast("MPI.Intracomm", world.comm.Split(color=color, key=key))
+
+    def close(self) -> None:
+        """Wait for the peers' last ``DONE`` (unless broken), then free flags, pad, scratch."""
+        if not self.broken:
+            self.wait_peers(Flag.DONE, self.seq, "close")
+        for buf in (self.scratch_buf, self.pad_buf, self.flags_buf):
+            buf.close()
+        if self.cross is not None:
+            self.cross.Free()
+            self.cross = None
+
+    # -- flags ---------------------------------------------------------------------------------
+
+    def next_call(self) -> int:
+        """Start a call that exchanges flags: its sequence number."""
+        self.seq += 1
+        self.stats.calls += 1
+        return self.seq
+
+    def post(self, flag: int, value: int) -> None:
+        """Raise my ``flag`` to ``value`` (release: data written before it is visible)."""
+        self.heap.fence()
+        self.my_flags[flag] = value
+
+    def wait_peers(self, flag: int, value: int, what: str, peers: list[int] | None = None) -> None:
+        """Wait until every peer in ``peers`` (default: the node's) has ``flag >= value``,
+        within the deadline; then acquire."""
+        deadline = 0.0
+        for r in self.local_peers if peers is None else peers:
+            if r == self.rank:
+                continue
+            view = self.peer_flags[r]
+            if view[flag] >= value:
+                continue
+            if not deadline:
+                deadline = time.monotonic() + self.timeout_s
+
+            def ready(v: memoryview = view) -> bool:
+                return bool(v[flag] >= value)
+
+            if not poll_until(ready, deadline, None, self.spin_s):
+                name = Flag(flag).name if flag < len(Flag) else str(flag)
+                raise SignalTimeoutError(
+                    f"{what}: rank {self.rank} timed out after {self.timeout_s:g} s waiting for "
+                    f"rank {r} ({name} flag: expected >= {value}, last value seen {view[flag]})",
+                    operation=what,
+                    slot=flag,
+                    expected=f">= {value}",
+                    last_value=int(view[flag]),
+                    peers=(r,),
+                )
+        self.heap.fence()  # acquire
+
+    def flags_behind(self, flag: int, value: int) -> bool:
+        """Whether any node-local peer's ``flag`` is still below ``value`` (no waiting)."""
+        return any(self.peer_flags[r][flag] < value for r in self.local_peers if r != self.rank)
+
+    def mpi_wait(self, req: MPI.Request, what: str, keep: object = None) -> None:
+        """Wait for a non-blocking MPI exchange between nodes, within the deadline."""
+        if not poll_until(req.Test, time.monotonic() + self.timeout_s, None, self.spin_s):
+            # a non-blocking collective cannot be cancelled: keep it (and its buffers, which
+            # the caller's frame holds through ``keep``) alive and retire this channel
+            self.pending.append((req, keep))
+            self.broken = True
+            raise SignalTimeoutError(
+                f"{what}: rank {self.rank} timed out after {self.timeout_s:g} s in the MPI "
+                "exchange between nodes (a rank on another node did not arrive)",
+                operation=what,
+                slot=-1,
+                expected="exchange complete",
+                last_value=0,
+                peers=(),
+            )
+
+    # -- inputs --------------------------------------------------------------------------------
+
+    def publish(
+        self, s: int, xin: Operand, scratch_bytes: int, lo: int = 0, hi: int | None = None
+    ) -> None:
+        """Make my input ``[lo, hi)`` readable by node-local peers and raise ``READY``.
+
+        A SHMEMBuffer is published where it is (zero-copy); a numpy array is copied into my
+        scratch first (callers have waited for ``DONE >= s - 1``). The heap offset goes into the
+        ``SRC`` flag, so peers find it whatever kind of argument this rank passed.
+        """
+        hi = xin.count if hi is None else hi
+        isz = xin.dtype.itemsize
+        if scratch_bytes > self.scratch_buf.nbytes:
+            self.scratch(scratch_bytes)
+        if xin.shmem is None:
+            key = (hi - lo, xin.dtype)
+            mine = self.stage_views.get(key)
+            if mine is None:
+                mine = self.scratch_buf.local()[: (hi - lo) * isz].view(xin.dtype)
+                self.stage_views[key] = mine
+            np.copyto(mine, xin.array[lo:hi])
+            self.stats.staged_bytes += (hi - lo) * isz
+            offset = self.scratch_buf.offset
+        else:
+            offset = xin.shmem.offset + lo * isz
+        self.my_flags[Flag.SRC] = offset
+        self.post(Flag.READY, s)
+
+    def source_offset(self, rank: int) -> int:
+        """The heap offset rank ``rank`` published its input at (after its READY)."""
+        if rank == self.rank:
+            return int(self.my_flags[Flag.SRC])
+        return int(self.peer_flags[rank][Flag.SRC])
+
+    def peer_input(self, rank: int, count: int, dtype: np.dtype[Any]) -> np.ndarray[Any, Any]:
+        """Rank ``rank``'s published input (after its READY), as ``count`` elements."""
+        offset = self.source_offset(rank)
+        key = (rank, offset, count, dtype)
+        cached = self.input_views.get(key)
+        if cached is not None:
+            return cached
+        view = self.heap.peer_view(rank, offset, count * dtype.itemsize)
+        if view is None:
+            raise ShmemStateError(f"peer_input: rank {rank} is not on this node")
+        typed = view.view(dtype)
+        if len(self.input_views) > 4096:
+            self.input_views.clear()
+        self.input_views[key] = typed
+        return typed
+
+    # -- scratch -------------------------------------------------------------------------------
+
+    def scratch(self, nbytes: int) -> np.ndarray[Any, np.dtype[np.uint8]]:
+        """My scratch, at least ``nbytes`` (grown collectively; every rank calls it alike)."""
+        if nbytes > self.scratch_buf.nbytes:
+            self.wait_peers(Flag.DONE, self.seq - 1, "scratch growth")
+            new = max(nbytes, min(2 * self.scratch_buf.nbytes, self.scratch_max))
+            grown: SHMEMBuffer = self.world.empty(new, "uint8")  # on failure the old stays
+            self.scratch_buf.close()
+            self.scratch_buf = grown
+            self.stats.scratch_growths += 1
+            self.stage_views.clear()
+            self.input_views.clear()  # offsets inside the old scratch are stale
+            self.plans.clear()
+        return cast("np.ndarray[Any, np.dtype[np.uint8]]", self.scratch_buf.local())
+
+    def peer_scratch(self, rank: int) -> np.ndarray[Any, np.dtype[np.uint8]]:
+        """Rank ``rank``'s scratch (node-local), as a zero-copy view."""
+        return cast("np.ndarray[Any, np.dtype[np.uint8]]", self.scratch_buf.peer(rank))
+
+    @property
+    def scratch_capacity(self) -> int:
+        """Bytes the scratch may grow to."""
+        return max(self.scratch_max, self.scratch_buf.nbytes)
+
+    def fits_scratch(self, xin: Operand) -> bool:
+        """Whether the family's node-local exchange can take ``xin`` (one node, and the whole
+        input fits the scratch); otherwise the family uses MPI."""
+        return self.num_nodes == 1 and xin.count * xin.dtype.itemsize <= self.scratch_capacity

@@ -1,0 +1,101 @@
+"""Public CUDA helpers for code built on the runtime (the GPU collectives, benchmarks).
+
+The runtime's own kernels (``*.cu`` files shipped in the ``shmem`` and ``collectives``
+packages) are compiled with NVRTC for the device's architecture once per process, through an
+on-disk cubin cache. These functions load and launch them and move bytes by device pointer on
+a cuda.core stream. Importing this module needs no GPU; CUDA loads on the first call.
+
+All copies and memsets here are stream-ordered (``*_async``): they are queued on ``stream``
+and complete in order with the work on it.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from . import _cuda, _nvrtc
+
+__all__ = [
+    "CudaStream",
+    "Kernel",
+    "compile_module",
+    "device_synchronize",
+    "launch",
+    "load_kernel",
+    "memcpy_async",
+    "memset_async",
+    "record_event",
+    "wait_event",
+]
+
+
+class CudaStream(Protocol):
+    """A cuda.core ``Stream`` (what the functions here need of it)."""
+
+    @property
+    def handle(self) -> object: ...
+
+    def sync(self) -> None: ...
+
+
+class Kernel(Protocol):
+    """A loaded kernel (cuda.core ``Kernel``)."""
+
+
+def compile_module(device_id: int, relative: str) -> None:
+    """Compile (or load from the kernel cache) the package file ``relative`` (e.g.
+    ``"collectives/kernels/allreduce.cu"``) for device ``device_id`` now, so a later
+    :func:`load_kernel` does not compile while peers wait."""
+    _cuda.kernel_module(device_id, relative)
+
+
+def load_kernel(device_id: int, relative: str, name: str) -> Kernel:
+    """Kernel ``name`` of the package's CUDA file ``relative`` for device ``device_id``
+    (compiled once per process, cached on disk)."""
+    return _cuda.kernel(device_id, relative, name)  # type: ignore[no-any-return]
+
+
+def launch(
+    stream: CudaStream,
+    kernel: Kernel,
+    grid: int,
+    block: int,
+    *args: object,
+    cooperative: bool = False,
+) -> None:
+    """Queue ``kernel`` on ``stream`` (scalars as numpy scalars: ``np.uint64``, ``np.int32``).
+    ``cooperative``: the driver refuses the launch unless every block can be resident at
+    once (kernels whose blocks wait for each other)."""
+    _cuda.launch(stream, kernel, grid, block, *args, cooperative=cooperative)
+
+
+def memcpy_async(dst_ptr: int, src_ptr: int, nbytes: int, stream: CudaStream) -> None:
+    """Queue a copy of ``nbytes`` between device, pinned or (synchronously for the host)
+    pageable addresses on ``stream``."""
+    _cuda.memcpy_async(dst_ptr, src_ptr, nbytes, stream)
+
+
+def memset_async(ptr: int, value: int, nbytes: int, stream: CudaStream) -> None:
+    """Queue setting ``nbytes`` bytes at device address ``ptr`` to ``value`` on ``stream``."""
+    _cuda.memset_async(ptr, value, nbytes, stream)
+
+
+def record_event(stream: CudaStream) -> object:
+    """An event recorded on ``stream`` now (for :func:`wait_event` on another stream)."""
+    return _cuda.record_event(stream)
+
+
+def wait_event(stream: CudaStream, event: object) -> None:
+    """Make later work on ``stream`` wait for ``event`` (no host blocking)."""
+    _cuda.wait_event(stream, event)
+
+
+def device_synchronize(device_id: int) -> None:
+    """Wait on the host for all work this process queued on the device, on every stream."""
+    _cuda.device_sync(device_id)
+
+
+def kernel_cache_dir() -> str | None:
+    """The on-disk cubin cache directory, or None when the cache is off."""
+    path = _nvrtc.cache_dir()
+    return None if path is None else str(path)
