@@ -54,7 +54,7 @@ from .errors import (
     ViewError,
 )
 from .memory import Buffer
-from .signals import SignalPad
+from .signals import Cmp, SignalOp, SignalPad
 from .world import World, finalize, get_world, init
 
 __all__ = [
@@ -69,6 +69,7 @@ __all__ = [
     "BackendUnavailableError",
     "Block",
     "Buffer",
+    "Cmp",
     "CollectiveArgumentError",
     "CollectiveMismatchError",
     "Config",
@@ -103,6 +104,7 @@ __all__ = [
     "SequenceParallelError",
     "ShmemError",
     "ShmemStateError",
+    "SignalOp",
     "SignalPad",
     "SignalTimeoutError",
     "ViewError",

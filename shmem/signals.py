@@ -23,18 +23,42 @@ value seen and the peer(s) that did not arrive.
 
 from __future__ import annotations
 
+import enum
 import operator
 import os
 import time
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 import numpy as np
 
 from .errors import ArgumentError, RemoteTimeoutError, SignalTimeoutError
 from .heap import SymmetricHeap
 
-__all__ = ["COMPARISONS", "SignalPad", "poll_until"]
+__all__ = ["COMPARISONS", "Cmp", "CmpName", "SignalOp", "SignalOpName", "SignalPad", "poll_until"]
+
+
+class Cmp(enum.StrEnum):
+    """A comparison for waits: ``Cmp.GE`` and ``"ge"`` are interchangeable everywhere
+    (OpenSHMEM's ``SHMEM_CMP_GE``)."""
+
+    EQ = "eq"
+    NE = "ne"
+    GT = "gt"
+    GE = "ge"
+    LT = "lt"
+    LE = "le"
+
+
+class SignalOp(enum.StrEnum):
+    """How a signal updates its slot: ``SignalOp.SET`` (``"set"``) or ``SignalOp.ADD``."""
+
+    SET = "set"
+    ADD = "add"
+
+
+CmpName = Literal["eq", "ne", "gt", "ge", "lt", "le"]
+SignalOpName = Literal["set", "add"]
 
 COMPARISONS: dict[str, Callable[[int, int], bool]] = {
     "eq": operator.eq,
@@ -149,7 +173,7 @@ class SignalPad:
 
     # -- signal / wait ----------------------------------------------------------------------
 
-    def signal(self, rank: int, slot: int, value: int, op: str = "set") -> None:
+    def signal(self, rank: int, slot: int, value: int, op: SignalOp | str = "set") -> None:
         """Set or add ``value`` to ``slot`` of ``rank``'s pad (release: orders prior writes).
 
         Parameters
@@ -200,7 +224,7 @@ class SignalPad:
     def wait_until(
         self,
         slot: int,
-        cmp: str,
+        cmp: Cmp | str,
         value: int,
         timeout: float | None = None,
         *,
@@ -235,7 +259,7 @@ class SignalPad:
         self,
         operation: str,
         slot: int,
-        cmp: str,
+        cmp: Cmp | str,
         value: int,
         timeout: float | None,
         peers: tuple[int, ...],
@@ -268,7 +292,7 @@ class SignalPad:
         self,
         operation: str,
         slot: int,
-        cmp: str,
+        cmp: Cmp | str,
         value: int,
         last: int,
         timeout_s: float,

@@ -23,7 +23,7 @@ from .device import CPU
 from .dtypes import as_dtype, dtype_name
 from .errors import ArgumentError, CollectiveMismatchError, ShmemStateError
 from .heap import SymmetricHeap
-from .signals import SignalPad
+from .signals import Cmp, SignalOp, SignalPad
 
 if TYPE_CHECKING:
     from mpi4py import MPI  # imported lazily: importing it initialises MPI
@@ -250,7 +250,7 @@ class World:
 
     # -- signals ----------------------------------------------------------------------------
 
-    def signal(self, rank: int, slot: int, value: int, op: str = "set") -> None:
+    def signal(self, rank: int, slot: int, value: int, op: SignalOp | str = "set") -> None:
         """Set or add to ``slot`` of ``rank``'s world pad; see :meth:`SignalPad.signal`."""
         self._check_open("World.signal")
         self.signals.signal(rank, slot, value, op)
@@ -258,7 +258,7 @@ class World:
     def wait_until(
         self,
         slot: int,
-        cmp: str,
+        cmp: Cmp | str,
         value: int,
         timeout: float | None = None,
         *,

@@ -363,3 +363,18 @@ def test_family_beyond_the_scratch_cap_does_not_grow_it(world: World, comm: Any)
     assert got.shape[0] == big.shape[0] * world.world_size and (got == 1).all()
     comm.broadcast(big, root=0)
     assert comm.scratch_nbytes <= cap
+
+
+def test_enums_and_strings_give_the_same_calls(world: World, comm: Any) -> None:
+    x = np.arange(1, 65, dtype=np.int32) * (world.rank + 1)
+    for op in collectives.ReduceOp:
+        if op == "avg":
+            continue
+        for algo in ("one_shot", "two_shot"):
+            by_enum = comm.all_reduce(x, op=op, algorithm=collectives.Algorithm(algo))
+            by_name = comm.all_reduce(x, op=str(op), algorithm=algo)
+            assert by_enum.tobytes() == by_name.tobytes()
+    right = (world.rank + 1) % world.world_size
+    world.signal(right, 0, 5, op=shmem.SignalOp.ADD)
+    assert world.wait_until(0, shmem.Cmp.GE, 5) >= 5
+    world.barrier()
