@@ -16,6 +16,7 @@ from __future__ import annotations
 from . import errors
 from ._version import __version__
 from .arena import Arena, ArenaStats
+from .backends import Backend
 from .buffer import SHMEMBuffer
 from .config import Config, load_config, parse_size
 from .context import Block, DeviceContext, Dim3, DriverVersion, Event, Function
@@ -66,6 +67,7 @@ __all__ = [
     "ArgumentError",
     "AsyncExecutionError",
     "AttentionArgumentError",
+    "Backend",
     "BackendUnavailableError",
     "Block",
     "Buffer",

@@ -15,6 +15,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from .config import env_value
 from .errors import KernelCompileError
 
 __all__ = ["cache_dir", "compile_cubin", "nvrtc_version", "source_of"]
@@ -26,7 +27,7 @@ _caches: dict[Path, Any] = {}
 
 def cache_dir() -> Path | None:
     """The kernel cache directory, or None when disabled (``SHMEM_KERNEL_CACHE=off``)."""
-    env = os.environ.get("SHMEM_KERNEL_CACHE", "")
+    env = env_value("SHMEM_KERNEL_CACHE") or ""
     if env.lower() in ("off", "0", "none"):
         return None
     if env:

@@ -2,7 +2,10 @@
 
 Precedence, lowest to highest: built-in defaults < TOML file < ``SHMEM_<SECTION>_<KEY>``
 environment variables < keyword arguments (``heap_nbytes="1GiB"``). Unknown sections and keys
-are rejected with the source, section and key named. Sizes accept integers or strings such
+are rejected with the source, section and key named, and so is any ``SHMEM_*`` environment
+variable that is neither such an override nor one of :data:`ENV_VARIABLES` (with the closest
+valid name suggested). This module is the one reader of the project's environment variables:
+other modules ask :func:`env_value`. Sizes accept integers or strings such
 as ``"256MiB"``, ``"1.5GiB"`` or ``"64kB"``.
 
 This module is pure: it imports neither MPI nor CUDA.
@@ -12,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import difflib
 import os
 import re
 import tomllib
@@ -30,14 +34,34 @@ __all__ = [
     "LogConfig",
     "NvshmemConfig",
     "SignalConfig",
+    "check_environment",
+    "env_value",
+    "environment_variables",
     "load_config",
     "parse_size",
 ]
 
 ENV_PREFIX = "SHMEM_"
 ENV_CONFIG_FILE = "SHMEM_CONFIG"
-# Variables under these prefixes belong to the launcher, not to the configuration.
-ENV_RESERVED_PREFIXES = ("SHMEM_LAUNCH_",)
+
+# Every SHMEM_* variable the project reads, besides the SHMEM_<SECTION>_<KEY> overrides of the
+# configuration (those are listed by environment_variables()). This module is the only reader:
+# other modules call env_value(); an unlisted SHMEM_* variable is refused by load_config().
+ENV_VARIABLES: dict[str, str] = {
+    "SHMEM_CONFIG": "a TOML configuration file to load (python -m launch --config sets it)",
+    "SHMEM_BACKEND": "pins init(backend='auto') to 'host', 'nvshmem' or 'auto'",
+    "SHMEM_KERNEL_CACHE": "the NVRTC cubin cache directory, or 'off'",
+    "SHMEM_IPC_DIR": "the directory of IPC sockets and the registry (mode 0700)",
+    "SHMEM_LAUNCH_LOG_DIR": "set by python -m launch: where each rank writes its log and records",
+    "SHMEM_LAUNCH_GPU": "set by python -m launch: the GPU a rank is bound to",
+    "SHMEM_VENV": "./dev: the virtualenv directory (read by the script, not by Python)",
+    "SHMEM_REQUIRE_NVRTC": "tests: fail instead of skipping NVRTC checks when NVRTC is missing",
+    "SHMEM_TEST_VERDICT_TIMEOUT_S": "tests: how long a rank waits for the agreed verdict",
+    "SHMEM_TEST_FAILED_RANK_TIMEOUT_S": "tests: the same, for a rank that failed itself",
+}
+# The OpenSHMEM specification's own variables share the prefix; they belong to an OpenSHMEM
+# library that may run in the same environment, so they are known and left alone.
+ENV_OPENSHMEM = frozenset({"SHMEM_VERSION", "SHMEM_INFO", "SHMEM_SYMMETRIC_SIZE", "SHMEM_DEBUG"})
 
 _SIZE_UNITS = {
     "": 1,
@@ -265,6 +289,49 @@ def _validate(cfg: Config) -> Config:
     return cfg
 
 
+def environment_variables() -> dict[str, str]:
+    """Every ``SHMEM_*`` variable the project understands, with what it does: the
+    ``SHMEM_<SECTION>_<KEY>`` overrides of the configuration and :data:`ENV_VARIABLES`."""
+    names = dict(ENV_VARIABLES)
+    for section, cls in _SECTIONS.items():
+        for f in dataclasses.fields(cls):
+            names[f"{ENV_PREFIX}{section.upper()}_{f.name.upper()}"] = f"[{section}] {f.name}"
+    return dict(sorted(names.items()))
+
+
+def _suggest(name: str, candidates: list[str]) -> str:
+    close = difflib.get_close_matches(name, candidates, n=1, cutoff=0.6)
+    return f"; did you mean {close[0]}?" if close else ""
+
+
+def check_environment(env: Mapping[str, str] | None = None) -> None:
+    """Raise :class:`ConfigError` for a ``SHMEM_*`` variable the project does not know,
+    naming the closest valid one (a typo must not be skipped silently)."""
+    env = os.environ if env is None else env
+    known = environment_variables()
+    for name in sorted(env):
+        if not name.startswith(ENV_PREFIX) or name in known or name in ENV_OPENSHMEM:
+            continue
+        if _split_flat(name[len(ENV_PREFIX) :].lower()) is not None:
+            continue  # a known section: load_config names the unknown key and its neighbour
+        raise ConfigError(
+            f"environment: unknown variable {name}{_suggest(name, list(known))} (the "
+            "SHMEM_* variables are listed by shmem.config.environment_variables())"
+        )
+
+
+def env_value(name: str, env: Mapping[str, str] | None = None) -> str | None:
+    """The value of the project's environment variable ``name`` (one of
+    :data:`ENV_VARIABLES`), or None when it is unset or empty."""
+    if name not in ENV_VARIABLES:
+        raise ConfigError(
+            f"env_value: {name!r} is not one of the project's variables"
+            f"{_suggest(name, list(ENV_VARIABLES))}"
+        )
+    value = (os.environ if env is None else env).get(name, "")
+    return value or None
+
+
 def _merge(
     values: dict[str, dict[str, object]], section: str, key: str, value: object, origin: str
 ) -> None:
@@ -274,7 +341,10 @@ def _merge(
         )
     known = [f.name for f in dataclasses.fields(_SECTIONS[section])]
     if key not in known:
-        raise ConfigError(f"{origin}: unknown key {key!r} in [{section}] (expected one of {known})")
+        raise ConfigError(
+            f"{origin}: unknown key {key!r} in [{section}]{_suggest(key, known)} (expected one "
+            f"of {known})"
+        )
     values.setdefault(section, {})[key] = _convert(section, key, value, origin)
 
 
@@ -328,15 +398,13 @@ def load_config(
                 )
             for key, value in table.items():
                 _merge(values, section, key, value, str(p))
+    check_environment(env)
     for name in sorted(env):
-        if not name.startswith(ENV_PREFIX) or name == ENV_CONFIG_FILE:
-            continue
-        if name.startswith(ENV_RESERVED_PREFIXES):
+        if not name.startswith(ENV_PREFIX) or name in ENV_VARIABLES or name in ENV_OPENSHMEM:
             continue
         split = _split_flat(name[len(ENV_PREFIX) :].lower())
-        if split is None:
-            continue  # not one of our sections: some other SHMEM_ variable, left alone
-        _merge(values, *split, env[name], f"environment {name}")
+        if split is not None:  # check_environment() refused every other name
+            _merge(values, *split, env[name], f"environment {name}")
     for name, value in overrides.items():
         split = _split_flat(name)
         if split is None:

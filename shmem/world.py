@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .arena import Arena
-from .backends import resolve_backend
+from .backends import Backend, resolve_backend
 from .buffer import SHMEMBuffer
 from .config import Config, load_config
 from .context import DeviceContext
@@ -329,7 +329,7 @@ class World:
 def init(
     config: Config | str | os.PathLike[str] | None = None,
     comm: MPI.Intracomm | None = None,
-    backend: str = "auto",
+    backend: Backend | str = "auto",
     **overrides: Any,
 ) -> World:
     """Start the runtime on every rank of ``comm`` (collective) and return the :class:`World`.

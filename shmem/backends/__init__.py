@@ -6,16 +6,29 @@
 
 from __future__ import annotations
 
+import enum
 import importlib.util
 import logging
 import os
+from typing import Literal
 
+from ..config import env_value
 from ..errors import BackendUnavailableError
 
-__all__ = ["BACKENDS", "resolve_backend"]
+__all__ = ["BACKENDS", "Backend", "BackendName", "resolve_backend"]
 
 log = logging.getLogger(__name__)
 
+
+class Backend(enum.StrEnum):
+    """The heap backend of a World: ``Backend.HOST`` and ``"host"`` are interchangeable."""
+
+    AUTO = "auto"  # nvshmem where a GPU and nvshmem4py are usable, else host
+    HOST = "host"  # MPI-3 shared-memory window (+ MPI RMA off-node); needs no hardware
+    NVSHMEM = "nvshmem"  # the NVSHMEM heap on GPUs
+
+
+BackendName = Literal["auto", "host", "nvshmem"]
 BACKENDS = ("host", "nvshmem")
 
 
@@ -30,7 +43,7 @@ def _nvshmem_status() -> str | None:
     return None
 
 
-def resolve_backend(name: str) -> tuple[str, str]:
+def resolve_backend(name: Backend | str) -> tuple[str, str]:
     """Map ``"auto" | "host" | "nvshmem"`` to a usable backend and the reason for the choice.
 
     ``"auto"`` takes ``$SHMEM_BACKEND`` when it is set (the test scripts pin ``host``), else
@@ -41,8 +54,9 @@ def resolve_backend(name: str) -> tuple[str, str]:
     BackendUnavailableError
         The backend is unknown or cannot be used here (the reason is in the message).
     """
-    if name == "auto" and os.environ.get("SHMEM_BACKEND", "auto") != "auto":
-        name = os.environ["SHMEM_BACKEND"]
+    pinned = env_value("SHMEM_BACKEND")
+    if name == "auto" and pinned is not None and pinned != "auto":
+        name = pinned
         if name not in BACKENDS:
             raise BackendUnavailableError(
                 f"init: unknown backend in SHMEM_BACKEND (got {name!r}; expected one of "

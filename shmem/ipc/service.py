@@ -23,6 +23,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..config import env_value
 from ..errors import DescriptorError, ExporterGoneError, IpcPermissionError
 
 __all__ = ["ExporterGoneError", "IpcPermissionError", "Server", "request", "runtime_dir"]
@@ -34,7 +35,7 @@ _TIMEOUT_S = 5.0
 
 def runtime_dir() -> Path:
     """The per-user directory for sockets and the registry (created 0700, then verified)."""
-    env = os.environ.get("SHMEM_IPC_DIR")
+    env = env_value("SHMEM_IPC_DIR")
     base = Path(env) if env else Path(os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir())
     path = base if env else base / f"shmem-ipc-{os.getuid()}"
     with contextlib.suppress(FileExistsError):

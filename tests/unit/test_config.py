@@ -8,7 +8,14 @@ from typing import Any
 
 import pytest
 
-from shmem.config import Config, load_config, parse_size
+from shmem.config import (
+    ENV_VARIABLES,
+    Config,
+    env_value,
+    environment_variables,
+    load_config,
+    parse_size,
+)
 from shmem.errors import ConfigError, ShmemError
 
 CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs").glob("*.toml"))
@@ -164,3 +171,33 @@ def test_nvshmem_environment() -> None:
         "NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME": "lo",
         "NVSHMEM_DISABLE_NVLS": "1",
     }
+
+
+def test_an_unknown_shmem_variable_is_refused_with_the_closest_name() -> None:
+    with pytest.raises(ConfigError, match=r"unknown key 'nbyte' in \[heap\]; did you mean nbytes"):
+        load_config(env={"SHMEM_HEAP_NBYTE": "1GiB"})
+    with pytest.raises(ConfigError, match=r"unknown variable SHMEM_HEAPS_NBYTES; did you mean "):
+        load_config(env={"SHMEM_HEAPS_NBYTES": "1GiB"})
+    with pytest.raises(ConfigError, match=r"SHMEM_KERNEL_CACH; did you mean SHMEM_KERNEL_CACHE\?"):
+        load_config(env={"SHMEM_KERNEL_CACH": "off"})
+    with pytest.raises(ConfigError, match=r"unknown variable SHMEM_XYZZY_QQQQ \(the SHMEM_\*"):
+        load_config(env={"SHMEM_XYZZY_QQQQ": "1"})
+    # the project's own variables and OpenSHMEM's standard ones are not configuration keys
+    env = {name: "x" for name in ENV_VARIABLES} | {"SHMEM_DEBUG": "1", "SHMEM_INFO": "1"}
+    env["SHMEM_CONFIG"] = ""
+    load_config(env=env)
+
+
+def test_every_variable_is_listed_once_with_what_it_does() -> None:
+    names = environment_variables()
+    assert "SHMEM_HEAP_NBYTES" in names and names["SHMEM_HEAP_NBYTES"] == "[heap] nbytes"
+    assert "SHMEM_BACKEND" in names and "SHMEM_IPC_DIR" in names
+    assert all(name.startswith("SHMEM_") and text for name, text in names.items())
+
+
+def test_env_value_reads_only_the_projects_variables() -> None:
+    assert env_value("SHMEM_BACKEND", {"SHMEM_BACKEND": "host"}) == "host"
+    assert env_value("SHMEM_BACKEND", {"SHMEM_BACKEND": ""}) is None
+    assert env_value("SHMEM_IPC_DIR", {}) is None
+    with pytest.raises(ConfigError, match=r"'SHMEM_BACKEN' is not one of .*SHMEM_BACKEND\?"):
+        env_value("SHMEM_BACKEN", {})
