@@ -188,6 +188,9 @@ def main(argv: list[str] | None = None) -> int:
             mpi_flavour=flavour,
             launcher=launcher,
             job_env=job_environment(opts),
+            is_root=os.geteuid() == 0,
+            local_cores=len(os.sched_getaffinity(0)),
+            environ=os.environ,
         )
         console = console_ranks(opts.console, opts.nranks)
     except (UsageError, ValueError) as exc:

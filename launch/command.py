@@ -22,21 +22,48 @@ __all__ = [
     "UsageError",
     "build_command",
     "detect_mpi_flavour",
+    "openmpi_environment",
     "resolve_launcher",
 ]
 
 MPI_FLAVOURS = ("mpich", "openmpi")
 LAUNCHERS = ("mpiexec", "srun")
 
-# What pip's Open MPI needs on these machines (see FACTS.md): running as root, oversubscribing
-# cores, skipping the slow OFI transport probe and the UCX one-sided component.
-OPENMPI_ENV = {
-    "OMPI_ALLOW_RUN_AS_ROOT": "1",
-    "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
-    "PRTE_MCA_rmaps_default_mapping_policy": ":oversubscribe",
-    "OMPI_MCA_btl": "^ofi",
-    "OMPI_MCA_osc": "^ucx",
-}
+# Open MPI settings, each applied only where it is needed (openmpi_environment):
+# Open MPI refuses to run as root without these two.
+OPENMPI_ROOT_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+# More ranks than the machine's cores: Open MPI refuses to place them otherwise.
+OPENMPI_OVERSUBSCRIBE_ENV = {"PRTE_MCA_rmaps_default_mapping_policy": ":oversubscribe"}
+# A one-machine sandbox: skip the slow OFI transport probe (about 1 s a launch) and the UCX
+# one-sided component (an error line per window where no UCX device exists). Never on a
+# cluster job: UCX one-sided is how the off-node RMA path moves data there.
+OPENMPI_SANDBOX_ENV = {"OMPI_MCA_btl": "^ofi", "OMPI_MCA_osc": "^ucx"}
+OPENMPI_ENV = {**OPENMPI_ROOT_ENV, **OPENMPI_OVERSUBSCRIBE_ENV, **OPENMPI_SANDBOX_ENV}
+# Variables that mean "inside a batch scheduler's allocation": a real cluster job.
+SCHEDULER_VARIABLES = ("SLURM_JOB_ID", "SLURM_JOBID", "PBS_JOBID", "LSB_JOBID", "FLUX_JOB_ID")
+
+
+def openmpi_environment(
+    opts: LaunchOptions, *, is_root: bool, local_cores: int | None, environ: Mapping[str, str]
+) -> dict[str, str]:
+    """The Open MPI settings this job needs, and only those.
+
+    * Running as root: :data:`OPENMPI_ROOT_ENV`.
+    * One machine (no ``--hostfile`` and no scheduler allocation): oversubscription when
+      ``nranks`` exceeds ``local_cores``, and :data:`OPENMPI_SANDBOX_ENV`.
+    * A cluster job (a hostfile, or inside Slurm/PBS/LSF/Flux): no transport setting at all.
+
+    A variable already set in ``environ`` is left to the user's value.
+    """
+    env: dict[str, str] = {}
+    if is_root:
+        env.update(OPENMPI_ROOT_ENV)
+    cluster = bool(opts.hostfile) or any(environ.get(v) for v in SCHEDULER_VARIABLES)
+    if not cluster:
+        if local_cores is not None and opts.nranks > local_cores:
+            env.update(OPENMPI_OVERSUBSCRIBE_ENV)
+        env.update(OPENMPI_SANDBOX_ENV)
+    return {k: v for k, v in env.items() if k not in environ}
 
 
 @dataclass(frozen=True)
@@ -106,6 +133,9 @@ def build_command(
     mpi_flavour: str,
     launcher: str,
     job_env: Mapping[str, str],
+    is_root: bool = False,
+    local_cores: int | None = None,
+    environ: Mapping[str, str] | None = None,
 ) -> LaunchCommand:
     """The command that starts ``opts.nranks`` ranks of ``python -m launch.rank TARGET``.
 
@@ -120,6 +150,8 @@ def build_command(
     launcher : {"mpiexec", "srun"}
     job_env : mapping
         Variables every rank must see (forwarded explicitly, so remote nodes get them too).
+    is_root, local_cores, environ
+        Facts about the launching machine for :func:`openmpi_environment` (Open MPI only).
     """
     if opts.nranks < 1:
         raise UsageError(f"launch: invalid -n (got {opts.nranks}; expected >= 1)")
@@ -150,7 +182,10 @@ def build_command(
             # Hydra's own backstop, in case the launcher itself is killed
             env["MPIEXEC_TIMEOUT"] = str(int(opts.timeout_s) + 30)
         return LaunchCommand((*argv_list, *rank_cmd), env)
-    env = {**OPENMPI_ENV, **env}
+    sandbox = openmpi_environment(
+        opts, is_root=is_root, local_cores=local_cores, environ=environ or {}
+    )
+    env = {**sandbox, **env}
     argv_list = [mpiexec, "-n", n]
     if opts.hostfile:
         argv_list += ["--hostfile", opts.hostfile]

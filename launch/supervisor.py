@@ -318,9 +318,11 @@ def _summarise(
             )
         elif named:
             r, pid, host, how = next(x for x in reported if x[0] >= 0)
+            # the pid watcher saw no death (the rank died before it was watched, on a loaded
+            # machine): mpiexec's first bad termination is the evidence, in the same words
             lines.append(
                 f"launch: job failed; root cause: rank {r} of {nranks} on {host} (pid {pid}) "
-                f"{how} (no Python exception was recorded)"
+                f"died first: {how} (as mpiexec reports; no Python exception was recorded)"
             )
         else:
             lines.append(f"launch: job failed: mpiexec exited with code {rc}; its output:")

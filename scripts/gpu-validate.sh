@@ -75,7 +75,7 @@ step() {
 }
 
 PYTEST=("$PY" -m pytest -q -p no:cacheprovider --timeout=300)
-step nvrtc env SHMEM_REQUIRE_NVRTC=1 "${PYTEST[@]}" tests/unit/test_nvrtc.py tests/unit/test_kernel_cache.py
+step nvrtc env SHMEM_REQUIRE_NVRTC=1 "${PYTEST[@]}" tests/compile
 step gpu-1proc "${PYTEST[@]}" tests/gpu/test_device_gpu.py
 for n in 1 2 4; do
     step "gpu-mpi-$n" "$PY" -m launch -n "$n" --allow-gpu-sharing --timeout $((LIMIT - 20)) \

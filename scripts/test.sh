@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The whole test suite (called by ./dev test and by CI through .ci/run). Every step runs
 # under an outer timeout; MPI steps also under the launcher's own deadline and the
-# harness's verdict agreement (tests/README.md). Prints "ci: N passed, N failed" last.
+# harness's verdict agreement (tests/README.md). Totals come from pytest's junit XML, each
+# distinct test counted once per step (scripts/ci_totals.py). Prints
+# "ci: N passed, N failed, N skipped" last.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY="${PY:-.venv/bin/python}"
@@ -14,22 +16,25 @@ mkdir -p "$LOGS"
 failed_steps=()
 total_passed=0
 total_failed=0
+total_skipped=0
 
-# run_step NAME ALLOW_EMPTY CMD...: run, log, count pytest results, map exit code 5.
+# run_step NAME ALLOW_EMPTY CMD...: run, log, count the junit XML's tests, map exit code 5.
+# A pytest step writes $LOGS/NAME.xml (its command names it with --junitxml).
 run_step() {
     local name="$1" allow_empty="$2"
     shift 2
-    local log="$LOGS/$name.log" start=$SECONDS
+    local log="$LOGS/$name.log" xml="$LOGS/$name.xml" start=$SECONDS
     echo "== $name: $*"
     "$@" >"$log" 2>&1
     local rc=$?
-    local line
-    line=$(grep -E '^=*.* (passed|failed|error|no tests ran).* in [0-9.]+s' "$log" | tail -1 || true)
-    local p f
-    p=$(echo "$line" | grep -oE '[0-9]+ passed' | grep -oE '[0-9]+' || echo 0)
-    f=$(echo "$line" | grep -oE '[0-9]+ (failed|error)' | grep -oE '[0-9]+' | awk '{s+=$1} END {print s+0}')
-    total_passed=$((total_passed + ${p:-0}))
-    total_failed=$((total_failed + ${f:-0}))
+    local p=0 f=0 k=0 counted=""
+    if [ -f "$xml" ]; then
+        read -r p f k < <("$PY" scripts/ci_totals.py "$xml")
+        counted="$p passed, $f failed, $k skipped"
+    fi
+    total_passed=$((total_passed + p))
+    total_failed=$((total_failed + f))
+    total_skipped=$((total_skipped + k))
     if [ "$rc" -eq 5 ]; then
         if [ "$allow_empty" = "empty-ok" ]; then
             echo "   no tests collected (allowed here)"
@@ -39,37 +44,53 @@ run_step() {
         fi
     fi
     if [ "$rc" -ne 0 ]; then
-        echo "   FAILED (exit $rc) after $((SECONDS - start)) s; last lines of $log:"
+        echo "   FAILED (exit $rc) after $((SECONDS - start)) s${counted:+ ($counted)}; last lines of $log:"
         tail -n 60 "$log" | sed 's/^/   | /'
         failed_steps+=("$name")
     else
-        echo "   ok in $((SECONDS - start)) s ${line:+($line)}"
+        echo "   ok in $((SECONDS - start)) s${counted:+ ($counted)}"
     fi
 }
 
 PYTEST=("$PY" -m pytest -p no:cacheprovider --color=no -q)
-MPI_PYTEST=(-m pytest -p no:cacheprovider --color=no -q --only-mpi --timeout=120
-            --timeout-method=thread tests/mpi)
+# junit_family=xunit2 keeps one <testcase> per test phase outcome, read by scripts/ci_totals.py
+junit() { echo "--junitxml=$LOGS/$1.xml" "-o" "junit_family=xunit2"; }
+mpi_pytest() {
+    echo -m pytest -p no:cacheprovider --color=no -q --only-mpi --timeout=120 \
+        --timeout-method=thread $(junit "$1") tests/mpi
+}
 
 run_step ruff-check no-count timeout 300 "$PY" -m ruff check .
 run_step ruff-format no-count timeout 300 "$PY" -m ruff format --check .
 run_step mypy no-count timeout 600 "$PY" -m mypy
-run_step unit strict timeout 600 env SHMEM_REQUIRE_NVRTC=1 "${PYTEST[@]}" --timeout=120 tests/unit
+# the tiers (tests/README.md): unit needs nothing; compile needs NVRTC; processes spawns local
+# processes; fakegpu a C compiler; mpi an MPI job; jobs and examples run the launcher
+run_step unit strict timeout 600 "${PYTEST[@]}" --timeout=120 $(junit unit) tests/unit
+run_step compile strict timeout 600 env SHMEM_REQUIRE_NVRTC=1 "${PYTEST[@]}" --timeout=300 \
+    $(junit compile) tests/compile
+run_step processes strict timeout 600 "${PYTEST[@]}" --timeout=120 $(junit processes) \
+    tests/processes
+run_step fakegpu strict timeout 600 "${PYTEST[@]}" --timeout=300 $(junit fakegpu) tests/fakegpu
 for n in 1 2 3 4; do
+    # shellcheck disable=SC2046  # word splitting of mpi_pytest is intended
     run_step "mpi-$n" strict timeout 600 "$PY" -m launch -n "$n" --timeout 540 \
-        --log-dir "$LOGS/mpi-$n.ranks" "${MPI_PYTEST[@]}"
+        --log-dir "$LOGS/mpi-$n.ranks" $(mpi_pytest "mpi-$n")
 done
 for n in 2 4; do
+    # shellcheck disable=SC2046
     run_step "mpi-$n-rank-split" strict timeout 600 env SHMEM_HEAP_NODE_SPLIT=rank \
         "$PY" -m launch -n "$n" --timeout 540 --log-dir "$LOGS/mpi-$n-rank-split.ranks" \
-        "${MPI_PYTEST[@]}"
+        $(mpi_pytest "mpi-$n-rank-split")
 done
 # two "nodes" of two ranks: the hierarchical algorithms with several ranks per node
+# shellcheck disable=SC2046
 run_step "mpi-4-pairs" strict timeout 600 env SHMEM_HEAP_NODE_SPLIT=2 \
-    "$PY" -m launch -n 4 --timeout 540 --log-dir "$LOGS/mpi-4-pairs.ranks" "${MPI_PYTEST[@]}"
-run_step examples strict timeout 900 "${PYTEST[@]}" --timeout=300 tests/examples
+    "$PY" -m launch -n 4 --timeout 540 --log-dir "$LOGS/mpi-4-pairs.ranks" \
+    $(mpi_pytest "mpi-4-pairs")
+run_step jobs strict timeout 900 "${PYTEST[@]}" --timeout=300 $(junit jobs) tests/jobs
+run_step examples strict timeout 900 "${PYTEST[@]}" --timeout=300 $(junit examples) tests/examples
 if [ -d tests/gpu ]; then
-    run_step gpu empty-ok timeout 900 "${PYTEST[@]}" --timeout=300 tests/gpu
+    run_step gpu empty-ok timeout 900 "${PYTEST[@]}" --timeout=300 $(junit gpu) tests/gpu
 fi
 
 echo
@@ -77,5 +98,5 @@ if [ "${#failed_steps[@]}" -ne 0 ]; then
     echo "failed steps: ${failed_steps[*]} (logs in $LOGS)"
     [ "$total_failed" -eq 0 ] && total_failed=${#failed_steps[@]}
 fi
-echo "ci: $total_passed passed, $total_failed failed"
+echo "ci: $total_passed passed, $total_failed failed, $total_skipped skipped"
 [ "${#failed_steps[@]}" -eq 0 ]

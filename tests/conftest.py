@@ -37,11 +37,15 @@ class _Mpi:
     comm: Any = None
 
 
+@pytest.hookimpl(tryfirst=True)  # before junitxml's, which reads xmlpath
 def pytest_configure(config: pytest.Config) -> None:
     if config.getoption("only_mpi", False) or config.getoption("with_mpi", False):
         from mpi4py import MPI
 
         _Mpi.comm = MPI.COMM_WORLD.Dup()  # eagerly: never created inside a failing test
+        if _Mpi.comm.Get_rank() != 0 and getattr(config.option, "xmlpath", None):
+            # rank 0 reports the agreed verdicts: one junit XML per job, each test once
+            config.option.xmlpath = None
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

@@ -262,3 +262,26 @@ def test_the_checks_can_fail() -> None:
     found = _member_violations("collectives", Path("c.py"), use, {"_check_open", "_gpu"})
     assert sorted(f.split(": ", 1)[1] for f in found) == ["heap._gpu", "self.world._check_open"]
     assert _file_violations("shmem", "shmem.x", Path("shmem/x.py"), src) == []
+
+
+_NOT_IN_UNIT = ("subprocess", "multiprocessing", "mpi4py", "cuda", "ctypes.util", "shutil")
+
+
+def test_the_unit_tier_starts_no_process_and_no_compiler() -> None:
+    """``tests/unit`` needs nothing (tests/README.md): none of its files imports what starts
+    processes, MPI, CUDA or a compiler; such tests live in their own tiers."""
+    found = []
+    for path in sorted((ROOT / "tests" / "unit").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names: list[str] = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            if not names:
+                continue
+            assert isinstance(node, ast.Import | ast.ImportFrom)
+            for name in names:
+                if name.split(".")[0] in _NOT_IN_UNIT or name in _NOT_IN_UNIT:
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno}: import {name}")
+    assert not found, "the unit tier must stay pure:\n" + "\n".join(found)

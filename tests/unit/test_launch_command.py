@@ -14,6 +14,7 @@ from launch.command import (
     UsageError,
     build_command,
     detect_mpi_flavour,
+    openmpi_environment,
     resolve_launcher,
 )
 from launch.gpu import GpuBindingError, choose_gpu
@@ -80,8 +81,52 @@ def test_openmpi_command() -> None:
         "-v",
     )
     assert env["X"] == "1"
-    for key, value in OPENMPI_ENV.items():
-        assert env[key] == value
+    # a hostfile is a cluster job: no sandbox transport setting (UCX one-sided stays on)
+    assert not set(env) & set(OPENMPI_ENV)
+
+
+def _sandbox(
+    nranks: int,
+    *,
+    is_root: bool,
+    local_cores: int,
+    environ: dict[str, str],
+    hostfile: str | None = None,
+) -> dict[str, str]:
+    opts = LaunchOptions(nranks=nranks, target=("a.py",), hostfile=hostfile)
+    return openmpi_environment(opts, is_root=is_root, local_cores=local_cores, environ=environ)
+
+
+def test_openmpi_settings_only_where_needed() -> None:
+    # a laptop-style sandbox: as root, 4 ranks on 2 cores
+    env = _sandbox(4, is_root=True, local_cores=2, environ={})
+    assert env == OPENMPI_ENV
+    # an ordinary user with a core per rank: no root pair, no oversubscription
+    env = _sandbox(2, is_root=False, local_cores=8, environ={})
+    assert env == {"OMPI_MCA_btl": "^ofi", "OMPI_MCA_osc": "^ucx"}
+    # inside a Slurm allocation or with a hostfile: never osc=^ucx, btl, oversubscribe
+    for environ, hostfile in (({"SLURM_JOB_ID": "7"}, None), ({}, "hosts")):
+        env = _sandbox(64, is_root=True, local_cores=2, environ=environ, hostfile=hostfile)
+        assert env == {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+    # the user's own settings win
+    env = _sandbox(4, is_root=True, local_cores=2, environ={"OMPI_MCA_osc": "pt2pt"})
+    assert "OMPI_MCA_osc" not in env
+
+
+def test_build_command_applies_the_rule() -> None:
+    opts = LaunchOptions(nranks=4, target=("a.py",))
+    cmd = build_command(
+        opts,
+        python=PY,
+        mpiexec=MPIEXEC,
+        mpi_flavour="openmpi",
+        launcher="mpiexec",
+        job_env={},
+        is_root=False,
+        local_cores=16,
+        environ={"PBS_JOBID": "1"},
+    )
+    assert not set(cmd.env) & set(OPENMPI_ENV)
 
 
 def test_srun_command() -> None:

@@ -21,6 +21,8 @@ from shmem import ipc
 from shmem.errors import DescriptorError
 from shmem.ipc.descriptor import MAX_DESCRIPTOR_BYTES, IpcDescriptor
 
+pytestmark = pytest.mark.processes
+
 ROOT = Path(__file__).resolve().parents[2]
 
 OUTSIDER = """

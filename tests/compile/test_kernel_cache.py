@@ -10,6 +10,8 @@ import pytest
 
 from shmem import _nvrtc
 
+pytestmark = pytest.mark.compile
+
 SOURCE = 'extern "C" __global__ void k(float* x) { x[threadIdx.x] *= 2.0f; }\n'
 
 

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.fakegpu
+
 ROOT = Path(__file__).resolve().parents[2]
 FAKE = ROOT / "tests" / "fakegpu"
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.examples
+pytestmark = pytest.mark.jobs
 
 JOBS = Path(__file__).resolve().parent / "jobs"
 ROOT = Path(__file__).resolve().parents[2]

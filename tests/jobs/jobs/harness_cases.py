@@ -1,4 +1,4 @@
-"""Cases for the MPI test harness itself (run by tests/examples/test_harness.py, not by CI's MPI
+"""Cases for the MPI test harness itself (run by tests/jobs/test_harness.py, not by CI's MPI
 steps: the file name does not match test_*.py)."""
 
 from __future__ import annotations

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.compile
+
 ROOT = Path(__file__).resolve().parents[2]
 SOURCES = sorted(
     p
