@@ -15,8 +15,8 @@ slowest rank's wall time); each the best of ``--repeat`` runs. Reported, per sch
   workers);
 * ``speedup_vs_ring``.
 
-Then the straggler case: the last rank slowed 2x (``_slowdown``, a testing aid: it sleeps as
-long as it computed). Its capacity-weighted ideal is ``T_single / (P - 1 + 1/2)``;
+Then the straggler case: the last rank slowed 2x (``simulate_straggler``, a testing aid: it
+sleeps as long as it computed). Its capacity-weighted ideal is ``T_single / (P - 1 + 1/2)``;
 ``efficiency`` there is that ideal over ``T_P``. Targets (printed, not asserted): dynamic
 causal ``E >= 0.9`` at ``S >= 16K``; dynamic at least 1.3x ring on causal; straggler
 efficiency ``>= 0.85``.
@@ -40,6 +40,7 @@ from collectives.mha import (
     SequenceParallelStats,
     attention,
     sequence_parallel_attention,
+    simulate_straggler,
     zigzag_shard,
 )
 from collectives.schedule import shard_bounds
@@ -105,16 +106,16 @@ def main() -> None:
             st = SequenceParallelStats()
             world.comm.Barrier()
             t0 = time.perf_counter()
-            sequence_parallel_attention(
-                comm,
-                *mine,
-                causal=causal,
-                valid_length=docs,
-                schedule=schedule,
-                threads=threads,
-                stats=st,
-                _slowdown=slow if r == p - 1 else 1.0,
-            )
+            with simulate_straggler(slow if r == p - 1 else 1.0):
+                sequence_parallel_attention(
+                    comm,
+                    *mine,
+                    causal=causal,
+                    valid_length=docs,
+                    schedule=schedule,
+                    threads=threads,
+                    stats=st,
+                )
             spent = float(world.comm.allreduce(time.perf_counter() - t0, op=max_op()))
             if spent < best:
                 best, best_stats = spent, st

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from .attention import attention
 from .kernel import attention_tile, attention_tile_backward
+from .options import Schedule, SequenceParallelOptions
 from .scheduler import (
     AtomicCounter,
     MaskSpec,
@@ -22,6 +23,7 @@ from .sequence_parallel import (
     SequenceParallelStats,
     sequence_parallel_attention,
     sequence_parallel_attention_backward,
+    simulate_straggler,
     zigzag_shard,
     zigzag_unshard,
 )
@@ -34,7 +36,9 @@ __all__ = [
     "MHATileSummary",
     "MaskSpec",
     "QueuedTileScheduler",
+    "Schedule",
     "SeqInfo",
+    "SequenceParallelOptions",
     "SequenceParallelStats",
     "TileScheduler",
     "TransientScheduler",
@@ -44,6 +48,7 @@ __all__ = [
     "attention_tile_backward",
     "sequence_parallel_attention",
     "sequence_parallel_attention_backward",
+    "simulate_straggler",
     "zigzag_shard",
     "zigzag_unshard",
 ]

@@ -16,6 +16,7 @@ from collectives.mha import (
     SequenceParallelStats,
     sequence_parallel_attention,
     sequence_parallel_attention_backward,
+    simulate_straggler,
     zigzag_shard,
     zigzag_unshard,
 )
@@ -225,12 +226,9 @@ def dynamic_run(world: World, comm: Any, slowdown: float = 1.0, slow_rank: int =
     kw: dict[str, Any] = dict(causal=True, block_m=16, unit_rows=16)
     mine = slowdown if world.rank == slow_rank else 1.0
     fwd, bwd = SequenceParallelStats(), SequenceParallelStats()
-    out, lse = sequence_parallel_attention(
-        comm, q, k, v, return_lse=True, stats=fwd, _slowdown=mine, **kw
-    )
-    grads = sequence_parallel_attention_backward(
-        comm, do, q, k, v, out, lse, stats=bwd, _slowdown=mine, **kw
-    )
+    with simulate_straggler(mine):
+        out, lse = sequence_parallel_attention(comm, q, k, v, return_lse=True, stats=fwd, **kw)
+        grads = sequence_parallel_attention_backward(comm, do, q, k, v, out, lse, stats=bwd, **kw)
     return (out, lse, *grads), (fwd, bwd)
 
 
@@ -307,7 +305,7 @@ def test_errors(world: World, comm: Any) -> None:
     with pytest.raises(ValueError, match="lse must be floating point"):
         sequence_parallel_attention_backward(comm, x, x, x, x, x, np.zeros((4, 2), np.int32))
     with pytest.raises(ValueError, match="stats must be"):
-        sequence_parallel_attention(comm, x, x, x, stats={})  # type: ignore[arg-type]
+        sequence_parallel_attention(comm, x, x, x, stats={})  # type: ignore[call-overload]
     lse = np.zeros((4, 2), np.float32)
     with pytest.raises(ValueError, match="lse has the wrong shape"):
         sequence_parallel_attention_backward(comm, x, x, x, x, x, lse[:, :1])
@@ -333,17 +331,19 @@ def test_a_failing_rank_stops_the_others_quickly(
 ) -> None:
     """A unit that raises on one rank: that rank raises its error, the others a
     PeerFailedError naming it, well before any deadline; everything is freed."""
-    import collectives.mha.sequence_parallel as spm
+    from collectives.mha import _sp_backward, _sp_dynamic
     from collectives.mha._units import PeerFailedError
 
     failing = world.world_size - 1
     if world.rank == failing:
-        name = "_forward_unit" if direction == "forward" else "_backward_unit"
 
         def boom(*args: Any, **kwargs: Any) -> Any:
             raise RuntimeError("a unit failed on purpose")
 
-        monkeypatch.setattr(spm, name, boom)
+        if direction == "forward":
+            monkeypatch.setattr(_sp_dynamic, "_forward_unit", boom)
+        else:
+            monkeypatch.setattr(_sp_backward, "_backward_unit", boom)
     q_all, k_all, v_all, do_all = full_inputs(2, 1, 16, total=256)
     shard = sharder(world, "dynamic", 256)
     q, k, v, do = (shard(x) for x in (q_all, k_all, v_all, do_all))
@@ -373,7 +373,7 @@ def test_a_rank_failing_before_the_units_start_stops_the_others(
     """A failure after the symmetric buffers exist but before any unit ran (here: in the
     barrier that follows writing the inputs): no rank waits out a deadline, the heap stays
     in step on every rank, and the next call works."""
-    import collectives.mha.sequence_parallel as spm
+    from collectives.mha import _units as spm
     from collectives.mha._units import PeerFailedError
 
     if world.world_size == 1:
@@ -416,7 +416,7 @@ def test_long_work_elsewhere_is_not_a_timeout(
     q, k, v, do = (shard(x) for x in (q_all, k_all, v_all, do_all))
     out, lse = sequence_parallel_attention(comm, q, k, v, schedule="ring", return_lse=True)
     if world.rank == world.world_size - 1:  # every unit of the last rank takes 0.3 s
-        import collectives.mha.sequence_parallel as spm
+        from collectives.mha import _sp_backward as spm
 
         real = spm._backward_unit
 

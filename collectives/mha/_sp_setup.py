@@ -1,0 +1,406 @@
+"""Sequence-parallel attention: argument agreement, the shared setup and the result slots.
+
+Every rank validates its arguments, then all agree in one all-gather (which also exchanges
+the shard lengths) before any symmetric allocation, so an argument error on any rank raises
+on every rank. :class:`Setup` is what the schedules share; :class:`Slots` lays out where unit
+results go on their home ranks. Package-internal (see ``sequence_parallel.py``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+import time
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import numpy as np
+
+from shmem import CPU
+from shmem.dtypes import as_dtype, dtype_name
+from shmem.errors import CollectiveMismatchError, SequenceParallelError
+
+from ..communicator import Communicator
+from ..schedule import shard_bounds
+from . import _units
+from ._units import COUNTERS, SequenceParallelStats, Unit, UnitPlan
+from .attention import INPUT_DTYPES, normalise_window
+from .scheduler import MaskSpec
+
+__all__ = [
+    "CHUNKS_PER_RANK",
+    "HOOKS",
+    "SCHEDULES",
+    "Setup",
+    "Slots",
+    "close_all",
+    "finish_stats",
+    "merge_partial",
+    "plan_units",
+    "setup",
+    "symmetric",
+    "unit_groups",
+    "zigzag_shard",
+    "zigzag_unshard",
+]
+
+SCHEDULES = ("dynamic", "ring", "zigzag")
+CHUNKS_PER_RANK = 4  # dynamic: default query/KV chunks per rank (unit_rows=None)
+F32 = np.dtype(np.float32)
+
+
+@dataclass
+class _Hooks:
+    """Testing and benchmarking aids, set through ``simulate_straggler``: ``slowdown`` makes
+    every unit this rank computes take that many times as long (it sleeps the difference)."""
+
+    slowdown: float = 1.0
+
+
+HOOKS = _Hooks()
+
+
+def zigzag_shard(x: np.ndarray[Any, Any], rank: int, world_size: int) -> np.ndarray[Any, Any]:
+    """This rank's rows of ``x`` (sequence on axis 0) under zigzag sharding: chunks ``rank``
+    and ``2P - 1 - rank`` of ``2P`` near-equal chunks, concatenated."""
+    bounds = shard_bounds(x.shape[0], 2 * world_size)
+    a0, a1 = bounds[rank]
+    b0, b1 = bounds[2 * world_size - 1 - rank]
+    return np.concatenate([x[a0:a1], x[b0:b1]], axis=0)
+
+
+def zigzag_unshard(parts: list[np.ndarray[Any, Any]], total: int) -> np.ndarray[Any, Any]:
+    """Reassemble the full sequence from every rank's zigzag shard (in rank order)."""
+    p = len(parts)
+    bounds = shard_bounds(total, 2 * p)
+    out = np.empty((total, *parts[0].shape[1:]), dtype=parts[0].dtype)
+    for r, part in enumerate(parts):
+        a0, a1 = bounds[r]
+        b0, b1 = bounds[2 * p - 1 - r]
+        out[a0:a1] = part[: a1 - a0]
+        out[b0:b1] = part[a1 - a0 :]
+    return out
+
+
+# -- arguments (collective: every rank agrees before any symmetric allocation) -----------------
+
+
+@dataclass(frozen=True)
+class Setup:
+    world: Any
+    counts: list[int]
+    positions: list[np.ndarray[Any, Any]]
+    mask: MaskSpec
+    docs: np.ndarray[Any, Any] | None
+    scale: float
+    heads: int
+    kv_heads: int
+    dim: int
+    threads: int
+    chunk_rows: int | None
+    order: str
+
+    @property
+    def group(self) -> int:
+        return self.heads // self.kv_heads
+
+    @property
+    def rows(self) -> int:
+        return int(self.counts[self.world.rank])
+
+    @property
+    def rows_max(self) -> int:
+        return max(*self.counts, 1)
+
+
+def check_int(where: str, name: str, value: Any, optional: bool = False) -> None:
+    if optional and value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise SequenceParallelError(
+            f"{where}: invalid {name} (got {value!r}; expected an int >= 1"
+            + (" or None)" if optional else ")")
+        )
+
+
+def setup(
+    comm: Communicator,
+    where: str,
+    arrays: dict[str, Any],
+    *,
+    schedule: str,
+    causal: bool,
+    window: Any,
+    valid_length: Any,
+    scale: float | None,
+    block_m: int,
+    block_n: int,
+    unit_rows: int | None,
+    threads: int | None,
+    stats: SequenceParallelStats | None,
+) -> Setup:
+    """Validate locally, then agree across ranks (one all-gather, which also exchanges the
+    shard lengths): an argument error on any rank raises on every rank, so none is left
+    waiting in the collective."""
+    world = comm.world
+    error: Exception | None = None
+    record: tuple[Any, ...] = ()
+    rows = 0
+    left = right = None
+    try:
+        if schedule not in SCHEDULES:
+            raise SequenceParallelError(
+                f"{where}: unknown schedule (got {schedule!r}; expected one of {list(SCHEDULES)})"
+            )
+        for name, a in arrays.items():
+            want = 2 if name == "lse" else 3
+            if not isinstance(a, np.ndarray) or a.ndim != want:
+                raise SequenceParallelError(
+                    f"{where}: {name} must be a numpy array of "
+                    + ("[rows, heads]" if want == 2 else "[rows, heads, head_dim]")
+                    + f" (got {type(a).__name__}"
+                    + (f" of shape {a.shape})" if isinstance(a, np.ndarray) else ")")
+                )
+            if name == "lse" and a.dtype.kind != "f":
+                raise SequenceParallelError(
+                    f"{where}: lse must be floating point (got {a.dtype}; pass the forward's "
+                    "return_lse=True result)"
+                )
+            if name != "lse" and dtype_name(as_dtype(a.dtype, where)) not in INPUT_DTYPES:
+                raise SequenceParallelError(
+                    f"{where}: unsupported dtype for {name} (got {a.dtype}; expected one of "
+                    f"{list(INPUT_DTYPES)})"
+                )
+        q, k, v = arrays["q"], arrays["k"], arrays["v"]
+        if k.shape != v.shape or k.shape[0] != q.shape[0] or k.shape[2] != q.shape[2]:
+            raise SequenceParallelError(
+                f"{where}: shapes do not match (got q {q.shape}, k {k.shape}, v {v.shape}; "
+                "expected k and v [rows, kv_heads, head_dim] with q's rows and head_dim)"
+            )
+        for name in ("out", "dout"):
+            if name in arrays and arrays[name].shape != q.shape:
+                raise SequenceParallelError(
+                    f"{where}: {name} has the wrong shape (got {arrays[name].shape}; expected "
+                    f"q's {q.shape})"
+                )
+        if "lse" in arrays and arrays["lse"].shape != q.shape[:2]:
+            raise SequenceParallelError(
+                f"{where}: lse has the wrong shape (got {arrays['lse'].shape}; expected "
+                f"{q.shape[:2]}, as returned by the forward with return_lse=True)"
+            )
+        if k.shape[1] < 1 or q.shape[1] % k.shape[1]:
+            raise SequenceParallelError(
+                f"{where}: num_kv_heads must divide num_heads (got {q.shape[1]} and {k.shape[1]})"
+            )
+        for name, value in (("block_m", block_m), ("block_n", block_n)):
+            check_int(where, name, value)
+        check_int(where, "unit_rows", unit_rows, optional=True)
+        check_int(where, "threads", threads, optional=True)
+        if stats is not None and not isinstance(stats, SequenceParallelStats):
+            raise SequenceParallelError(
+                f"{where}: stats must be a SequenceParallelStats (got {type(stats).__name__})"
+            )
+        left, right = normalise_window(window, where)
+        docs_rec = None if valid_length is None else tuple(int(x) for x in valid_length)
+        rows = q.shape[0]
+        record = (
+            schedule,
+            q.shape[1],
+            k.shape[1],
+            q.shape[2],
+            str(q.dtype),
+            bool(causal),
+            left,
+            right,
+            docs_rec,
+            scale,
+            block_m,
+            block_n,
+            unit_rows,
+            stats is not None,
+        )
+    except Exception as exc:  # any local error: every rank must still reach the all-gather
+        error = exc
+    gathered = world.comm.allgather((record, rows, None if error is None else str(error)))
+    if error is not None:
+        raise error
+    bad = [(r, e) for r, (_, _, e) in enumerate(gathered) if e is not None]
+    if bad:
+        raise CollectiveMismatchError(
+            f"{where}: invalid arguments on other ranks: "
+            + "; ".join(f"rank {r}: {e}" for r, e in bad)
+        )
+    if any(rec != gathered[0][0] for rec, _, _ in gathered):
+        listing = "; ".join(f"rank {r}: {rec}" for r, (rec, _, _) in enumerate(gathered))
+        raise CollectiveMismatchError(f"{where}: ranks disagree ({listing})")
+    counts = [int(n) for _, n, _ in gathered]
+    total, size = sum(counts), world.world_size
+    if schedule == "zigzag":
+        bounds = shard_bounds(total, 2 * size)
+        segs = [[bounds[r], bounds[2 * size - 1 - r]] for r in range(size)]
+        if [sum(b - a for a, b in sg) for sg in segs] != counts:
+            raise SequenceParallelError(
+                f"{where}: zigzag shards have the wrong lengths (got {counts}; shard the "
+                "caller's tokens with zigzag_shard)"
+            )
+        positions = [np.concatenate([np.arange(a, b) for a, b in sg]) for sg in segs]
+    else:
+        starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        positions = [np.arange(starts[r], starts[r + 1]) for r in range(size)]
+    q = arrays["q"]
+    dim = q.shape[2]
+    chunk_rows = None
+    if schedule == "dynamic":
+        chunk_rows = unit_rows or max(block_m, -(-max(counts) // CHUNKS_PER_RANK), 1)
+    cores = CPU().attributes.cores or 1
+    return Setup(
+        world=world,
+        counts=counts,
+        positions=positions,
+        mask=MaskSpec(causal=bool(causal), left=left, right=right),
+        docs=document_offsets(where, valid_length, total),
+        scale=float(1.0 / math.sqrt(dim) if scale is None else scale),
+        heads=q.shape[1],
+        kv_heads=arrays["k"].shape[1],
+        dim=dim,
+        threads=threads or max(1, cores // world.local_size),
+        chunk_rows=chunk_rows,
+        order="lpt" if schedule == "dynamic" else "ring",
+    )
+
+
+def document_offsets(where: str, valid_length: Any, total: int) -> np.ndarray[Any, Any] | None:
+    if valid_length is None:
+        return None
+    offs = np.asarray([int(v) for v in valid_length], dtype=np.int64)
+    if (
+        offs.ndim != 1
+        or offs.size < 2
+        or offs[0] != 0
+        or offs[-1] != total
+        or (np.diff(offs) < 0).any()
+    ):
+        raise SequenceParallelError(
+            f"{where}: invalid valid_length (expected row offsets from 0 to the total length "
+            f"{total}, non-decreasing; got {offs[:8].tolist()}{'...' if offs.size > 8 else ''})"
+        )
+    return offs
+
+
+def finish_stats(
+    st: Setup, stats: SequenceParallelStats | None, mine: SequenceParallelStats, start: float
+) -> None:
+    """Wall and idle time, and every rank's busy time (collective: all ranks pass stats)."""
+    if stats is None:
+        return
+    mine.wall_s = time.perf_counter() - start
+    mine.idle_s = max(mine.wall_s - mine.busy_s, 0.0)
+    mine.busy_per_rank = tuple(float(b) for b in st.world.comm.allgather(mine.busy_s))
+    for f in dataclasses.fields(SequenceParallelStats):
+        setattr(stats, f.name, getattr(mine, f.name))
+
+
+def symmetric(world: Any, shapes: dict[str, tuple[tuple[int, ...], str]]) -> dict[str, Any]:
+    """Allocate symmetric buffers (collective); on failure free those already made."""
+    bufs: dict[str, Any] = {}
+    try:
+        for name, (shape, dtype) in shapes.items():
+            bufs[name] = (
+                world.zeros(shape, dtype) if dtype == "int64" else world.empty(shape, dtype)
+            )
+    except BaseException:
+        close_all(bufs)
+        raise
+    return bufs
+
+
+def close_all(bufs: dict[str, Any]) -> None:
+    for buf in reversed(list(bufs.values())):
+        buf.close()
+
+
+def merge_partial(out: Any, lse: Any, o_part: Any, l_part: Any) -> None:
+    """Fold a partial (O, LSE) into the running one, rows where the partial saw keys."""
+    if np.isneginf(lse).all():  # nothing yet (the first partial): a copy, bitwise the same
+        out[...] = o_part  # as the fold (weights exactly 0 and 1)
+        lse[...] = l_part
+        return
+    new = np.logaddexp(lse, l_part)
+    seen = np.isfinite(new)
+    with np.errstate(invalid="ignore"):  # -inf - -inf where neither saw a key: masked out
+        w_old = np.where(seen, np.exp(np.where(seen, lse - new, 0)), 0).astype(np.float32)
+        w_new = np.where(seen, np.exp(np.where(seen, l_part - new, 0)), 0).astype(np.float32)
+    out[...] = out * w_old[..., None] + o_part * w_new[..., None]
+    lse[...] = new
+
+
+def plan_units(st: Setup, block_m: int) -> UnitPlan:
+    return UnitPlan(st.positions, st.chunk_rows, st.kv_heads, st.mask, st.docs, block_m, st.order)
+
+
+class Slots:
+    """Where unit results go on their home ranks: a flat float32 ``part`` buffer of slots
+    and one int64 flag per slot (symmetric), laid out identically on every rank."""
+
+    def __init__(self, plan: UnitPlan, kinds: list[tuple[list[list[Unit]], Any]]) -> None:
+        # kinds: (units per home, floats per unit) for each kind of slot, in layout order
+        size = plan.size
+        self.offset: list[dict[tuple[int, int], int]] = [{} for _ in range(size)]
+        self.flag: list[dict[tuple[int, int], int]] = [{} for _ in range(size)]
+        floats = [0] * size
+        flags = [0] * size
+        for kind, (homes, width) in enumerate(kinds):
+            for r, units in enumerate(homes):
+                for u in units:
+                    self.offset[r][kind, u.id] = floats[r]
+                    self.flag[r][kind, u.id] = flags[r]
+                    floats[r] += width(u)
+                    flags[r] += 1
+        self.floats = max(1, *floats)
+        self.flags = max(1, *flags)
+        self._views: dict[int, Any] = {}
+
+    def buffers(self) -> dict[str, tuple[tuple[int, ...], str]]:
+        return {
+            "part": ((self.floats,), "float32"),
+            "flags": ((self.flags,), "int64"),
+            "counters": ((COUNTERS,), "int64"),
+        }
+
+    def view(self, part: Any, home: int, kind: int, u: Unit, shape: tuple[int, ...]) -> Any:
+        """The slot as an array in ``home``'s memory, or None when not reachable."""
+        if home not in self._views:
+            self._views[home] = part.peer(home)
+        flat = self._views[home]
+        if flat is None:
+            return None
+        off = self.offset[home][kind, u.id]
+        return flat[off : off + math.prod(shape)].reshape(shape)
+
+    def deliver(
+        self, world: Any, bufs: dict[str, Any], home: int, kind: int, u: Unit, data: Any
+    ) -> None:
+        """Put ``data`` in the slot unless it was computed there, then raise its flag."""
+        if self._views.get(home) is None:
+            bufs["part"].put(home, data, offset=self.offset[home][kind, u.id] * 4)
+        _units.publish(world, bufs["flags"], home, self.flag[home][kind, u.id])
+
+    def folds(
+        self, world: Any, bufs: dict[str, Any], kind: int, groups: list[list[Unit]], fold: Any
+    ) -> list[list[tuple[int, Any]]]:
+        """``fold(u, slot)`` for each group's units, in order, keyed by their flags."""
+        me, part = world.rank, bufs["part"].local()
+        return [
+            [
+                (self.flag[me][kind, u.id], partial(fold, u, part, self.offset[me][kind, u.id]))
+                for u in group
+            ]
+            for group in groups
+        ]
+
+
+def unit_groups(units: list[Unit], key: Any) -> list[list[Unit]]:
+    """Consecutive runs of ``units`` with equal ``key`` (units are in canonical order)."""
+    return [list(g) for _, g in itertools.groupby(units, key)]
