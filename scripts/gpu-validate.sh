@@ -18,7 +18,7 @@ PY="${PY:-python3}"
 mkdir -p "$OUT"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export SHMEM_KERNEL_CACHE="${SHMEM_KERNEL_CACHE:-$OUT/kernel-cache}"
-# one node, one GPU: no remote transport, no NVLS or NCCL (FACTS.md)
+# one node, one GPU: no remote transport, no NVLS or NCCL (docs/gpu-validation.md)
 export NVSHMEM_REMOTE_TRANSPORT="${NVSHMEM_REMOTE_TRANSPORT:-none}"
 export NVSHMEM_DISABLE_NVLS="${NVSHMEM_DISABLE_NVLS:-1}"
 export NVSHMEM_DISABLE_NCCL="${NVSHMEM_DISABLE_NCCL:-1}"

@@ -7,7 +7,7 @@ checked is the exporter with its own uid, never inside the untrusted descriptor 
 importer rebuilds the pool (``DeviceMemoryResource.from_allocation_handle``) and the buffer
 (``Buffer.from_ipc_descriptor``), and wraps it as a :class:`shmem.Buffer`.
 
-Written against cuda-core 1.2.2 (see FACTS.md); it needs a GPU to run.
+Written against cuda-core 1.2.2; it needs a GPU to run.
 """
 
 from __future__ import annotations

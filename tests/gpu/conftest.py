@@ -1,7 +1,7 @@
 """GPU tests: one probe in a subprocess decides, and every test skips cleanly without a GPU.
 
 A probe in this process could hang it (cuda.core without a driver hangs on a second kernel
-lookup, see FACTS.md), so a child process answers whether a CUDA device is usable.
+lookup), so a child process answers whether a CUDA device is usable.
 """
 
 from __future__ import annotations
