@@ -16,30 +16,18 @@ of the ratios.
 from __future__ import annotations
 
 import argparse
-import json
-import time
 from pathlib import Path
 from typing import Any
 
 import ml_dtypes
 import numpy as np
+from harness import append_jsonl, git_sha, stats_us, timed_max_over_ranks
 from mpi4py import MPI
-from signal_latency import git_sha, stats_us
 
 import collectives
 import shmem
 
 DTYPES = {"float32": np.dtype(np.float32), "bfloat16": np.dtype(ml_dtypes.bfloat16)}
-
-
-def timed(fn: Any, iters: int, comm: Any) -> float:
-    """Seconds per call of ``fn`` over ``iters`` calls, the max over ranks."""
-    comm.Barrier()
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    local = (time.perf_counter() - t0) / iters
-    return float(comm.allreduce(local, op=MPI.MAX))
 
 
 def main() -> None:
@@ -113,9 +101,9 @@ def main() -> None:
                 for fn in (ours_sym, ours_np, mpi_ref):  # warm up (scratch growth, caches)
                     fn()
                 for _ in range(args.blocks):
-                    samples["symmetric"].append(timed(ours_sym, iters, mpi))
-                    samples["numpy"].append(timed(ours_np, iters, mpi))
-                    samples["mpi"].append(timed(mpi_ref, iters, mpi))
+                    samples["symmetric"].append(timed_max_over_ranks(ours_sym, iters, mpi))
+                    samples["numpy"].append(timed_max_over_ranks(ours_np, iters, mpi))
+                    samples["mpi"].append(timed_max_over_ranks(mpi_ref, iters, mpi))
                 algo = comm.table.choose(nbytes, p, world.num_nodes)
                 mpi_t = float(np.median(samples["mpi"]))
                 for kind in ("symmetric", "numpy"):
@@ -147,10 +135,7 @@ def main() -> None:
                         )
                 sym.close()
         if world.rank == 0:
-            args.out.parent.mkdir(parents=True, exist_ok=True)
-            with args.out.open("a") as fh:
-                for rec in records:
-                    fh.write(json.dumps(rec) + "\n")
+            append_jsonl(args.out, records)
             png = args.png or args.out.with_suffix(".png")
             try:
                 from plot import plot_ratio

@@ -12,28 +12,16 @@ importable (optional).
 from __future__ import annotations
 
 import argparse
-import json
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from signal_latency import git_sha
+from harness import append_jsonl, git_sha, median_seconds
 from threadpoolctl import threadpool_limits
 
 from collectives.mha import attention
 from shmem import CPU
-
-
-def best_of(fn: Any, repeat: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return float(np.median(times))
 
 
 def matmul_rate(s: int, d: int, workers: int, repeat: int) -> float:
@@ -48,7 +36,7 @@ def matmul_rate(s: int, d: int, workers: int, repeat: int) -> float:
         np.matmul(p, k)
 
     with threadpool_limits(limits=1, user_api="blas"), ThreadPoolExecutor(workers) as pool:
-        t = best_of(lambda: list(pool.map(one, range(workers))), repeat)
+        t = median_seconds(lambda: list(pool.map(one, range(workers))), repeat)
     return workers * 4 * s * s * d / t
 
 
@@ -76,7 +64,7 @@ def main() -> None:
             def run(q: Any = q, k: Any = k, v: Any = v, causal: bool = causal) -> None:
                 attention(q, k, v, causal=causal, block_m=args.block_m, block_n=args.block_n)
 
-            t = best_of(run, args.repeat)
+            t = median_seconds(run, args.repeat)
             pairs = s * (s + 1) // 2 if causal else s * s
             flops = 4 * h * pairs * d
             rec: dict[str, Any] = {
@@ -103,14 +91,11 @@ def main() -> None:
                     torch.from_numpy(np.ascontiguousarray(a.transpose(0, 2, 1, 3)))
                     for a in (q, k, v)
                 )
-                tt = best_of(
-                    lambda tq=tq, tk=tk, tv=tv, causal=causal: (
-                        torch.nn.functional.scaled_dot_product_attention(
-                            tq, tk, tv, is_causal=causal
-                        )
-                    ),
-                    args.repeat,
-                )
+
+                def sdpa(tq: Any = tq, tk: Any = tk, tv: Any = tv, c: bool = causal) -> object:
+                    return torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, is_causal=c)
+
+                tt = median_seconds(sdpa, args.repeat)
                 rec["torch_seconds"] = tt
                 rec["torch_ratio"] = tt / t
             except ImportError:
@@ -122,10 +107,7 @@ def main() -> None:
                 f"GFLOP/s  matmul {peak / 1e9:7.1f} GFLOP/s  ratio {rec['ratio']:.2f}{extra}",
                 flush=True,
             )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    with args.out.open("a") as fh:
-        for rec in records:
-            fh.write(json.dumps(rec) + "\n")
+    append_jsonl(args.out, records)
 
 
 if __name__ == "__main__":

@@ -26,16 +26,10 @@ from typing import Any
 
 import ml_dtypes
 import numpy as np
+from harness import append_jsonl
 
 from collectives.gpu import KERNELS, THREADS, grid_blocks
-
-
-def parse_size(text: str) -> int:
-    units = {"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
-    for suffix, mult in units.items():
-        if text.endswith(suffix):
-            return int(text[: -len(suffix)]) * mult
-    return int(text)
+from shmem.config import parse_size
 
 
 def timed(stream: Any, fn: Any, repeat: int) -> float:
@@ -169,10 +163,7 @@ def main() -> None:
                     b.close(stream)
             copy_src.close(stream)
             copy_dst.close(stream)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    with args.out.open("a") as f:
-        for rec in records:
-            f.write(json.dumps(rec) + "\n")
+    append_jsonl(args.out, records)
     if nv is not None:
         nv.finalize()
 

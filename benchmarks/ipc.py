@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import subprocess
 import sys
 import time
@@ -20,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from signal_latency import git_sha, stats_us
+from harness import append_jsonl, git_sha, stats_us
 
 from shmem import ipc
 
@@ -97,10 +96,7 @@ def main() -> None:
         f"read {args.mib} MiB: imported {bw_imp:.2f} GB/s, local {bw_loc:.2f} GB/s, "
         f"ratio {bw_imp / bw_loc:.2f}"
     )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    with args.out.open("a") as fh:
-        for rec in records:
-            fh.write(json.dumps(rec) + "\n")
+    append_jsonl(args.out, records)
 
 
 if __name__ == "__main__":

@@ -25,14 +25,13 @@ efficiency ``>= 0.85``.
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from attention import matmul_rate
-from signal_latency import git_sha
+from harness import append_jsonl
 
 import collectives
 import shmem
@@ -180,11 +179,7 @@ def main() -> None:
                     }
                 )
     if r == 0:
-        sha = git_sha()
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        with args.out.open("a") as f:
-            for rec in records:
-                f.write(json.dumps({"bench": "sequence_parallel", "git": sha, **rec}) + "\n")
+        append_jsonl(args.out, ({"bench": "sequence_parallel", **rec} for rec in records))
         print(
             f"{'case':<26}{'S':>7} {'schedule':<9}{'T_1 s':>8}{'T_P s':>8}{'E':>6}"
             f"{'imbal':>7}{'mm frac':>8}{'vs ring':>8}  taken"

@@ -21,39 +21,15 @@ of ours and of MPI's, and the ratio MPI time / our time: above 1 means faster th
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from harness import append_jsonl, git_sha, stats_us
 from mpi4py import MPI
 
 import shmem
-
-
-def git_sha() -> str:
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            check=False,
-            cwd=Path(__file__).parent,
-        )
-        return out.stdout.strip() or "unknown"
-    except OSError:
-        return "unknown"
-
-
-def stats_us(samples: list[float]) -> dict[str, float]:
-    a = np.asarray(samples) * 1e6
-    return {
-        "median_us": float(np.median(a)),
-        "p10_us": float(np.percentile(a, 10)),
-        "p90_us": float(np.percentile(a, 90)),
-    }
 
 
 def pingpong(world: shmem.World, comm: Any, iters: int, blocks: int) -> dict[str, Any]:
@@ -181,10 +157,7 @@ def main() -> None:
                     f"{rec['mpi']['median_us']:>10.2f} {rec['ratio']:>9.2f}"
                 )
             if args.out:
-                args.out.parent.mkdir(parents=True, exist_ok=True)
-                with args.out.open("a") as fh:
-                    for rec in records:
-                        fh.write(json.dumps(rec) + "\n")
+                append_jsonl(args.out, records)
 
 
 if __name__ == "__main__":
