@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .dtypes import dtype_name
-from .errors import ArgumentError, DLPackError, ShmemStateError
+from .errors import ArgumentError, ShmemStateError
 from .heap import ATOMIC_DTYPES
 from .memory import Buffer
 
@@ -60,6 +60,11 @@ class SHMEMBuffer:
     def count(self) -> int:
         """Number of elements."""
         return self._count
+
+    @property
+    def ndim(self) -> int:
+        """Number of dimensions."""
+        return len(self._shape)
 
     @property
     def nbytes(self) -> int:
@@ -385,21 +390,26 @@ class SHMEMBuffer:
 
     # -- DLPack -----------------------------------------------------------------------------
 
-    def __dlpack__(self, **kwargs: Any) -> Any:
-        """Export this rank's copy (zero-copy). On the host, numpy cannot export bfloat16 or
-        float8: those raise ``BufferError``; view them as ``uint16``/``uint8`` first. On the
-        nvshmem backend this is the GPU Buffer's export (every dtype)."""
+    def as_buffer(self) -> Buffer:
+        """This rank's copy as a :class:`~shmem.Buffer` (zero-copy, host or device): every
+        Buffer operation, and the one DLPack producer every buffer kind exports through."""
         arr = self.local()
-        if isinstance(arr, Buffer):
-            return arr.__dlpack__(**kwargs)
-        try:
-            return arr.__dlpack__(**kwargs)
-        except BufferError as exc:
-            raise DLPackError(
-                f"SHMEMBuffer.__dlpack__: cannot export dtype {dtype_name(self._dtype)} ({exc}); "
-                "expected a float16/32/64, integer or bool buffer, or use "
-                "local().view(numpy.uint16) for bfloat16"
-            ) from None
+        return arr if isinstance(arr, Buffer) else Buffer._host(arr, keepalive=self)
+
+    def to_numpy(self) -> np.ndarray[Any, Any]:
+        """This rank's copy as numpy: a zero-copy view on the host backend (the same as
+        :meth:`local`), a host copy of the GPU memory on the nvshmem backend."""
+        self._live("to_numpy")
+        return self.as_buffer().to_numpy()
+
+    def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray[Any, Any]:
+        return self.as_buffer().__array__(dtype, copy)
+
+    def __dlpack__(self, **kwargs: Any) -> Any:
+        """Export this rank's copy (zero-copy), every dtype included (bfloat16, float8), through
+        the same producer as :meth:`shmem.Buffer.__dlpack__`."""
+        self._live("__dlpack__")
+        return self.as_buffer().__dlpack__(**kwargs)
 
     def __dlpack_device__(self) -> tuple[int, int]:
         if self._world.heap.device_memory:

@@ -130,6 +130,20 @@ class Buffer:
         buf._pinned = pinned
         return buf
 
+    def _adopt(self, other: Buffer) -> None:
+        """Take over ``other``'s view of its memory (for subclasses that own memory made
+        elsewhere, such as the IPC buffers)."""
+        self._device = other._device
+        self._dtype = other._dtype
+        self._shape = other._shape
+        self._strides = other._strides
+        self._offset = other._offset
+        self._stream = other._stream
+        self._closed = other._closed
+        self._mem = other._mem
+        self._array = other._array
+        self._pinned = other._pinned
+
     def _derive(
         self,
         offset: int,
@@ -193,7 +207,18 @@ class Buffer:
 
     @property
     def num_elements(self) -> int:
+        """Number of elements (the seed's name; ``count`` is the same)."""
         return math.prod(self._shape)
+
+    @property
+    def count(self) -> int:
+        """Number of elements (as ``SHMEMBuffer.count``)."""
+        return math.prod(self._shape)
+
+    @property
+    def ndim(self) -> int:
+        """Number of dimensions (the seed's ``rank`` is the same)."""
+        return len(self._shape)
 
     @property
     def element_size(self) -> int:

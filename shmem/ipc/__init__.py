@@ -89,40 +89,46 @@ class _Mapping:
         self.fd = -1
 
 
-class _Memory:
-    """What exported and imported buffers share: a host mapping or a GPU buffer."""
+class _Memory(Buffer):
+    """What exported and imported buffers share: a :class:`~shmem.Buffer` over a host
+    mapping or a GPU buffer, so every Buffer accessor, copy and DLPack export works on them."""
 
     _label = "buffer"
 
     def __init__(self, mapping: _Mapping | None, gpu: Any) -> None:
         self._mapping = mapping
         self._gpu = gpu
-        self.closed = False
+        if mapping is not None:
+            self._adopt(Buffer._host(mapping.array, keepalive=mapping))
+        else:
+            self._adopt(cast(Buffer, gpu.buffer()))
 
     @property
     def array(self) -> np.ndarray[Any, Any]:
-        """This process's numpy view (host memory)."""
-        if self.closed or self._mapping is None:
+        """This process's numpy view (host memory; the same as ``to_numpy()`` there)."""
+        if self._closed or self._mapping is None:
             raise ShmemStateError(f"{self._label}.array: closed, or device memory (use .buffer)")
         return self._mapping.array
 
     @property
     def buffer(self) -> Buffer:
-        """The memory as a :class:`~shmem.Buffer` (host or device)."""
-        if self._gpu is not None:
-            return cast(Buffer, self._gpu.buffer())
-        return Buffer.from_numpy(self.array)
+        """The memory as a :class:`~shmem.Buffer` (this object: it is one)."""
+        return self
+
+    def __repr__(self) -> str:
+        return super().__repr__().replace("Buffer(", f"{self._label}(", 1)
 
     def _release(self) -> None:
+        Buffer.close(self)
         if self._mapping is not None:
             self._mapping.close()
         if self._gpu is not None:
             self._gpu.close()
 
     def close(self) -> None:
-        if self.closed:
+        """Unmap this process's view (closing twice is a no-op)."""
+        if self._closed:
             return
-        self.closed = True
         self._release()
 
     def __enter__(self) -> Any:
@@ -147,7 +153,7 @@ class IpcBuffer(_Memory):
         gpu: Any = None,
     ) -> None:
         super().__init__(mapping, gpu)
-        self.kind, self.dtype, self.shape, self.nbytes = kind, dtype, shape, nbytes
+        self.kind = kind
         self._exports: list[str] = []
         self._published: list[Path] = []
 
@@ -159,9 +165,8 @@ class IpcBuffer(_Memory):
     def close(self) -> None:
         """Stop serving new imports and drop this process's handle. Existing importers keep
         their mappings."""
-        if self.closed:
+        if self._closed:
             return
-        self.closed = True
         server = Server.get()
         for buffer_id in self._exports:
             server.unregister(buffer_id)

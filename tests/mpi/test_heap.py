@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+import shmem
 from shmem import SUPPORTED_DTYPES, World
 from shmem.errors import CollectiveMismatchError, HeapExhaustedError, ShmemError
 
@@ -137,8 +138,13 @@ def test_dlpack_roundtrip(world: World) -> None:
         assert x.local()[1, 1] == 42
         assert x.__dlpack_device__() == (1, 0)
         assert y.ctypes.data == x.unsafe_ptr()
-    with world.zeros(4, "bfloat16") as b, pytest.raises(BufferError, match="bfloat16"):
-        np.from_dlpack(b)
+    # one producer for every buffer kind: bfloat16 exports like Buffer's (torch, jax and cupy
+    # take it); numpy has no DLPack bfloat16 and refuses it itself; np.asarray works
+    with world.zeros(4, "bfloat16") as b:
+        a = np.asarray(b)
+        assert a.dtype == b.dtype and a.ctypes.data == b.unsafe_ptr()
+        with pytest.raises((BufferError, RuntimeError), match="Unsupported dtype"):
+            np.from_dlpack(b)
 
 
 def test_mismatched_alloc_raises_on_every_rank(world: World) -> None:
@@ -207,3 +213,23 @@ def test_close_is_collective_and_del_only_warns(world: World) -> None:
     assert any(issubclass(w.category, ResourceWarning) for w in caught)
     assert world.heap_stats().num_allocated == before.num_allocated + 1  # never freed by GC
     assert issubclass(HeapExhaustedError, ShmemError)
+
+
+@pytest.mark.parametrize("name", list(shmem.SUPPORTED_DTYPES))
+def test_shmem_buffer_vocabulary_and_dlpack_every_dtype(world: World, name: str) -> None:
+    """The same accessors and the same DLPack producer as Buffer and the IPC buffers
+    (tests/processes/test_buffer_kinds.py)."""
+    dtype = shmem.SUPPORTED_DTYPES[name]
+    with world.zeros((3, 4), name) as x:
+        x.local()[...] = (np.arange(12) % 5).astype(np.float32).astype(dtype).reshape(3, 4)
+        assert (x.shape, x.dtype, x.ndim, x.count, len(x)) == ((3, 4), dtype, 2, 12, 3)
+        assert x.nbytes == 12 * dtype.itemsize
+        host = x.to_numpy()
+        assert host.ctypes.data == x.unsafe_ptr()
+        assert np.asarray(x).ctypes.data == x.unsafe_ptr()
+        back = shmem.Buffer.from_dlpack(x)
+        assert back.dtype == dtype and back.to_numpy().ctypes.data == x.unsafe_ptr()
+        if name not in ("bfloat16", "float8_e4m3", "float8_e5m2"):
+            assert np.from_dlpack(x).ctypes.data == x.unsafe_ptr()
+        buf = x.as_buffer()
+        assert isinstance(buf, shmem.Buffer) and buf.to_numpy().tobytes() == host.tobytes()
