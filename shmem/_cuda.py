@@ -30,8 +30,8 @@ from .errors import ArgumentError, CudaError, DeviceUnavailableError
 from .views import is_contiguous
 
 if TYPE_CHECKING:
-    from ._dlpack import DLPackView
     from .context import Dim3
+    from .dlpack import DLPackView
     from .memory import Buffer
 
 __all__ = [

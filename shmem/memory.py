@@ -549,7 +549,7 @@ class Buffer:
         copy: bool | None = None,
     ) -> Any:
         """Export (zero-copy) through DLPack, every dtype included (bfloat16, float8)."""
-        from . import _dlpack
+        from . import dlpack as _dlpack
 
         self._live("__dlpack__")
         if dl_device is not None and tuple(dl_device) != self.__dlpack_device__():
@@ -578,7 +578,7 @@ class Buffer:
     @classmethod
     def from_dlpack(cls, obj: Any) -> Buffer:
         """A buffer over any DLPack producer's memory (zero-copy; numpy, cupy, torch...)."""
-        from . import _dlpack
+        from . import dlpack as _dlpack
 
         view = _dlpack.from_dlpack(obj)
         if view.device_type in (1, 3):  # kDLCPU, kDLCUDAHost

@@ -30,6 +30,7 @@ from shmem._dlpack import (
     live_exports,
     to_dlpack,
 )
+from shmem.dlpack import _release, abi
 from shmem.errors import ShmemError
 
 Array = np.ndarray[Any, np.dtype[Any]]
@@ -142,7 +143,7 @@ class Owner:
 def release(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """Run with numpy's C deleters (the default here) and with the ctypes callbacks."""
     if request.param == "ctypes":
-        monkeypatch.setattr(_dlpack, "_RELEASE", _dlpack._CTYPES_RELEASE)
+        monkeypatch.setattr(_release, "_RELEASE", _release._CTYPES_RELEASE)
     gc.collect()
     before = live_exports()
     yield request.param
@@ -209,7 +210,7 @@ def test_numpy_uses_the_same_codes() -> None:
 
 def test_native_release_functions_in_use() -> None:
     # numpy 2.1-2.x: its C deleters and capsule destructors passed the import-time checks.
-    assert _dlpack._RELEASE.native
+    assert _release._RELEASE.native
 
 
 # -- round trips --------------------------------------------------------------------------
@@ -402,7 +403,7 @@ def test_consumer_frees_a_rejected_tensor_it_asked_for(release: str) -> None:
 
     wrapper = _owner_wrapper(owner)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(_dlpack, "_FROM_DL", {})  # make the tensor unacceptable to the consumer
+        mp.setattr(abi, "_FROM_DL", {})  # make the tensor unacceptable to the consumer
         with pytest.raises(DLPackDTypeError, match="from_dlpack: unsupported dtype"):
             from_dlpack(wrapper)
     del wrapper
@@ -514,7 +515,7 @@ def test_unknown_major_version_is_deleted_not_read() -> None:
 def test_rejected_capsule_passed_in_is_left_unconsumed(release: str) -> None:
     capsule = to_dlpack(4096, (2,), None, np.float32, (1, 0), None, versioned=True)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(_dlpack, "_FROM_DL", {})
+        mp.setattr(abi, "_FROM_DL", {})
         with pytest.raises(DLPackDTypeError, match="from_dlpack: unsupported dtype"):
             from_dlpack(capsule)
     assert _capsule_name(capsule) == b"dltensor_versioned"
