@@ -30,12 +30,14 @@ from .errors import ArgumentError, CudaError, DeviceUnavailableError
 from .views import is_contiguous
 
 if TYPE_CHECKING:
-    from .context import Dim3
+    from .context import DeviceContext, Dim3, Event, Function
     from .dlpack import DLPackView
     from .memory import Buffer
 
 __all__ = [
+    "CUDA",
     "CudaDevice",
+    "CudaImpl",
     "GpuStream",
     "allocate",
     "buffer_from_dlpack",
@@ -121,6 +123,10 @@ class CudaDevice(Device):
             if device_id not in cls._instances:
                 cls._instances[device_id] = cls(device_id)
             return cls._instances[device_id]
+
+    @property
+    def impl(self) -> CudaImpl:
+        return CUDA
 
     def current(self) -> Any:
         """Make this device current in this thread and return the cuda.core Device."""
@@ -230,14 +236,15 @@ def pinned_host_array(nbytes: int) -> np.ndarray[Any, np.dtype[np.uint8]] | None
 def _stream_of(device: Device, ctx: Any) -> Any:
     """``ctx``'s stream when it is a GPU context on ``device``, else ``device``'s default
     stream: kernels and allocations need a stream of the device they run on."""
-    if ctx is not None and ctx._gpu is not None and ctx.device == device:
-        return ctx._gpu.stream
+    impl = None if ctx is None else ctx.stream_impl
+    if isinstance(impl, GpuStream) and ctx.device == device:
+        return impl.stream
     return CudaDevice.get(device.id).current().default_stream
 
 
 def _foreign(device: Device, ctx: Any) -> bool:
     """``ctx`` is a GPU context on another device than ``device``."""
-    return ctx is not None and ctx._gpu is not None and ctx.device != device
+    return ctx is not None and isinstance(ctx.stream_impl, GpuStream) and ctx.device != device
 
 
 def allocate(device: Device, nbytes: int, ctx: Any) -> _DeviceMemory:
@@ -390,14 +397,17 @@ def copy(dst: Buffer, src: Buffer, ctx: Any) -> None:
     """
     device = dst.device if not dst.is_host else src.device
     if dst.is_contiguous and src.is_contiguous:
-        on_ctx = ctx is not None and ctx._gpu is not None
+        on_ctx = ctx is not None and isinstance(ctx.stream_impl, GpuStream)
         memcpy_async(
-            dst._ptr, src._ptr, dst.nbytes, ctx._gpu.stream if on_ctx else _stream_of(device, ctx)
+            dst._ptr,
+            src._ptr,
+            dst.nbytes,
+            ctx.stream_impl.stream if on_ctx else _stream_of(device, ctx),
         )
         return
     foreign = _foreign(device, ctx)
     if foreign:
-        ctx._gpu.sync()
+        ctx.synchronize()
     stream = _stream_of(device, ctx)
     if not dst.is_host and not src.is_host and dst.device != src.device:
         _copy_between_gpus(dst, src, ctx, stream)
@@ -508,7 +518,7 @@ def fill(buf: Buffer, scalar: np.ndarray[Any, Any], ctx: Any) -> None:
         return
     foreign = _foreign(buf.device, ctx)
     if foreign:  # memsets go on a stream of the buffer's device; order by waiting
-        ctx._gpu.sync()
+        ctx.synchronize()
     stream = _stream_of(buf.device, ctx)
     drv = _drv()
     bits = scalar.reshape(1).view(
@@ -543,14 +553,18 @@ class GpuStream:
         # stream, which allocates and frees the buffers made without a context.
         self.stream = self._dev.create_stream(options=_cc().StreamOptions(nonblocking=False))
 
-    def record(self) -> Any:
-        self._device.current()
-        return self.stream.record(options=_cc().EventOptions(timing_enabled=True))
+    @property
+    def handle(self) -> Any:
+        return self.stream
 
-    def wait(self, event: Any) -> None:
+    def record(self) -> Event:
         from .context import Event
 
-        if isinstance(event, Event) and event._impl is not None:
+        self._device.current()
+        return Event(self.stream.record(options=_cc().EventOptions(timing_enabled=True)))
+
+    def wait(self, event: Event) -> None:
+        if event._impl is not None:
             self.stream.wait(event._impl)
         else:  # a host event: wait on the host, then carry on (rare: mixed contexts)
             event.synchronize()
@@ -558,11 +572,27 @@ class GpuStream:
     def sync(self) -> None:
         self.stream.sync()
 
-    def compile(self, source: str, name: str, options: Any = None) -> Any:
+    def synchronize(self, label: str) -> None:
+        self.stream.sync()
+
+    def submit(self, fn: Any) -> None:
+        """Host work after everything queued so far (the stream is synchronized first)."""
+        self.stream.sync()
+        fn()
+
+    def compile(self, source_or_callable: object, name: str | None, options: Any) -> Function:
+        from .context import Function
+
+        if not isinstance(source_or_callable, str) or not name:
+            raise ArgumentError(
+                "DeviceContext.compile_function: a GPU kernel needs CUDA C++ source text and "
+                f"a kernel name (got {type(source_or_callable).__name__}, name={name!r})"
+            )
         cc = _cc()
         self._device.current()
         opts = options or cc.ProgramOptions(arch=self._device.arch, std="c++17", name=name)
-        return cc.Program(source, "c++", options=opts).compile("cubin").get_kernel(name)
+        program = cc.Program(source_or_callable, "c++", options=opts)
+        return Function(name, self._device, program.compile("cubin").get_kernel(name))
 
     def launch(
         self, kernel: Any, args: tuple[Any, ...], grid: Dim3, block: Dim3, shmem_bytes: int
@@ -597,3 +627,51 @@ class GpuStream:
 
     def close(self) -> None:
         self.stream.close()
+
+
+# -- the CUDA device kind -------------------------------------------------------------------------
+
+
+class CudaImpl:
+    """The CUDA DeviceImpl (``device.impl`` of every CUDA device): cuda.core memory, copies
+    by ``cuMemcpyAsync`` or the strided-copy kernel, fills by ``cuMemset*``, cuda.core
+    streams."""
+
+    api = "cuda"
+    is_host = False
+
+    def allocate(
+        self,
+        device: Device,
+        shape: tuple[int, ...],
+        dtype: np.dtype[Any],
+        pinned: bool,
+        stream: DeviceContext | None,
+    ) -> tuple[np.ndarray[Any, Any] | None, object, bool]:
+        return None, allocate(device, math.prod(shape) * dtype.itemsize, stream), False
+
+    def copy(self, dst: Buffer, src: Buffer, ctx: DeviceContext | None) -> None:
+        host_queue = ctx if ctx is not None and not isinstance(ctx.stream_impl, GpuStream) else None
+        if host_queue is not None:
+            host_queue.synchronize()  # work queued on the host stream comes first
+        copy(dst, src, ctx)
+        if host_queue is not None:
+            for buf in (dst, src):
+                if not buf.is_host:
+                    default_sync(buf.device)
+                    break
+
+    def fill(self, buf: Buffer, scalar: np.ndarray[Any, Any], ctx: DeviceContext | None) -> None:
+        fill(buf, scalar, ctx)
+
+    def wait_unordered(self, device: Device) -> None:
+        default_sync(device)
+
+    def create_stream(self, device: Device) -> GpuStream:
+        return GpuStream(device)
+
+    def import_dlpack(self, view: DLPackView) -> Buffer:
+        return buffer_from_dlpack(view)
+
+
+CUDA = CudaImpl()

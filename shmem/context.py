@@ -5,30 +5,27 @@ CUDA stream: ``enqueue_*`` returns at once, work runs in order, and an exception
 work is kept and raised at the next :meth:`DeviceContext.synchronize` (with the original
 traceback); work queued after a failure is skipped until then. Host "kernels" are Python
 callables run once per block index, blocks spread over a thread pool (numpy releases the GIL).
-On a GPU the stream is a cuda.core ``Stream`` and kernels are NVRTC-compiled CUDA C++
-(``shmem._cuda``).
+On a GPU the stream is a cuda.core ``Stream`` and kernels are NVRTC-compiled CUDA C++.
+The context drives its device kind's :class:`~shmem.device_impl.StreamImpl`
+(``shmem.host_impl`` on the host, the CUDA one on GPUs) and never branches on the kind.
 """
 
 from __future__ import annotations
 
 import contextlib
-import itertools
-import queue
 import threading
 import time
-import traceback
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
-from ._version import __version__
 from .device import Device, as_device
-from .errors import ArgumentError, AsyncExecutionError, ShmemStateError
+from .errors import ArgumentError, ShmemStateError
 
 if TYPE_CHECKING:
+    from .device_impl import StreamImpl
     from .memory import Buffer
 
 __all__ = ["Block", "DeviceContext", "Dim3", "DriverVersion", "Event", "Function"]
@@ -129,44 +126,6 @@ class Event:
         return self.elapsed_time(start)
 
 
-_STOP = object()
-
-
-class _HostStream:
-    """The host stream: one worker thread running queued callables in order."""
-
-    def __init__(self, label: str) -> None:
-        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name=f"shmem-{label}", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while True:
-            item = self._queue.get()
-            if item is _STOP:
-                return
-            fn, always = item
-            if self._error is not None and not always:
-                continue  # skipped after a failure, until synchronize() reports it
-            try:
-                fn()
-            except BaseException as exc:  # kept for synchronize(), like a CUDA stream error
-                if self._error is None:
-                    self._error = exc
-
-    def submit(self, fn: Callable[[], object], always: bool = False) -> None:
-        self._queue.put((fn, always))
-
-    def take_error(self) -> BaseException | None:
-        err, self._error = self._error, None
-        return err
-
-    def stop(self) -> None:
-        self._queue.put(_STOP)
-        self._thread.join()
-
-
 class DeviceContext:
     """A stream of execution on ``device`` (default: the host). A context manager: leaving
     it synchronizes and closes the stream.
@@ -179,15 +138,7 @@ class DeviceContext:
     def __init__(self, device: Device | str | None = None) -> None:
         self.device = as_device(device, "DeviceContext")
         self._closed = False
-        self._pool: ThreadPoolExecutor | None = None
-        self._host: _HostStream | None = None
-        self._gpu: Any = None
-        if self.device.is_host:
-            self._host = _HostStream(self.device.label)
-        else:
-            from . import _cuda
-
-            self._gpu = _cuda.GpuStream(self.device)
+        self._impl: StreamImpl = self.device.impl.create_stream(self.device)
 
     def __repr__(self) -> str:
         return f"DeviceContext({self.device.label}{', closed' if self._closed else ''})"
@@ -199,24 +150,21 @@ class DeviceContext:
     @property
     def stream(self) -> Any:
         """The underlying stream: the host queue, or the cuda.core ``Stream``."""
-        return self._host if self._host is not None else self._gpu.stream
+        return self._impl.handle
+
+    @property
+    def stream_impl(self) -> StreamImpl:
+        """The device kind's stream implementation this context drives."""
+        return self._impl
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` has run."""
+        return self._closed
 
     def _live(self, where: str) -> None:
         if self._closed:
             raise ShmemStateError(f"DeviceContext.{where}: the context is closed")
-
-    # -- the host queue ---------------------------------------------------------------------
-
-    def _host_stream(self) -> _HostStream:
-        if self._host is None:  # pragma: no cover - callers branch on the device first
-            raise ShmemStateError("DeviceContext: a host stream operation on a GPU context")
-        return self._host
-
-    def _submit(self, fn: Callable[[], object]) -> None:
-        """Queue ``fn`` on the host stream (host contexts only)."""
-        self._host_stream().submit(fn)
-
-    # -- buffers ---------------------------------------------------------------------
 
     def enqueue_create_buffer(self, dtype: Any, count: int) -> Buffer:
         """A new buffer of ``count`` elements on this device, ordered on this stream."""
@@ -310,31 +258,7 @@ class DeviceContext:
         the ``extern "C" __global__`` function.
         """
         self._live("compile_function")
-        if self._gpu is not None:
-            kernel_name = name or ""
-            if not isinstance(source_or_callable, str) or not kernel_name:
-                raise ArgumentError(
-                    "DeviceContext.compile_function: a GPU kernel needs CUDA C++ source text and "
-                    f"a kernel name (got {type(source_or_callable).__name__}, name={name!r})"
-                )
-            kernel = self._gpu.compile(source_or_callable, kernel_name, options)
-            return Function(kernel_name, self.device, kernel)
-        if callable(source_or_callable):
-            fn_name = name or str(getattr(source_or_callable, "__name__", "kernel"))
-            return Function(fn_name, self.device, source_or_callable)
-        if isinstance(source_or_callable, str) and name:
-            namespace: dict[str, Any] = {"np": np, "numpy": np}
-            exec(compile(source_or_callable, f"<kernel {name}>", "exec"), namespace)
-            fn = namespace.get(name)
-            if not callable(fn):
-                raise ArgumentError(
-                    f"DeviceContext.compile_function: the source defines no callable {name!r}"
-                )
-            return Function(name, self.device, fn)
-        raise ArgumentError(
-            "DeviceContext.compile_function: expected a callable, or source text with a name "
-            f"(got {type(source_or_callable).__name__}, name={name!r})"
-        )
+        return self._impl.compile(source_or_callable, name, options)
 
     def enqueue_function(
         self,
@@ -366,43 +290,7 @@ class DeviceContext:
                 f"DeviceContext.enqueue_function: {func!r} was compiled for "
                 f"{func.device.label}, not {self.device.label}"
             )
-        if self._gpu is not None:
-            self._gpu.launch(func.impl, args, grid, block, shmem_bytes)
-            return
-        host_args = tuple(_host_arg(a) for a in args)
-        self._submit(lambda: self._run_grid(func.impl, host_args, grid, block, shmem_bytes))
-
-    def _run_grid(
-        self,
-        fn: Callable[..., object],
-        args: tuple[Any, ...],
-        grid: Dim3,
-        block: Dim3,
-        shmem_bytes: int,
-    ) -> None:
-        def one(idx: tuple[int, int, int]) -> None:
-            b = Block(Dim3(*idx), grid, block, np.zeros(shmem_bytes, np.uint8))
-            fn(b, *args)
-
-        indices = [
-            (x, y, z) for z, y, x in itertools.product(range(grid.z), range(grid.y), range(grid.x))
-        ]
-        if len(indices) == 1:
-            one(indices[0])
-            return
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(
-                max_workers=self.device.attributes.cores or 1,
-                thread_name_prefix=f"shmem-{self.device.label}-block",
-            )
-        futures = [self._pool.submit(one, idx) for idx in indices]
-        errors = []
-        for fut in futures:
-            exc = fut.exception()
-            if exc is not None:
-                errors.append(exc)
-        if errors:
-            raise errors[0]
+        self._impl.launch(func.impl, args, grid, block, shmem_bytes)
 
     def execution_time(self, fn: Callable[[DeviceContext], object], num_iters: int) -> int:
         """Nanoseconds for ``num_iters`` calls of ``fn(ctx)`` and the work they queue
@@ -425,47 +313,24 @@ class DeviceContext:
     def record_event(self) -> Event:
         """An event at the current end of this stream."""
         self._live("record_event")
-        if self._gpu is not None:
-            return Event(self._gpu.record())
-        ev = Event()
-        self._host_stream().submit(ev._fire, always=True)
-        return ev
+        return self._impl.record()
 
     def enqueue_wait_for(self, other: DeviceContext | Event) -> None:
         """Work queued here after this call waits for everything queued on ``other`` (or for
         ``other`` the event) so far."""
         self._live("enqueue_wait_for")
         ev = other.record_event() if isinstance(other, DeviceContext) else other
-        if self._gpu is not None:
-            self._gpu.wait(ev)
-            return
-        self._host_stream().submit(ev.synchronize, always=True)
+        self._impl.wait(ev)
 
     def synchronize(self) -> None:
         """Wait for all queued work (host-blocking); raise :class:`AsyncExecutionError` if any
         of it failed since the last synchronize."""
         self._live("synchronize")
-        if self._gpu is not None:
-            self._gpu.sync()
-            return
-        host = self._host_stream()
-        done = threading.Event()
-        host.submit(done.set, always=True)
-        done.wait()
-        err = host.take_error()
-        if err is not None:
-            tb = "".join(traceback.format_exception(err))
-            raise AsyncExecutionError(
-                f"DeviceContext.synchronize: queued work on {self.device.label} failed: "
-                f"{type(err).__name__}: {err}\n{tb}"
-            ) from err
+        self._impl.synchronize(self.device.label)
 
     def get_driver_version(self) -> DriverVersion:
         """The CUDA driver version on a GPU; this package's version on the host."""
-        if self._gpu is not None:
-            return DriverVersion(*self._gpu.driver_version())
-        major, minor = (int(p) for p in __version__.split(".")[:2])
-        return DriverVersion(major, minor)
+        return self._impl.driver_version()
 
     # -- lifetime ---------------------------------------------------------------------
 
@@ -477,12 +342,7 @@ class DeviceContext:
             self.synchronize()
         finally:
             self._closed = True
-            if self._host is not None:
-                self._host.stop()
-            if self._pool is not None:
-                self._pool.shutdown(wait=True)
-            if self._gpu is not None:
-                self._gpu.close()
+            self._impl.close()
 
     def __enter__(self) -> DeviceContext:
         return self
@@ -493,11 +353,3 @@ class DeviceContext:
             return
         with contextlib.suppress(Exception):  # the body's exception matters more
             self.close()
-
-
-def _host_arg(arg: Any) -> Any:
-    from .memory import Buffer
-
-    if isinstance(arg, Buffer):
-        return arg.to_numpy()
-    return arg

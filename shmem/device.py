@@ -11,9 +11,12 @@ import functools
 import os
 import platform
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import ArgumentError, DeviceUnavailableError
+
+if TYPE_CHECKING:
+    from .device_impl import DeviceImpl
 
 __all__ = ["CPU", "Accelerator", "Device", "DeviceAttributes", "MemoryInfo"]
 
@@ -72,6 +75,11 @@ class Device:
         return self.api == "cpu"
 
     # -- what subclasses provide --------------------------------------------------------------
+
+    @property
+    def impl(self) -> DeviceImpl:
+        """The device kind's implementation (memory, copies, streams), one per kind."""
+        raise NotImplementedError
 
     @property
     def name(self) -> str:
@@ -155,6 +163,12 @@ class CPUDevice(Device):
     """The host: memory is ordinary (or pinned) host memory, kernels are Python callables."""
 
     api = "cpu"
+
+    @property
+    def impl(self) -> DeviceImpl:
+        from .host_impl import HOST  # host_impl builds on context, which imports this module
+
+        return HOST
 
     @property
     def name(self) -> str:

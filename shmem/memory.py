@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
-from .device import CPU, Device, as_device
+from .device import CPU, Accelerator, Device, as_device
+from .device_impl import mover
 from .dtypes import as_dtype, dtype_name
 from .errors import ArgumentError, ShmemStateError
 from .views import contiguous_strides, index_view, is_contiguous, single_index
@@ -80,7 +81,6 @@ class Buffer:
             )
         if pinned and not dev.is_host:
             raise ArgumentError(f"Buffer: pinned applies to host buffers (got device {dev.label})")
-        nbytes = math.prod(dims) * dt.itemsize
         self._device = dev
         self._dtype = dt
         self._shape = dims
@@ -88,24 +88,9 @@ class Buffer:
         self._offset = 0
         self._stream = stream
         self._closed = False
-        self._mem: Any = None
-        self._array: np.ndarray[Any, Any] | None = None
-        self._pinned = False
-        if dev.is_host:
-            raw = None
-            if pinned:
-                from . import _cuda
-
-                raw = _cuda.pinned_host_array(nbytes)
-            if raw is None:
-                self._array = np.empty(dims, dtype=dt)
-            else:
-                self._pinned = True
-                self._array = raw[:nbytes].view(dt).reshape(dims)
-        else:
-            from . import _cuda
-
-            self._mem = _cuda.allocate(dev, nbytes, stream)
+        self._array: np.ndarray[Any, Any] | None
+        self._mem: Any
+        self._array, self._mem, self._pinned = dev.impl.allocate(dev, dims, dt, pinned, stream)
 
     # -- construction without allocation ----------------------------------------------------
 
@@ -451,38 +436,18 @@ class Buffer:
 
     def _copy_from(self, src: Buffer, ctx: DeviceContext | None) -> None:
         """Copy ``src`` into self: ordered on ``ctx`` when given, else complete on return."""
-        if self._array is not None and src._array is not None:
-            dst_arr, src_arr = self._array, src._array
-            if dst_arr.shape != src_arr.shape:  # contiguous copies of equal counts
-                dst_arr, src_arr = dst_arr.reshape(-1), src_arr.reshape(-1)
-            if ctx is not None and ctx.device.is_host:
-                ctx._submit(lambda: np.copyto(dst_arr, src_arr))
-            else:
-                if ctx is not None:
-                    ctx.synchronize()  # a GPU stream may still be writing the host buffer
-                np.copyto(dst_arr, src_arr)
-            return
-        from . import _cuda
-
-        host_queue = ctx if ctx is not None and ctx.device.is_host else None
-        if host_queue is not None:
-            host_queue.synchronize()  # work queued on the host stream comes first
-        _cuda.copy(self, src, ctx)
-        if host_queue is not None:
-            self._sync_if_unordered(host_queue, src)
+        mover(self, src).copy(self, src, ctx)
 
     def _sync_if_unordered(
         self, ctx: DeviceContext | None = None, src: Buffer | None = None
     ) -> None:
-        """Device work that no GPU stream orders (no ``ctx``, or a host one) completes before
-        the call returns: wait for the default stream of whichever side is device memory."""
-        if ctx is not None and not ctx.device.is_host:
+        """Device work that no device stream orders (no ``ctx``, or a host one) completes
+        before the call returns: wait for whichever side is device memory."""
+        if ctx is not None and not ctx.device.impl.is_host:
             return
         for buf in (self, src):
-            if buf is not None and not buf.is_host:
-                from . import _cuda
-
-                _cuda.default_sync(buf.device)
+            if buf is not None and not buf.device.impl.is_host:
+                buf.device.impl.wait_unordered(buf.device)
                 return
 
     def _fill(self, value: Any, ctx: DeviceContext | None) -> None:
@@ -490,18 +455,7 @@ class Buffer:
         scalar = np.asarray(value).astype(self._dtype)
         if scalar.shape != ():
             raise ArgumentError(f"memset: expected a scalar value (got shape {scalar.shape})")
-        if self._array is not None:
-            arr = self._array
-            if ctx is not None and ctx.device.is_host:
-                ctx._submit(lambda: arr.fill(scalar))
-            else:
-                if ctx is not None:
-                    ctx.synchronize()
-                arr.fill(scalar)
-            return
-        from . import _cuda
-
-        _cuda.fill(self, scalar, ctx)
+        self._device.impl.fill(self, scalar, ctx)
         self._sync_if_unordered(ctx)
 
     # -- numpy ---------------------------------------------------------------------
@@ -582,11 +536,9 @@ class Buffer:
 
         view = _dlpack.from_dlpack(obj)
         if view.device_type in (1, 3):  # kDLCPU, kDLCUDAHost
-            return cls._host(view.to_numpy(), keepalive=view)
+            return CPU().impl.import_dlpack(view)
         if view.device_type == 2:  # kDLCUDA
-            from . import _cuda
-
-            return _cuda.buffer_from_dlpack(view)
+            return Accelerator(view.device_id).impl.import_dlpack(view)
         raise ArgumentError(
             f"Buffer.from_dlpack: unsupported device type {view.device_type} (expected a CPU "
             "or CUDA tensor)"

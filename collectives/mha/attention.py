@@ -38,7 +38,7 @@ _ctx: DeviceContext | None = None
 def _context() -> DeviceContext:
     global _ctx
     with _ctx_lock:
-        if _ctx is None or _ctx._closed:
+        if _ctx is None or _ctx.closed:
             _ctx = DeviceContext(CPU())
         return _ctx
 

@@ -285,3 +285,40 @@ def test_the_unit_tier_starts_no_process_and_no_compiler() -> None:
                 if name.split(".")[0] in _NOT_IN_UNIT or name in _NOT_IN_UNIT:
                     found.append(f"{path.relative_to(ROOT)}:{node.lineno}: import {name}")
     assert not found, "the unit tier must stay pure:\n" + "\n".join(found)
+
+
+def test_generic_device_classes_hold_an_implementation_and_never_load_cuda() -> None:
+    """``Buffer`` and ``DeviceContext`` call their device's implementation object
+    (``shmem.device_impl``): they import no CUDA module and keep no host/GPU pair of
+    attributes to branch on."""
+    found = []
+    for name in ("memory.py", "context.py"):
+        tree = ast.parse((ROOT / "shmem" / name).read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module and "cuda" in node.module:
+                found.append(f"shmem/{name}:{node.lineno}: from {node.module} import ...")
+            if isinstance(node, ast.ImportFrom) and any("cuda" in a.name for a in node.names):
+                found.append(f"shmem/{name}:{node.lineno}: imports a CUDA module")
+            if isinstance(node, ast.Attribute) and node.attr in ("_gpu", "_host_stream"):
+                found.append(f"shmem/{name}:{node.lineno}: {ast.unparse(node)}")
+    assert not found, "\n".join(found)
+
+
+def test_the_host_device_implementation_satisfies_the_protocols() -> None:
+    import shmem
+    from shmem.device_impl import DeviceImpl, StreamImpl
+
+    cpu = shmem.CPU()
+    assert isinstance(cpu.impl, DeviceImpl) and cpu.impl.is_host
+    with shmem.DeviceContext(cpu) as ctx:
+        assert isinstance(ctx.stream_impl, StreamImpl)
+
+
+def test_the_cuda_implementation_declares_the_same_protocols() -> None:
+    """Checked without a GPU: the CUDA kind's objects have every protocol member."""
+    from shmem import _cuda
+    from shmem.device_impl import DeviceImpl, StreamImpl
+
+    assert isinstance(_cuda.CUDA, DeviceImpl) and not _cuda.CUDA.is_host
+    members = [m for m in dir(StreamImpl) if not m.startswith("_")]
+    assert members and all(hasattr(_cuda.GpuStream, m) for m in members), members
