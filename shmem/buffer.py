@@ -156,7 +156,7 @@ class SHMEMBuffer:
         return None if raw is None else raw.view(self._dtype).reshape(self._shape)
 
     def _device_buffer(self, ptr: int) -> Buffer:
-        from ._cuda import _DeviceMemory
+        from ._cuda_memory import _DeviceMemory
         from .views import contiguous_strides
 
         heap = self._world.heap

@@ -290,10 +290,7 @@ class NvshmemHeap:
     def memset(self, offset: int, nbytes: int, value: int = 0) -> None:
         from .. import _cuda
 
-        _cuda._check(
-            _cuda._drv().cuMemsetD8Async(self.base + offset, value, nbytes, self.stream.handle),
-            "cuMemsetD8Async",
-        )
+        _cuda.memset_async(self.base + offset, value, nbytes, self.stream)
         self.stream.sync()
 
     # -- kernels -------------------------------------------------------------------------------

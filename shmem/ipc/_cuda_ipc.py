@@ -54,7 +54,7 @@ class _GpuExport:
         return pickle.dumps(self.mem.ipc_descriptor)
 
     def buffer(self) -> Buffer:
-        from .._cuda import _DeviceMemory
+        from .._cuda_memory import _DeviceMemory
 
         mem = _DeviceMemory(int(self.mem.handle), self.nbytes, self.mem)
         return Buffer._device_view(
@@ -88,7 +88,7 @@ class _GpuImport:
         self.desc = desc
 
     def buffer(self) -> Buffer:
-        from .._cuda import _DeviceMemory
+        from .._cuda_memory import _DeviceMemory
 
         d = self.desc
         dt = as_dtype(d.dtype, "import_")

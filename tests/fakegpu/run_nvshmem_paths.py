@@ -15,7 +15,7 @@ import numpy as np
 
 import collectives
 import shmem
-import shmem._cuda as _c
+import shmem._cuda_device as _c
 import shmem.backends as _backends
 from shmem.errors import SignalTimeoutError
 
