@@ -9,7 +9,6 @@ import time
 from typing import Any
 
 import numpy as np
-from threadpoolctl import threadpool_limits
 
 from ..communicator import Communicator
 from . import _units
@@ -19,6 +18,7 @@ from ._sp_setup import (
     close_all,
     finish_stats,
     plan_units,
+    run_units,
     setup,
     symmetric,
     unit_groups,
@@ -169,21 +169,19 @@ def backward(
             slots.folds(world, bufs, 0, dq_groups, fold_dq)
             + slots.folds(world, bufs, 1, dkv_groups, fold_dkv),
         )
-        with _units.guarded(world, bufs["counters"]), threadpool_limits(limits=1, user_api="blas"):
-            _units.drive(
-                world,
-                plan,
-                bufs["counters"],
-                dynamic=schedule == "dynamic",
-                fetch=fetch,
-                compute=compute,
-                deliver=deliver,
-                folds=folds,
-                threads=st.threads,
-                slowdown=slowdown,
-                stats=mine,
-                what=where,
-            )
+        run_units(
+            st,
+            plan,
+            bufs["counters"],
+            dynamic=schedule == "dynamic",
+            fetch=fetch,
+            compute=compute,
+            deliver=deliver,
+            folds=folds,
+            slowdown=slowdown,
+            stats=mine,
+            what=where,
+        )
     finally:
         close_all(bufs)
     finish_stats(st, stats, mine, start)

@@ -8,10 +8,18 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from threadpoolctl import threadpool_limits
 
 from . import _units
-from ._sp_setup import Setup, Slots, close_all, merge_partial, plan_units, symmetric, unit_groups
+from ._sp_setup import (
+    Setup,
+    Slots,
+    close_all,
+    merge_partial,
+    plan_units,
+    run_units,
+    symmetric,
+    unit_groups,
+)
 from ._units import OrderedFolds, RowReader, SequenceParallelStats, Unit, pieces, runs
 from .kernel import attention_tile
 
@@ -82,21 +90,19 @@ def forward_dynamic(
         # fold order: (query chunk, KV head), then KV chunks in order
         groups = unit_groups(plan.by_q_home[me], lambda u: (u.q, u.head))
         folds = OrderedFolds(world, bufs["flags"], slots.folds(world, bufs, 0, groups, fold))
-        with _units.guarded(world, bufs["counters"]), threadpool_limits(limits=1, user_api="blas"):
-            _units.drive(
-                world,
-                plan,
-                bufs["counters"],
-                dynamic=True,
-                fetch=fetch,
-                compute=compute,
-                deliver=deliver,
-                folds=folds,
-                threads=st.threads,
-                slowdown=slowdown,
-                stats=stats,
-                what="sequence_parallel_attention",
-            )
+        run_units(
+            st,
+            plan,
+            bufs["counters"],
+            dynamic=True,
+            fetch=fetch,
+            compute=compute,
+            deliver=deliver,
+            folds=folds,
+            slowdown=slowdown,
+            stats=stats,
+            what="sequence_parallel_attention",
+        )
     finally:
         close_all(bufs)
     return out, lse

@@ -17,6 +17,7 @@ from functools import partial
 from typing import Any
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 from shmem import CPU
 from shmem.dtypes import as_dtype, dtype_name
@@ -39,6 +40,7 @@ __all__ = [
     "finish_stats",
     "merge_partial",
     "plan_units",
+    "run_units",
     "setup",
     "symmetric",
     "unit_groups",
@@ -404,3 +406,36 @@ class Slots:
 def unit_groups(units: list[Unit], key: Any) -> list[list[Unit]]:
     """Consecutive runs of ``units`` with equal ``key`` (units are in canonical order)."""
     return [list(g) for _, g in itertools.groupby(units, key)]
+
+
+def run_units(
+    st: Setup,
+    plan: UnitPlan,
+    counters: Any,
+    *,
+    dynamic: bool,
+    fetch: Any,
+    compute: Any,
+    deliver: Any,
+    folds: Any,
+    slowdown: float,
+    stats: SequenceParallelStats,
+    what: str,
+) -> None:
+    """Drive the units of ``plan`` (``_units.drive``) with one BLAS thread per compute thread,
+    a failure stopping the peers at once (``_units.guarded``)."""
+    with _units.guarded(st.world, counters), threadpool_limits(limits=1, user_api="blas"):
+        _units.drive(
+            st.world,
+            plan,
+            counters,
+            dynamic=dynamic,
+            fetch=fetch,
+            compute=compute,
+            deliver=deliver,
+            folds=folds,
+            threads=st.threads,
+            slowdown=slowdown,
+            stats=stats,
+            what=what,
+        )
