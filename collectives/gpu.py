@@ -36,6 +36,7 @@ from shmem import Buffer, DeviceContext, SHMEMBuffer
 from shmem import cuda as shmem_cuda
 from shmem.dtypes import dtype_name
 from shmem.errors import GpuCollectiveError, SignalTimeoutError
+from shmem.heap import DeviceSymmetricHeap
 
 if TYPE_CHECKING:
     from .communicator import Communicator
@@ -66,7 +67,7 @@ class GpuAllReduce:
         world = comm.world
         self.comm = comm
         self.world = world
-        self.heap: Any = cast(Any, world.heap)
+        self.heap = cast(DeviceSymmetricHeap, world.heap)
         self.rank, self.size = world.rank, world.world_size
         unreachable = [r for r in range(self.size) if not self.heap.is_local(r)]
         self._unreachable = unreachable

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -15,6 +15,7 @@ from .memory import Buffer
 
 if TYPE_CHECKING:
     from .context import DeviceContext
+    from .heap import DeviceSymmetricHeap
     from .world import World
 
 __all__ = ["SHMEMBuffer"]
@@ -161,7 +162,7 @@ class SHMEMBuffer:
 
         heap = self._world.heap
         return Buffer._device_view(
-            heap.device,  # type: ignore[attr-defined]
+            cast("DeviceSymmetricHeap", heap).device,
             _DeviceMemory(ptr, self._nbytes, self),
             self._dtype,
             self._shape,
@@ -172,7 +173,7 @@ class SHMEMBuffer:
     def _zero(self) -> None:
         heap = self._world.heap
         if heap.device_memory:
-            heap.memset(self._offset, self._nbytes)  # type: ignore[attr-defined]
+            cast("DeviceSymmetricHeap", heap).memset(self._offset, self._nbytes)
         else:
             self.local()[...] = 0
 

@@ -9,11 +9,14 @@ observes anything written after it.
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-__all__ = ["ATOMIC_DTYPES", "SymmetricHeap"]
+if TYPE_CHECKING:
+    from .device import Device
+
+__all__ = ["ATOMIC_DTYPES", "DeviceSymmetricHeap", "SymmetricHeap"]
 
 ATOMIC_DTYPES = frozenset(np.dtype(t) for t in (np.int32, np.int64, np.uint32, np.uint64))
 
@@ -89,3 +92,37 @@ class SymmetricHeap(Protocol):
         ...
 
     def close(self, collective: bool = True) -> None: ...
+
+
+class DeviceSymmetricHeap(SymmetricHeap, Protocol):
+    """What callers use of a heap whose slab is GPU memory (``device_memory`` True): device
+    addresses instead of host views, and copies on the heap's stream."""
+
+    @property
+    def device(self) -> Device:
+        """This rank's GPU."""
+        ...
+
+    @property
+    def stream(self) -> Any:
+        """The heap's cuda.core stream (its copies and memsets are ordered on it)."""
+        ...
+
+    @property
+    def gpu(self) -> Any:
+        """This rank's CUDA device object (``.current()`` gives cuda.core's, ``.attributes``)."""
+        ...
+
+    def peer_address(self, rank: int, offset: int) -> int | None:
+        """The device address of byte ``offset`` of ``rank``'s slab, or None off the node."""
+        ...
+
+    def put_device(self, rank: int, offset: int, src_ptr: int, nbytes: int) -> None: ...
+
+    def get_device(self, rank: int, offset: int, dst_ptr: int, nbytes: int) -> None: ...
+
+    def memset(self, offset: int, nbytes: int, value: int = 0) -> None: ...
+
+    def memcpy(self, dst: int, src: int, nbytes: int) -> None:
+        """Queue a copy of ``nbytes`` between addresses on the heap's stream."""
+        ...
