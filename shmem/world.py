@@ -123,7 +123,8 @@ class World:
             pad_nbytes = SignalPad.nbytes_for(config.signal.slots)
             pad_offset = self._arena.alloc(pad_nbytes)
             if backend == "nvshmem":
-                from .backends.nvshmem import DeviceSignalPad, NvshmemHeap
+                from .backends.nvshmem import NvshmemHeap
+                from .backends.nvshmem_signals import DeviceSignalPad
 
                 gpu_heap = NvshmemHeap(self.comm, self.node_comm, config)
                 stack.callback(gpu_heap.close, collective=False)

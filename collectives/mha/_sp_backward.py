@@ -14,15 +14,12 @@ from ..communicator import Communicator
 from . import _units
 from ._sp_setup import (
     Setup,
-    Slots,
     close_all,
     finish_stats,
-    plan_units,
-    run_units,
     setup,
     symmetric,
-    unit_groups,
 )
+from ._sp_slots import Slots, plan_units, run_units, unit_groups
 from ._units import OrderedFolds, RowReader, SequenceParallelStats, Unit, pieces, runs
 from .kernel import attention_tile_backward
 

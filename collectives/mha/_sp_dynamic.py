@@ -12,14 +12,11 @@ import numpy as np
 from . import _units
 from ._sp_setup import (
     Setup,
-    Slots,
     close_all,
     merge_partial,
-    plan_units,
-    run_units,
     symmetric,
-    unit_groups,
 )
+from ._sp_slots import Slots, plan_units, run_units, unit_groups
 from ._units import OrderedFolds, RowReader, SequenceParallelStats, Unit, pieces, runs
 from .kernel import attention_tile
 
