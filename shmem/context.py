@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 
 from .device import Device, as_device
+from .dtypes import DTypeLike
 from .errors import ArgumentError, ShmemStateError
 
 if TYPE_CHECKING:
@@ -166,20 +167,20 @@ class DeviceContext:
         if self._closed:
             raise ShmemStateError(f"DeviceContext.{where}: the context is closed")
 
-    def enqueue_create_buffer(self, dtype: Any, count: int) -> Buffer:
+    def enqueue_create_buffer(self, dtype: DTypeLike, count: int) -> Buffer:
         """A new buffer of ``count`` elements on this device, ordered on this stream."""
         from .memory import Buffer
 
         self._live("enqueue_create_buffer")
         return Buffer(dtype, (count,), device=self.device, stream=self)
 
-    def create_buffer_sync(self, dtype: Any, count: int) -> Buffer:
+    def create_buffer_sync(self, dtype: DTypeLike, count: int) -> Buffer:
         """Like :meth:`enqueue_create_buffer`, ready to use on return."""
         buf = self.enqueue_create_buffer(dtype, count)
         self.synchronize()
         return buf
 
-    def enqueue_create_host_buffer(self, dtype: Any, count: int) -> Buffer:
+    def enqueue_create_host_buffer(self, dtype: DTypeLike, count: int) -> Buffer:
         """A host buffer for transfers with this device (pinned when the device is a GPU)."""
         from .device import CPU
         from .memory import Buffer
@@ -187,7 +188,7 @@ class DeviceContext:
         self._live("enqueue_create_host_buffer")
         return Buffer(dtype, (count,), device=CPU(), pinned=not self.device.is_host, stream=self)
 
-    def malloc_host(self, dtype: Any, count: int) -> Buffer:
+    def malloc_host(self, dtype: DTypeLike, count: int) -> Buffer:
         """Host memory for fast transfers (pinned on a GPU context); release with
         :meth:`free_host`."""
         buf = self.enqueue_create_host_buffer(dtype, count)

@@ -12,9 +12,12 @@ import numpy as np
 
 from .errors import ArgumentError
 
-__all__ = ["SUPPORTED_DTYPES", "DTypeLike", "as_dtype", "dtype_name"]
+__all__ = ["SUPPORTED_DTYPES", "DTypeLike", "ShapeLike", "as_dtype", "dtype_name"]
 
 DTypeLike = np.dtype[Any] | type | str
+"""A dtype: a numpy dtype, a scalar type (``np.float32``) or any spelling numpy accepts."""
+ShapeLike = int | np.integer[Any] | tuple[int, ...] | list[int]
+"""A shape: one extent, or a sequence of extents."""
 
 SUPPORTED_DTYPES: dict[str, np.dtype[Any]] = {
     "float16": np.dtype(np.float16),

@@ -18,7 +18,7 @@ import numpy as np
 
 from .device import CPU, Accelerator, Device, as_device
 from .device_impl import mover
-from .dtypes import as_dtype, dtype_name
+from .dtypes import DTypeLike, ShapeLike, as_dtype, dtype_name
 from .errors import ArgumentError, ShmemStateError
 from .views import contiguous_strides, index_view, is_contiguous, single_index
 
@@ -61,8 +61,8 @@ class Buffer:
 
     def __init__(
         self,
-        dtype: Any,
-        shape: Any,
+        dtype: DTypeLike,
+        shape: ShapeLike,
         device: Device | str | None = None,
         pinned: bool = False,
         stream: DeviceContext | None = None,
@@ -316,7 +316,7 @@ class Buffer:
             view._copy_from(Buffer.from_numpy(np.ascontiguousarray(scalar)), self._stream)
             view._sync_if_unordered(self._stream)
 
-    def view(self, dtype: Any, shape: Any = None) -> Buffer:
+    def view(self, dtype: DTypeLike, shape: ShapeLike | None = None) -> Buffer:
         """The same bytes as ``dtype`` (and ``shape``); the buffer must be contiguous.
 
         Without ``shape`` the last dimension is rescaled by the ratio of item sizes.
@@ -548,7 +548,7 @@ class Buffer:
 
     @classmethod
     def zeros(
-        cls, shape: Any, dtype: Any = "float32", device: Device | str | None = None
+        cls, shape: ShapeLike, dtype: DTypeLike = "float32", device: Device | str | None = None
     ) -> Buffer:
         """A zero-filled buffer (complete on return)."""
         buf = cls(dtype, shape, device=device)
@@ -556,7 +556,9 @@ class Buffer:
         return buf
 
     @classmethod
-    def scalar(cls, value: Any, dtype: Any, device: Device | str | None = None) -> Buffer:
+    def scalar(
+        cls, value: complex | bool, dtype: DTypeLike, device: Device | str | None = None
+    ) -> Buffer:
         """A rank-0 buffer holding ``value``."""
         buf = cls(dtype, (), device=device)
         buf._fill(value, None)
@@ -566,8 +568,8 @@ class Buffer:
     def mmap(
         cls,
         filename: str | os.PathLike[str],
-        dtype: Any,
-        shape: Any,
+        dtype: DTypeLike,
+        shape: ShapeLike,
         mode: str = "r+",
         offset: int = 0,
     ) -> Buffer:

@@ -20,7 +20,7 @@ from .buffer import SHMEMBuffer
 from .config import Config, load_config
 from .context import DeviceContext
 from .device import CPU
-from .dtypes import as_dtype, dtype_name
+from .dtypes import DTypeLike, ShapeLike, as_dtype, dtype_name
 from .errors import ArgumentError, CollectiveMismatchError, ShmemStateError
 from .heap import SymmetricHeap
 from .signals import Cmp, SignalOp, SignalPad
@@ -205,7 +205,7 @@ class World:
 
     # -- allocation -------------------------------------------------------------------------
 
-    def empty(self, shape: Any, dtype: Any = "float32") -> SHMEMBuffer:
+    def empty(self, shape: ShapeLike, dtype: DTypeLike = "float32") -> SHMEMBuffer:
         """Allocate an uninitialised symmetric buffer (collective, synchronising).
 
         Every rank must call it with the same shape and dtype, in the same order; the buffer
@@ -232,7 +232,7 @@ class World:
         self._live[offset] = buf
         return buf
 
-    def zeros(self, shape: Any, dtype: Any = "float32") -> SHMEMBuffer:
+    def zeros(self, shape: ShapeLike, dtype: DTypeLike = "float32") -> SHMEMBuffer:
         """Like :meth:`empty`, with this rank's copy zeroed before a barrier (collective)."""
         buf = self.empty(shape, dtype)
         buf._zero()

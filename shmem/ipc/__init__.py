@@ -28,7 +28,8 @@ from typing import Any, cast
 
 import numpy as np
 
-from ..dtypes import as_dtype, dtype_name
+from ..device import Device
+from ..dtypes import DTypeLike, ShapeLike, as_dtype, dtype_name
 from ..errors import ArgumentError, DescriptorError, ShmemStateError
 from ..memory import Buffer
 from .descriptor import IpcDescriptor
@@ -188,7 +189,9 @@ class ImportedBuffer(_Memory):
         self.descriptor = desc
 
 
-def allocate(shape: Any, dtype: Any = "uint8", device: Any = None) -> IpcBuffer:
+def allocate(
+    shape: ShapeLike, dtype: DTypeLike = "uint8", device: Device | None = None
+) -> IpcBuffer:
     """An exportable buffer: host memory from ``memfd_create``, or GPU memory from a cuda.core
     IPC-enabled memory resource when ``device`` is a GPU."""
     dt = as_dtype(dtype, "allocate")
