@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast, overload
 
 import numpy as np
+import numpy.typing as npt
 
 from .dtypes import dtype_name
 from .errors import ArgumentError, ShmemStateError
@@ -21,6 +22,9 @@ if TYPE_CHECKING:
 __all__ = ["SHMEMBuffer"]
 
 _KDLCPU = 1
+
+
+_Dst = TypeVar("_Dst", bound="np.ndarray[Any, Any] | Buffer")
 
 
 class SHMEMBuffer:
@@ -203,7 +207,7 @@ class SHMEMBuffer:
     def put(
         self,
         rank: int,
-        src: Any,
+        src: npt.ArrayLike | Buffer,
         offset: int = 0,
         signal: tuple[int, int] | tuple[int, int, str] | None = None,
     ) -> None:
@@ -264,7 +268,13 @@ class SHMEMBuffer:
         op = signal[2] if len(signal) == 3 else "set"
         return int(signal[0]), int(signal[1]), str(op)
 
-    def get(self, rank: int, dst: Any = None, offset: int = 0) -> Any:
+    @overload
+    def get(self, rank: int, dst: None = None, offset: int = 0) -> np.ndarray[Any, Any]: ...
+    @overload
+    def get(self, rank: int, dst: _Dst, offset: int = 0) -> _Dst: ...
+    def get(
+        self, rank: int, dst: np.ndarray[Any, Any] | Buffer | None = None, offset: int = 0
+    ) -> np.ndarray[Any, Any] | Buffer:
         """Read ``rank``'s copy from byte ``offset`` (one-sided, host-blocking).
 
         Into ``dst`` (a C-contiguous writable array of this dtype; ``dst.nbytes`` bytes are
@@ -311,7 +321,9 @@ class SHMEMBuffer:
         self._world.heap.get_bytes(rank, self._offset + int(offset), out)
         return out
 
-    def enqueue_copy_to(self, host_array: Any, ctx: DeviceContext | None = None) -> None:
+    def enqueue_copy_to(
+        self, host_array: np.ndarray[Any, Any] | Buffer, ctx: DeviceContext | None = None
+    ) -> None:
         """Copy this rank's copy into ``host_array`` (a numpy array or host Buffer of the same
         dtype and element count), stream-ordered on ``ctx`` (default: the World's context):
         synchronize it before reading ``host_array``."""
@@ -319,7 +331,9 @@ class SHMEMBuffer:
         self._check_host_array("enqueue_copy_to", host_array)
         (ctx or self._world.ctx).enqueue_copy(host_array, self.local())
 
-    def enqueue_copy_from(self, host_array: Any, ctx: DeviceContext | None = None) -> None:
+    def enqueue_copy_from(
+        self, host_array: npt.ArrayLike | Buffer, ctx: DeviceContext | None = None
+    ) -> None:
         """Copy ``host_array`` (same dtype and element count) into this rank's copy,
         stream-ordered on ``ctx`` (default: the World's context)."""
         self._live("enqueue_copy_from")
