@@ -14,12 +14,13 @@ Both reduce in rank order in float32 (float16/bfloat16), float32 or float64 (flo
 bitwise the same on every rank, for both algorithms, and equal to the host backend's
 (``collectives.ops.reduce_into``).
 
-Ordering: with ``stream=`` (a GPU DeviceContext) the kernel is queued on that stream after
-the work already on it (no device-wide synchronize); without it, every stream of the device is
-synchronised first (inputs may have been written on any of them: torch, cupy, the World's
-context) and the kernel runs on the heap's stream. Either way the call then waits on the host
-for that one stream, to read the kernel's status word (a peer timeout is raised here, not
-later): the call is host-blocking, and the result is complete on return. A peer that does not
+Ordering (as NCCL's): the kernel is queued on ``stream=`` (a GPU DeviceContext; default the
+World's context, where SHMEMBuffer copies are queued) after the work already on it; there is
+no device-wide synchronize. Inputs written on another stream (torch, cupy) must be ordered
+before the call by the caller (``stream.enqueue_wait_for(other)``, or that library's
+synchronize). The call then waits on the host for that one stream, to read the kernel's
+status word (a peer timeout is raised here, not later): it is host-blocking, and the result
+is complete on return. A peer that does not
 arrive within ``[signal] timeout_s`` makes the kernel give up; this rank raises
 ``SignalTimeoutError`` and the communicator is then unusable (its stages are out of step).
 """
@@ -172,11 +173,9 @@ class GpuAllReduce:
                     f"{dst.num_elements} elements; expected {dtype_name(src.dtype)} "
                     f"{src.num_elements})"
                 )
-        if stream is None:  # inputs written on any stream are done
-            shmem_cuda.device_synchronize(self.heap.device.id)
-            cu_stream = self.heap.stream
-        else:  # ordered after the work already on the caller's stream
-            cu_stream = stream.stream
+        # stream-ordered: after the work already on the caller's stream (default: the World's
+        # context, where SHMEMBuffer copies are queued); no device-wide synchronize
+        cu_stream = (stream if stream is not None else self.world.ctx).stream
         n, item = src.num_elements, src.element_size
         algo = algorithm
         if algo == "auto":
