@@ -52,21 +52,28 @@ _BY_DTYPE = {dt: name for name, dt in SUPPORTED_DTYPES.items()}
 
 
 def as_dtype(dtype: Any, where: str = "as_dtype") -> np.dtype[Any]:
-    """Return the numpy dtype for ``dtype`` (a numpy dtype, a type or a name).
+    """Return the numpy dtype for ``dtype``: a numpy dtype, a scalar type, one of the names of
+    :data:`SUPPORTED_DTYPES` (and ``"bf16"``, ``"e4m3"``, ``"e5m2"``, C's ``"half"``,
+    ``"float"`` = float32, ``"double"``), or any other spelling numpy accepts (``"i4"``,
+    ``"f8"``, ``"l"``, ``"<u2"``, ``"?"``) for one of the supported dtypes.
 
-    Raises ``TypeError`` (a ``ShmemError``) naming ``where`` when unsupported.
+    Raises :class:`~shmem.errors.ArgumentError` naming ``where`` when unsupported.
     """
     if isinstance(dtype, str):
         name = _ALIASES.get(dtype, dtype)
         if name in SUPPORTED_DTYPES:
             return SUPPORTED_DTYPES[name]
-    else:
-        try:
-            dt = np.dtype(dtype)
-        except TypeError:
-            dt = None
-        if dt is not None and dt in _BY_DTYPE:
-            return SUPPORTED_DTYPES[_BY_DTYPE[dt]]
+    try:
+        dt = np.dtype(dtype)
+    except (TypeError, ValueError, SyntaxError):
+        dt = None
+    if dt is not None and dt in _BY_DTYPE:
+        return SUPPORTED_DTYPES[_BY_DTYPE[dt]]
+    if dt is not None and dt.byteorder == ">" and dt.newbyteorder("=") in _BY_DTYPE:
+        raise ArgumentError(
+            f"{where}: unsupported byte order (got {dtype!r}, big-endian; expected the "
+            "machine's byte order)"
+        )
     raise ArgumentError(
         f"{where}: unsupported dtype (got {dtype!r}; expected one of {sorted(SUPPORTED_DTYPES)})"
     )
