@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import TYPE_CHECKING, Any, TypeVar, cast, overload
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast, overload
 
+import ml_dtypes
 import numpy as np
 import numpy.typing as npt
 
@@ -24,6 +25,10 @@ __all__ = ["SHMEMBuffer"]
 _KDLCPU = 1
 
 
+Casting = Literal["no", "equiv", "safe", "same_kind", "unsafe"]
+_LOW_FLOATS = frozenset(
+    np.dtype(t) for t in (ml_dtypes.bfloat16, ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2)
+)
 _Dst = TypeVar("_Dst", bound="np.ndarray[Any, Any] | Buffer")
 
 
@@ -183,16 +188,26 @@ class SHMEMBuffer:
 
     # -- one-sided data movement -------------------------------------------------------------
 
-    def _as_source(self, where: str, src: Any) -> np.ndarray[Any, Any]:
+    def _as_source(
+        self, where: str, src: Any, casting: Casting = "same_kind"
+    ) -> np.ndarray[Any, Any]:
+        """``src`` as a contiguous array of this buffer's dtype. ``"same_kind"`` casts refuse
+        values the target cannot hold (an int64 ``2**40`` into int32, a finite float64 that
+        overflows float32), which numpy's own cast would wrap or turn into inf silently;
+        ``"unsafe"`` keeps numpy's C semantics."""
         arr = np.asarray(src)
         if arr.dtype != self._dtype:
             try:
-                arr = arr.astype(self._dtype, casting="same_kind")
+                with np.errstate(over="ignore", invalid="ignore"):  # checked just below
+                    cast_arr = arr.astype(self._dtype, casting=casting)
             except TypeError:
                 raise ArgumentError(
                     f"SHMEMBuffer.{where}: cannot cast the source (got dtype {arr.dtype}; "
-                    f"expected {dtype_name(self._dtype)} or a same-kind dtype)"
+                    f"expected {dtype_name(self._dtype)} or a {casting} cast)"
                 ) from None
+            if casting != "unsafe":
+                _check_lossless(where, arr, cast_arr, self._dtype)
+            arr = cast_arr
         return np.ascontiguousarray(arr)
 
     def _flat_view(self, rank: int) -> np.ndarray[Any, Any] | None:
@@ -210,11 +225,16 @@ class SHMEMBuffer:
         src: npt.ArrayLike | Buffer,
         offset: int = 0,
         signal: tuple[int, int] | tuple[int, int, str] | None = None,
+        *,
+        casting: Casting = "same_kind",
     ) -> None:
         """Write ``src`` into ``rank``'s copy at byte ``offset`` (one-sided, host-blocking).
 
         With ``signal=(slot, value[, op])`` the signal is raised on ``rank`` after the data:
         a rank that sees the signal through ``wait_until`` sees the data (put-with-signal).
+        A source of another dtype is cast (``casting`` as numpy's); the default
+        ``"same_kind"`` refuses values the buffer's dtype cannot hold instead of wrapping
+        them, ``"unsafe"`` allows any cast with numpy's C semantics.
         """
         if self._closed or self._world._finalized:
             self._live("put")
@@ -223,12 +243,12 @@ class SHMEMBuffer:
         if type(src) is np.ndarray and src.dtype == self._dtype:
             data: np.ndarray[Any, Any] = src
         else:
-            data = self._as_source("put", src)
+            data = self._as_source("put", src, casting)
         if offset or data.nbytes > self._nbytes or type(offset) is not int:
             self._check_span("put", offset, data.nbytes)
         sig = self._check_signal(signal) if signal is not None else None
         if self._world.heap.device_memory:
-            self._put_device(rank, src, int(offset))
+            self._put_device(rank, src, int(offset), casting)
             if sig is not None:
                 self._world.signals.signal(rank, *sig)
             return
@@ -241,7 +261,7 @@ class SHMEMBuffer:
         if sig is not None:
             self._world.signals.signal(rank, *sig)
 
-    def _put_device(self, rank: int, src: Any, offset: int) -> None:
+    def _put_device(self, rank: int, src: Any, offset: int, casting: Casting = "same_kind") -> None:
         heap: Any = self._world.heap
         if isinstance(src, Buffer) and not src.is_host:
             src._require_contiguous("SHMEMBuffer.put")
@@ -255,7 +275,7 @@ class SHMEMBuffer:
                 src.stream.synchronize()  # the source's producer has finished
             heap.put_device(rank, self._offset + offset, src._ptr, src.nbytes)
             return
-        data = self._as_source("put", src.to_numpy() if isinstance(src, Buffer) else src)
+        data = self._as_source("put", src.to_numpy() if isinstance(src, Buffer) else src, casting)
         self._check_span("put", offset, data.nbytes)
         heap.put_bytes(rank, self._offset + offset, data)
 
@@ -456,4 +476,29 @@ class SHMEMBuffer:
                 "allocated (a collective free cannot run from __del__)",
                 ResourceWarning,
                 stacklevel=2,
+            )
+
+
+def _check_lossless(
+    where: str, src: np.ndarray[Any, Any], cast: np.ndarray[Any, Any], dtype: np.dtype[Any]
+) -> None:
+    """Raise unless every value of ``src`` survived the cast to ``dtype`` (integers in range,
+    finite floats still finite; float rounding is not a loss)."""
+    if dtype.kind in "iub" and src.dtype.kind in "iub":
+        info = np.iinfo(dtype) if dtype.kind != "b" else None
+        if info is not None and src.size and (src.min() < info.min or src.max() > info.max):
+            bad = src[(src < info.min) | (src > info.max)].reshape(-1)[0]
+            raise ArgumentError(
+                f"SHMEMBuffer.{where}: value {bad} does not fit {dtype_name(dtype)} (got a "
+                f"{src.dtype} source; expected values in [{info.min}, {info.max}], or pass "
+                "casting='unsafe' to wrap them as C does)"
+            )
+    elif dtype.kind == "f" or dtype in _LOW_FLOATS:
+        grew = np.isinf(cast.astype(np.float64)) & np.isfinite(src.astype(np.float64))
+        if grew.any():
+            bad = src.reshape(-1)[int(np.argmax(grew.reshape(-1)))]
+            raise ArgumentError(
+                f"SHMEMBuffer.{where}: value {bad} overflows {dtype_name(dtype)} (got a "
+                f"{src.dtype} source; expected finite values in range, or pass "
+                "casting='unsafe' to let them become inf)"
             )

@@ -233,3 +233,27 @@ def test_shmem_buffer_vocabulary_and_dlpack_every_dtype(world: World, name: str)
             assert np.from_dlpack(x).ctypes.data == x.unsafe_ptr()
         buf = x.as_buffer()
         assert isinstance(buf, shmem.Buffer) and buf.to_numpy().tobytes() == host.tobytes()
+
+
+def test_put_refuses_lossy_casts_unless_asked(world: World) -> None:
+    """Issue 14, bug 2: an int64 2**40 put into int32 used to land as 0 (a same-kind cast)."""
+    right = (world.rank + 1) % world.world_size
+    with world.zeros(4, "int32") as x, world.zeros(2, "float32") as f:
+        world.barrier()
+        with pytest.raises(ShmemError, match=r"put: value 1099511627776 does not fit int32"):
+            x.put(right, np.array([1, 2, 3, 2**40], np.int64))
+        with pytest.raises(ValueError, match="casting='unsafe'"):
+            x.put(right, np.array([-(2**31) - 1, 0, 0, 0], np.int64))
+        with pytest.raises(ShmemError, match=r"put: value 1e\+39 overflows float32"):
+            f.put(right, np.array([1.0, 1e39]))
+        world.barrier()
+        x.put(right, np.array([1, 2, 3, 2**31 - 1], np.int64))  # in range: fine
+        f.put(right, np.array([0.1, -2.5]))  # float rounding is not a loss
+        world.barrier()
+        assert x.local().tolist() == [1, 2, 3, 2**31 - 1]
+        assert f.local().tolist() == [np.float32(0.1), -2.5]
+        world.barrier()
+        x.put(right, np.array([0, 0, 0, 2**40 + 7], np.int64), casting="unsafe")  # C wraps
+        world.barrier()
+        assert x.local()[3] == 7
+        world.barrier()
