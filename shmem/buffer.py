@@ -10,10 +10,11 @@ import ml_dtypes
 import numpy as np
 import numpy.typing as npt
 
-from .dtypes import dtype_name
+from .dtypes import dtype_name, int_operand
 from .errors import ArgumentError, ShmemStateError
 from .heap import ATOMIC_DTYPES
 from .memory import Buffer
+from .signals import SLOT_DTYPE
 
 if TYPE_CHECKING:
     from .context import DeviceContext
@@ -286,7 +287,8 @@ class SHMEMBuffer:
                 "(slot, value, op))"
             )
         op = signal[2] if len(signal) == 3 else "set"
-        return int(signal[0]), int(signal[1]), str(op)
+        value = int_operand("SHMEMBuffer.put", "signal value", signal[1], SLOT_DTYPE)
+        return int(signal[0]), value, str(op)
 
     @overload
     def get(self, rank: int, dst: None = None, offset: int = 0) -> np.ndarray[Any, Any]: ...
@@ -408,20 +410,25 @@ class SHMEMBuffer:
         """Atomically add ``value`` to element ``index`` (flat) of ``rank``'s copy; return
         the old value."""
         rank, off = self._atomic_args("atomic_fetch_add", rank, index)
-        return self._world.heap.atomic_fetch_op(rank, off, int(value), self._dtype, "add")
+        v = int_operand(
+            "SHMEMBuffer.atomic_fetch_add", "value", value, self._dtype, wrap_negative=True
+        )
+        return self._world.heap.atomic_fetch_op(rank, off, v, self._dtype, "add")
 
     def atomic_swap(self, rank: int, index: int, value: int) -> int:
         """Atomically store ``value`` in element ``index`` of ``rank``'s copy; return the old."""
         rank, off = self._atomic_args("atomic_swap", rank, index)
-        return self._world.heap.atomic_fetch_op(rank, off, int(value), self._dtype, "set")
+        v = int_operand("SHMEMBuffer.atomic_swap", "value", value, self._dtype)
+        return self._world.heap.atomic_fetch_op(rank, off, v, self._dtype, "set")
 
     def atomic_compare_swap(self, rank: int, index: int, compare: int, value: int) -> int:
         """Atomically store ``value`` in element ``index`` of ``rank``'s copy if it equals
         ``compare``; return the old value (equal to ``compare`` when the swap happened)."""
         rank, off = self._atomic_args("atomic_compare_swap", rank, index)
-        return self._world.heap.atomic_compare_swap(
-            rank, off, int(compare), int(value), self._dtype
-        )
+        where = "SHMEMBuffer.atomic_compare_swap"
+        c = int_operand(where, "compare", compare, self._dtype)
+        v = int_operand(where, "value", value, self._dtype)
+        return self._world.heap.atomic_compare_swap(rank, off, c, v, self._dtype)
 
     # -- DLPack -----------------------------------------------------------------------------
 

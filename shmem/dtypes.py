@@ -12,7 +12,7 @@ import numpy as np
 
 from .errors import ArgumentError
 
-__all__ = ["SUPPORTED_DTYPES", "DTypeLike", "ShapeLike", "as_dtype", "dtype_name"]
+__all__ = ["SUPPORTED_DTYPES", "DTypeLike", "ShapeLike", "as_dtype", "dtype_name", "int_operand"]
 
 DTypeLike = np.dtype[Any] | type | str
 """A dtype: a numpy dtype, a scalar type (``np.float32``) or any spelling numpy accepts."""
@@ -82,3 +82,30 @@ def as_dtype(dtype: Any, where: str = "as_dtype") -> np.dtype[Any]:
 def dtype_name(dtype: np.dtype[Any]) -> str:
     """The canonical name of a supported dtype (``"bfloat16"``, ``"float8_e4m3"``...)."""
     return _BY_DTYPE[dtype]
+
+
+def int_operand(
+    where: str, name: str, value: object, dtype: np.dtype[Any], *, wrap_negative: bool = False
+) -> int:
+    """``value`` as a Python int that ``dtype`` (an integer dtype) can hold.
+
+    ``wrap_negative``: on an unsigned dtype a negative value ``-n`` (``n <= 2**bits``) becomes
+    ``2**bits - n``, as C's unsigned arithmetic does (an atomic add of ``-1`` decrements).
+    Raises :class:`~shmem.errors.ArgumentError` naming ``where`` for a non-integer or a value
+    out of range (the same on every path: no numpy ``OverflowError`` leaks out).
+    """
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        raise ArgumentError(
+            f"{where}: invalid {name} (got {value!r} of type {type(value).__name__}; expected "
+            f"an integer for {dtype_name(dtype)})"
+        )
+    v = int(value)
+    info = np.iinfo(dtype)
+    if wrap_negative and dtype.kind == "u" and -(1 << (8 * dtype.itemsize)) < v < 0:
+        return v + (1 << (8 * dtype.itemsize))
+    if not int(info.min) <= v <= int(info.max):
+        raise ArgumentError(
+            f"{where}: {name} out of range (got {v}; expected {info.min} <= {name} <= "
+            f"{info.max} for {dtype_name(dtype)})"
+        )
+    return v

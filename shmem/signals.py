@@ -32,6 +32,7 @@ from typing import Any, Literal, cast
 
 import numpy as np
 
+from .dtypes import int_operand
 from .errors import ArgumentError, RemoteTimeoutError, SignalTimeoutError
 from .heap import SymmetricHeap
 
@@ -71,6 +72,7 @@ COMPARISONS: dict[str, Callable[[int, int], bool]] = {
 _SYMBOLS = {"eq": "==", "ne": "!=", "gt": ">", "ge": ">=", "lt": "<", "le": "<="}
 SIGNAL_OPS = ("set", "add")
 SLOT_DTYPE = np.dtype(np.int64)
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 _BARRIER_ROUNDS = 64  # dissemination rounds: enough for 2**64 ranks
 
 # Backoff: spin (cheap polls) briefly, then yield the core, then sleep with growing pauses.
@@ -194,7 +196,9 @@ class SignalPad:
             raise ArgumentError(
                 f"signal: invalid op (got {op!r}; expected one of {list(SIGNAL_OPS)})"
             )
-        self._raw_signal(int(rank), int(slot), int(value), op)
+        if type(value) is not int or not _INT64_MIN <= value <= _INT64_MAX:
+            value = int_operand("signal", "value", value, SLOT_DTYPE)
+        self._raw_signal(int(rank), int(slot), value, op)
 
     def _raw_signal(
         self, rank: int, slot: int, value: int, op: str, timeout_s: float | None = None
@@ -253,7 +257,8 @@ class SignalPad:
             raise ArgumentError(
                 f"wait_until: invalid comparison (got {cmp!r}; expected one of {list(COMPARISONS)})"
             )
-        return self._raw_wait("wait_until", int(slot), cmp, int(value), timeout, peers)
+        value = int_operand("wait_until", "value", value, SLOT_DTYPE)
+        return self._raw_wait("wait_until", int(slot), cmp, value, timeout, peers)
 
     def _raw_wait(
         self,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -256,4 +257,33 @@ def test_put_refuses_lossy_casts_unless_asked(world: World) -> None:
         x.put(right, np.array([0, 0, 0, 2**40 + 7], np.int64), casting="unsafe")  # C wraps
         world.barrier()
         assert x.local()[3] == 7
+        world.barrier()
+
+
+def test_bad_operands_raise_the_documented_error_on_every_path(world: World) -> None:
+    """Issue 14, bug 3: out-of-range atomic operands and signal values used to raise bare
+    numpy OverflowError/ValueError (differently on the shared and RMA paths)."""
+    right = (world.rank + 1) % world.world_size
+    with world.zeros(2, "int32") as x, world.zeros(2, "uint32") as u:
+        cases: list[tuple[Callable[[], object], str]] = [
+            (lambda: x.atomic_fetch_add(right, 0, 2**40), r"atomic_fetch_add: value out of"),
+            (lambda: x.atomic_swap(right, 0, -(2**40)), r"atomic_swap: value out of range"),
+            (lambda: x.atomic_compare_swap(right, 0, 2**33, 1), r"compare out of range"),
+            (lambda: x.atomic_fetch_add(right, 0, "1"), r"invalid value \(got '1' of type str"),  # type: ignore[arg-type]
+            (lambda: u.atomic_swap(right, 0, -1), r"value out of range \(got -1; expected 0"),
+            (lambda: world.signal(right, 0, 2**70), r"signal: value out of range"),
+            (lambda: world.signal(right, 0, 1.5), r"signal: invalid value \(got 1.5"),  # type: ignore[arg-type]
+            (lambda: world.wait_until(0, "ge", 2**70), r"wait_until: value out of range"),
+            (lambda: x.put(right, np.zeros(2, np.int32), signal=(0, 2**64)), r"signal value"),
+        ]
+        for call, match in cases:
+            with pytest.raises(shmem.errors.ArgumentError, match=match):
+                call()
+        world.barrier()
+        # unsigned counters decrement by wrapping, as C does
+        u.atomic_fetch_add(right, 1, 5)
+        world.barrier()
+        assert u.atomic_fetch_add(world.rank, 1, -1) == 5  # my own copy: 5 -> 4
+        assert u.atomic_fetch_add(world.rank, 0, -1) == 0  # 0 -> 2**32 - 1
+        assert u.local().tolist() == [2**32 - 1, 4]
         world.barrier()
