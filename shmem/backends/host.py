@@ -112,7 +112,11 @@ class HostHeap:
         self.world_size = comm.Get_size()
         self.local_rank = node_comm.Get_rank()
         self.local_size = node_comm.Get_size()
-        self.nbytes = config.nbytes
+        # every rank's slab starts on an ``alignment`` boundary and is a whole number of
+        # alignment units long, whatever MPI's segment layout (MPICH packs the ranks' segments
+        # back to back and aligns a lone rank's to 16 bytes only)
+        self.alignment = config.alignment
+        self.nbytes = -(-config.nbytes // config.alignment) * config.alignment
         self.timeout_s = timeout_s
         self._comm = comm
         self._pending: list[MPI.Request] = []  # remote atomics that passed their deadline
@@ -127,15 +131,21 @@ class HostHeap:
         self._local_of = [lr if node == self.node else -1 for node, lr in node_of]
 
         with ExitStack() as stack:
-            self._shm_win = MPI.Win.Allocate_shared(self.nbytes, 1, comm=node_comm)
+            segment = self.nbytes + self.alignment  # room to align the slab inside it
+            self._shm_win = MPI.Win.Allocate_shared(segment, 1, comm=node_comm)
             stack.callback(self._shm_win.Free)
             self._shm_win.Lock_all(MPI.MODE_NOCHECK)
             stack.callback(self._shm_win.Unlock_all)
             self._slabs: list[np.ndarray[Any, np.dtype[np.uint8]]] = []
+            # each local rank's slab offset inside its segment (its window displacement
+            # base); page offsets are the same in every process mapping the segment
+            self._pads: list[int] = []
             for lr in range(self.local_size):
                 mem, _ = self._shm_win.Shared_query(lr)
-                slab = np.frombuffer(cast(Any, mem), dtype=np.uint8, count=self.nbytes)
-                self._slabs.append(slab)
+                raw = np.frombuffer(cast(Any, mem), dtype=np.uint8, count=segment)
+                pad = -int(raw.ctypes.data) % self.alignment
+                self._pads.append(pad)
+                self._slabs.append(raw[pad : pad + self.nbytes])
             self._slab = self._slabs[self.local_rank]
             self._rma_win: MPI.Win | None = None
             if self.num_nodes > 1:
@@ -204,10 +214,12 @@ class HostHeap:
 
     # -- atomics ----------------------------------------------------------------------------
 
-    def _atomic_target(self, rank: int) -> tuple[MPI.Win, int]:
+    def _atomic_target(self, rank: int, offset: int) -> tuple[MPI.Win, int, int]:
+        """``(window, target rank in it, displacement of heap byte offset)``."""
         if self._rma_win is None:
-            return self._shm_win, self._local_of[rank]
-        return self._rma_win, rank
+            lr = self._local_of[rank]
+            return self._shm_win, lr, self._pads[lr] + offset
+        return self._rma_win, rank, offset  # the RMA window starts at the aligned slab
 
     def atomic_fetch_op(
         self,
@@ -225,7 +237,7 @@ class HostHeap:
         that makes no MPI progress raises :class:`RemoteTimeoutError` instead of blocking.
         """
         _check_atomic_dtype("atomic_fetch_op", dtype)
-        win, target = self._atomic_target(rank)
+        win, target, offset = self._atomic_target(rank, offset)
         origin = np.array([value], dtype=dtype)
         result = np.empty(1, dtype=dtype)
         mpi_t = _MPI_ATOMIC_TYPES[dtype]
@@ -251,7 +263,7 @@ class HostHeap:
         self, rank: int, offset: int, compare: int, value: int, dtype: np.dtype[Any]
     ) -> int:
         _check_atomic_dtype("atomic_compare_swap", dtype)
-        win, target = self._atomic_target(rank)
+        win, target, offset = self._atomic_target(rank, offset)
         self.progress()
         origin = np.array([value], dtype=dtype)
         cmp = np.array([compare], dtype=dtype)

@@ -287,3 +287,34 @@ def test_bad_operands_raise_the_documented_error_on_every_path(world: World) -> 
         assert u.atomic_fetch_add(world.rank, 0, -1) == 0  # 0 -> 2**32 - 1
         assert u.local().tolist() == [2**32 - 1, 4]
         world.barrier()
+
+
+@pytest.mark.parametrize("nbytes", [1 << 20, (1 << 20) + 16, (1 << 20) + 4000])
+@pytest.mark.parametrize("alignment", [64, 256, 4096])
+def test_every_buffer_is_aligned_as_documented(nbytes: int, alignment: int) -> None:
+    """Issue 14, bug 1: the slab base was 16-byte aligned with one rank on a node, and rank
+    k's slab was off by ``k * nbytes mod alignment`` when nbytes was not a multiple of it."""
+    from tests.conftest import CI_CONFIG
+
+    world = shmem.init(CI_CONFIG, heap_nbytes=nbytes, heap_alignment=alignment)
+    try:
+        bufs = [world.empty((4,), "float64"), world.empty(3, "int8"), world.zeros(5, "int32")]
+        # agree first, so a misaligned rank fails the test on every rank instead of leaving
+        # the others in the collectives below
+        misaligned = world.comm.allgather([b.unsafe_ptr() % alignment for b in bufs])
+        assert all(m == [0, 0, 0] for m in misaligned), misaligned
+        # atomics and one-sided access still reach the same bytes on every path
+        right = (world.rank + 1) % world.world_size
+        counter = bufs[2]
+        world.barrier()
+        counter.atomic_fetch_add(right, 4, 1)
+        bufs[0].put(right, np.arange(4, dtype=np.float64) + world.rank)
+        world.barrier()
+        left = (world.rank - 1) % world.world_size
+        assert counter.local()[4] == 1 and counter.local()[:4].tolist() == [0, 0, 0, 0]
+        assert bufs[0].local().tolist() == (np.arange(4) + left).tolist()
+        assert counter.get(right)[4] == 1
+        for b in reversed(bufs):
+            b.close()
+    finally:
+        world.finalize()
