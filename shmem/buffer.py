@@ -430,6 +430,85 @@ class SHMEMBuffer:
         v = int_operand(where, "value", value, self._dtype)
         return self._world.heap.atomic_compare_swap(rank, off, c, v, self._dtype)
 
+    def _atomic_op(self, where: str, rank: int, index: int, op: str, value: object) -> int:
+        rank, off = self._atomic_args(where, rank, index)
+        v = int_operand(f"SHMEMBuffer.{where}", "value", value, self._dtype, wrap_negative=True)
+        return self._world.heap.atomic_fetch_op(rank, off, v, self._dtype, op)
+
+    def atomic_fetch(self, rank: int, index: int) -> int:
+        """Atomically read element ``index`` of ``rank``'s copy (``shmem_atomic_fetch``)."""
+        rank, off = self._atomic_args("atomic_fetch", rank, index)
+        return self._world.heap.atomic_fetch_op(rank, off, 0, self._dtype, "fetch")
+
+    def atomic_set(self, rank: int, index: int, value: int) -> None:
+        """Atomically store ``value`` (``shmem_atomic_set``)."""
+        self.atomic_swap(rank, index, value)
+
+    def atomic_add(self, rank: int, index: int, value: int) -> None:
+        """Atomically add ``value`` (``shmem_atomic_add``; unsigned: negative wraps, as C)."""
+        self._atomic_op("atomic_add", rank, index, "add", value)
+
+    def atomic_inc(self, rank: int, index: int) -> None:
+        """Atomically add one (``shmem_atomic_inc``)."""
+        self._atomic_op("atomic_inc", rank, index, "add", 1)
+
+    def atomic_fetch_inc(self, rank: int, index: int) -> int:
+        """Atomically add one; return the old value (``shmem_atomic_fetch_inc``)."""
+        return self._atomic_op("atomic_fetch_inc", rank, index, "add", 1)
+
+    def atomic_fetch_and(self, rank: int, index: int, value: int) -> int:
+        """Atomically ``x &= value``; return the old ``x`` (``shmem_atomic_fetch_and``)."""
+        return self._atomic_op("atomic_fetch_and", rank, index, "and", value)
+
+    def atomic_fetch_or(self, rank: int, index: int, value: int) -> int:
+        """Atomically ``x |= value``; return the old ``x`` (``shmem_atomic_fetch_or``)."""
+        return self._atomic_op("atomic_fetch_or", rank, index, "or", value)
+
+    def atomic_fetch_xor(self, rank: int, index: int, value: int) -> int:
+        """Atomically ``x ^= value``; return the old ``x`` (``shmem_atomic_fetch_xor``)."""
+        return self._atomic_op("atomic_fetch_xor", rank, index, "xor", value)
+
+    def atomic_and(self, rank: int, index: int, value: int) -> None:
+        """Atomically ``x &= value`` (``shmem_atomic_and``)."""
+        self._atomic_op("atomic_and", rank, index, "and", value)
+
+    def atomic_or(self, rank: int, index: int, value: int) -> None:
+        """Atomically ``x |= value`` (``shmem_atomic_or``)."""
+        self._atomic_op("atomic_or", rank, index, "or", value)
+
+    def atomic_xor(self, rank: int, index: int, value: int) -> None:
+        """Atomically ``x ^= value`` (``shmem_atomic_xor``)."""
+        self._atomic_op("atomic_xor", rank, index, "xor", value)
+
+    # -- single elements --------------------------------------------------------------------
+
+    def p(self, rank: int, index: int, value: complex | bool) -> None:
+        """Write one element, ``value``, at flat ``index`` of ``rank``'s copy (``shmem_p``;
+        one-sided, host-blocking; lossy casts refused as for :meth:`put`)."""
+        self._check_index("p", index)
+        if self._dtype.kind in "iu" and isinstance(value, int | np.integer):
+            value = int_operand("SHMEMBuffer.p", "value", value, self._dtype)
+            src = np.asarray([value], dtype=self._dtype)
+        else:
+            src = np.asarray([value])
+        self.put(rank, src, offset=int(index) * self._dtype.itemsize)
+
+    def g(self, rank: int, index: int) -> Any:
+        """Read one element at flat ``index`` of ``rank``'s copy as a Python scalar
+        (``shmem_g``; one-sided, host-blocking)."""
+        self._check_index("g", index)
+        out = self.get(rank, np.empty(1, self._dtype), offset=int(index) * self._dtype.itemsize)
+        return np.asarray(out).reshape(-1)[0].item()
+
+    def _check_index(self, where: str, index: int) -> None:
+        if isinstance(index, bool) or not isinstance(index, int | np.integer):
+            raise ArgumentError(f"SHMEMBuffer.{where}: invalid index (got {index!r})")
+        if not 0 <= index < self._count:
+            raise ArgumentError(
+                f"SHMEMBuffer.{where}: index out of range (got {index}; expected 0 <= index "
+                f"< {self._count})"
+            )
+
     # -- DLPack -----------------------------------------------------------------------------
 
     def as_buffer(self) -> Buffer:

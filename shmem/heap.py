@@ -75,7 +75,8 @@ class SymmetricHeap(Protocol):
         op: str,
         timeout_s: float | None = None,
     ) -> int:
-        """Atomically apply ``op`` (``"add"`` or ``"set"``) and return the old value; raise
+        """Atomically apply ``op`` (``"add"``, ``"set"``, ``"fetch"`` (read only), ``"and"``,
+        ``"or"``, ``"xor"``) and return the old value; raise
         ``RemoteTimeoutError`` when an off-node peer does not serve it within ``timeout_s``."""
         ...
 

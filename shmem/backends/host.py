@@ -57,7 +57,14 @@ _MPI_ATOMIC_TYPES = {
     np.dtype(np.uint32): MPI.UINT32_T,
     np.dtype(np.uint64): MPI.UINT64_T,
 }
-_MPI_OPS = {"add": MPI.SUM, "set": MPI.REPLACE}
+_MPI_OPS = {
+    "add": MPI.SUM,
+    "set": MPI.REPLACE,
+    "fetch": MPI.NO_OP,
+    "and": MPI.BAND,
+    "or": MPI.BOR,
+    "xor": MPI.BXOR,
+}
 # x86-64 is total-store-order: stores become visible in program order and loads are not
 # reordered with older loads, which is all the release/acquire pattern of signals needs, so
 # the load/store fence is free there (as std::atomic_thread_fence(release) compiles to nothing).

@@ -341,6 +341,13 @@ class NvshmemHeap:
         op: str,
         timeout_s: float | None = None,
     ) -> int:
+        if op == "fetch":  # an atomic read is a fetch-add of zero
+            return self._atomic(rank, offset, "add", 0, 0, dtype)
+        if op not in _ATOMIC_OPS:
+            raise NvshmemError(
+                f"atomic_fetch_op: op {op!r} is not implemented on the nvshmem backend yet "
+                "(got it on a GPU heap; expected 'add', 'set' or 'fetch', or use a host World)"
+            )
         return self._atomic(rank, offset, op, value, 0, dtype)
 
     def atomic_compare_swap(
