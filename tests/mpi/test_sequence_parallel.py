@@ -279,9 +279,15 @@ def test_stats_for_every_schedule(world: World, comm: Any) -> None:
             block_m=32,
         )
         assert st.schedule == schedule and st.threads >= 1
-        assert st.units_computed >= 1 and st.busy_s > 0 and st.wall_s >= st.busy_s
+        assert st.wall_s >= st.busy_s >= 0
+        done = world.comm.allgather((st.units, st.units_computed, st.busy_s))
+        # every unit is computed once; with "dynamic" a rank that starts late on an
+        # oversubscribed machine may find its whole queue taken, so count across ranks
+        assert sum(c for _, c, _ in done) == sum(u for u, _, _ in done) >= 1
+        assert sum(b for _, _, b in done) > 0
         if schedule != "dynamic":
             assert st.units_taken == st.units_given == 0
+            assert st.units_computed >= 1 and st.busy_s > 0
 
 
 def test_errors(world: World, comm: Any) -> None:
