@@ -10,9 +10,10 @@ import ml_dtypes
 import numpy as np
 import numpy.typing as npt
 
+from ._buffer_openshmem import OpenShmemMethods
 from .dtypes import dtype_name, int_operand
 from .errors import ArgumentError, ShmemStateError
-from .heap import ATOMIC_DTYPES
+from .heap import ATOMIC_DTYPES, FLOAT_ATOMIC_DTYPES
 from .memory import Buffer
 from .signals import SLOT_DTYPE
 
@@ -33,7 +34,7 @@ _LOW_FLOATS = frozenset(
 _Dst = TypeVar("_Dst", bound="np.ndarray[Any, Any] | Buffer")
 
 
-class SHMEMBuffer:
+class SHMEMBuffer(OpenShmemMethods):
     """A buffer at the same offset of every rank's symmetric heap.
 
     Made collectively by :meth:`World.empty` / :meth:`World.zeros`; released collectively by
@@ -389,13 +390,16 @@ class SHMEMBuffer:
 
     # -- atomics ----------------------------------------------------------------------------
 
-    def _atomic_args(self, where: str, rank: int, index: int) -> tuple[int, int]:
+    def _atomic_offset(self, where: str, index: int, float_ok: bool = False) -> int:
+        """Heap byte offset of element ``index`` for an atomic (dtype and index checked)."""
         self._live(where)
-        rank = self._check_rank(where, rank)
-        if self._dtype not in ATOMIC_DTYPES:
+        if self._dtype not in ATOMIC_DTYPES and not (
+            float_ok and self._dtype in FLOAT_ATOMIC_DTYPES
+        ):
+            floats = ", or float32/float64" if float_ok else ""
             raise ArgumentError(
                 f"SHMEMBuffer.{where}: atomics need an integer buffer (got "
-                f"{dtype_name(self._dtype)}; expected int32, int64, uint32 or uint64)"
+                f"{dtype_name(self._dtype)}; expected int32, int64, uint32 or uint64{floats})"
             )
         if isinstance(index, bool) or not isinstance(index, int | np.integer):
             raise ArgumentError(f"SHMEMBuffer.{where}: invalid index (got {index!r})")
@@ -404,7 +408,25 @@ class SHMEMBuffer:
                 f"SHMEMBuffer.{where}: index out of range (got {index}; expected 0 <= index "
                 f"< {self._count})"
             )
-        return rank, self._offset + int(index) * self._dtype.itemsize
+        return self._offset + int(index) * self._dtype.itemsize
+
+    def _atomic_args(
+        self, where: str, rank: int, index: int, float_ok: bool = False
+    ) -> tuple[int, int]:
+        off = self._atomic_offset(where, index, float_ok)
+        return self._check_rank(where, rank), off
+
+    def _float_atomic(self, where: str, rank: int, index: int, op: str, value: object) -> float:
+        """fetch/set/swap on a float32/float64 buffer (host backend)."""
+        from .rma import host_heap
+
+        rank, off = self._atomic_args(where, rank, index, float_ok=True)
+        if isinstance(value, bool) or not isinstance(value, int | float | np.integer | np.floating):
+            raise ArgumentError(
+                f"SHMEMBuffer.{where}: invalid value (got {value!r}; expected a real number)"
+            )
+        heap = host_heap(self._world, f"SHMEMBuffer.{where}")
+        return heap.atomic_value(rank, off, float(value), self._dtype, op)
 
     def atomic_fetch_add(self, rank: int, index: int, value: int) -> int:
         """Atomically add ``value`` to element ``index`` (flat) of ``rank``'s copy; return
@@ -415,8 +437,15 @@ class SHMEMBuffer:
         )
         return self._world.heap.atomic_fetch_op(rank, off, v, self._dtype, "add")
 
-    def atomic_swap(self, rank: int, index: int, value: int) -> int:
-        """Atomically store ``value`` in element ``index`` of ``rank``'s copy; return the old."""
+    @overload
+    def atomic_swap(self, rank: int, index: int, value: int) -> int: ...
+    @overload
+    def atomic_swap(self, rank: int, index: int, value: float) -> int | float: ...
+    def atomic_swap(self, rank: int, index: int, value: float) -> int | float:
+        """Atomically store ``value`` in element ``index`` of ``rank``'s copy; return the old
+        (integer dtypes, and float32/float64 as OpenSHMEM's ``shmem_atomic_swap``)."""
+        if self._dtype in FLOAT_ATOMIC_DTYPES:
+            return self._float_atomic("atomic_swap", rank, index, "set", value)
         rank, off = self._atomic_args("atomic_swap", rank, index)
         v = int_operand("SHMEMBuffer.atomic_swap", "value", value, self._dtype)
         return self._world.heap.atomic_fetch_op(rank, off, v, self._dtype, "set")
@@ -435,13 +464,16 @@ class SHMEMBuffer:
         v = int_operand(f"SHMEMBuffer.{where}", "value", value, self._dtype, wrap_negative=True)
         return self._world.heap.atomic_fetch_op(rank, off, v, self._dtype, op)
 
-    def atomic_fetch(self, rank: int, index: int) -> int:
-        """Atomically read element ``index`` of ``rank``'s copy (``shmem_atomic_fetch``)."""
+    def atomic_fetch(self, rank: int, index: int) -> Any:
+        """Atomically read element ``index`` of ``rank``'s copy (``shmem_atomic_fetch``; an
+        int, or a float for float32/float64)."""
+        if self._dtype in FLOAT_ATOMIC_DTYPES:
+            return self._float_atomic("atomic_fetch", rank, index, "fetch", 0.0)
         rank, off = self._atomic_args("atomic_fetch", rank, index)
         return self._world.heap.atomic_fetch_op(rank, off, 0, self._dtype, "fetch")
 
-    def atomic_set(self, rank: int, index: int, value: int) -> None:
-        """Atomically store ``value`` (``shmem_atomic_set``)."""
+    def atomic_set(self, rank: int, index: int, value: float) -> None:
+        """Atomically store ``value`` (``shmem_atomic_set``; integer or float32/float64)."""
         self.atomic_swap(rank, index, value)
 
     def atomic_add(self, rank: int, index: int, value: int) -> None:

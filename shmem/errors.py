@@ -30,7 +30,9 @@ __all__ = [
     "IpcPermissionError",
     "KernelCompileError",
     "LaunchUsageError",
+    "LockTimeoutError",
     "NvshmemError",
+    "NvshmemUnsupportedError",
     "OpError",
     "PeerFailedError",
     "RemoteTimeoutError",
@@ -207,6 +209,16 @@ class KernelCompileError(ShmemError, RuntimeError):
 
 class NvshmemError(ShmemError, RuntimeError):
     """An NVSHMEM call failed or NVSHMEM is in a state the call cannot use."""
+
+
+class NvshmemUnsupportedError(NvshmemError, NotImplementedError):
+    """The call exists on the host backend but not (yet) on the nvshmem backend; the message
+    names the call and what to use instead (``docs/openshmem.md`` lists each)."""
+
+
+class LockTimeoutError(SignalTimeoutError):
+    """``set_lock`` waited past its deadline. The ticket it drew stays taken, so the lock is
+    unusable afterwards (every later waiter times out too, instead of hanging)."""
 
 
 class IpcPermissionError(ShmemError, PermissionError):

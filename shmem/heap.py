@@ -16,9 +16,11 @@ import numpy as np
 if TYPE_CHECKING:
     from .device import Device
 
-__all__ = ["ATOMIC_DTYPES", "DeviceSymmetricHeap", "SymmetricHeap"]
+__all__ = ["ATOMIC_DTYPES", "FLOAT_ATOMIC_DTYPES", "DeviceSymmetricHeap", "SymmetricHeap"]
 
 ATOMIC_DTYPES = frozenset(np.dtype(t) for t in (np.int32, np.int64, np.uint32, np.uint64))
+FLOAT_ATOMIC_DTYPES = frozenset(np.dtype(t) for t in (np.float32, np.float64))
+"""Dtypes OpenSHMEM's fetch, set and swap accept besides the integer ones."""
 
 
 class SymmetricHeap(Protocol):

@@ -24,9 +24,12 @@ from .dtypes import DTypeLike, ShapeLike, as_dtype, dtype_name
 from .errors import ArgumentError, CollectiveMismatchError, ShmemStateError
 from .heap import SymmetricHeap
 from .signals import Cmp, SignalOp, SignalPad
+from .team import Team, TeamConfig
 
 if TYPE_CHECKING:
     from mpi4py import MPI  # imported lazily: importing it initialises MPI
+
+    from .rma import Context
 
 __all__ = ["World", "compare_across_ranks", "finalize", "get_world", "init"]
 
@@ -145,6 +148,18 @@ class World:
                 self.ctx = DeviceContext(CPU())
             self.node = self.heap.node
             self.num_nodes = self.heap.num_nodes
+            self._default_ctx: Context | None = None
+            self.team_world = Team(
+                self, self.comm, tuple(range(self.world_size)), TeamConfig(), "world", False
+            )
+            self.team_shared = Team(
+                self,
+                self.node_comm,
+                tuple(r for r in range(self.world_size) if self.heap.is_local(r)),
+                TeamConfig(),
+                "shared",
+                False,
+            )
             stack.callback(self.ctx.close)
             self.comm.Barrier()  # every pad is zeroed before anyone signals
             stack.pop_all()
@@ -274,6 +289,76 @@ class World:
         self._check_open("World.barrier")
         self.signals.barrier(timeout)
 
+    # -- contexts, completion and queries (OpenSHMEM) ----------------------------------------
+
+    @property
+    def default_context(self) -> Context:
+        """The default communication context (``SHMEM_CTX_DEFAULT``): the ``*_nbi`` methods of
+        SHMEMBuffer use it when no ``ctx`` is given; :meth:`quiet` completes it."""
+        ctx = self._default_ctx
+        if ctx is None:
+            from .rma import Context
+
+            ctx = self._default_ctx = Context(self)
+        return ctx
+
+    def create_context(self, team: Team | None = None) -> Context:
+        """A new communication context (``shmem_ctx_create``; local, not collective), over
+        ``team``'s ranks when given (``shmem_team_create_ctx``). Close it when done."""
+        self._check_open("World.create_context")
+        if team is not None:
+            return team.create_ctx()
+        from .rma import Context
+
+        return Context(self)
+
+    def quiet(self) -> None:
+        """Complete every operation of the default context (``shmem_quiet``)."""
+        self._check_open("World.quiet")
+        if self.heap.device_memory:
+            self.heap.fence()
+            return
+        self.default_context.quiet()
+
+    def fence(self) -> None:
+        """Order the default context's operations to each rank (``shmem_fence``)."""
+        self._check_open("World.fence")
+        if self.heap.device_memory:
+            self.heap.fence()
+            return
+        self.default_context.fence()
+
+    def pe_accessible(self, rank: int) -> bool:
+        """Whether ``rank`` is a rank of this job (``shmem_pe_accessible``)."""
+        return isinstance(rank, int | np.integer) and 0 <= rank < self.world_size
+
+    def addr_accessible(self, buf: SHMEMBuffer, rank: int) -> bool:
+        """Whether ``buf`` is an open symmetric buffer of this World that ``rank`` can be
+        reached at (``shmem_addr_accessible``)."""
+        return (
+            isinstance(buf, SHMEMBuffer)
+            and buf.world is self
+            and not buf.closed
+            and self.pe_accessible(rank)
+        )
+
+    def ptr(self, buf: SHMEMBuffer, rank: int) -> Any:
+        """``rank``'s copy of ``buf`` for direct loads and stores (a numpy view; a device
+        Buffer on nvshmem), or None when it is not reachable so (``shmem_ptr``)."""
+        return buf.peer(rank)
+
+    @staticmethod
+    def info_get_version() -> tuple[int, int]:
+        """The OpenSHMEM specification version this API follows (``shmem_info_get_version``)."""
+        return (1, 5)
+
+    @staticmethod
+    def info_get_name() -> str:
+        """The library's name and version (``shmem_info_get_name``)."""
+        from ._version import __version__
+
+        return f"shmem (symheap) {__version__}"
+
     # -- teardown ---------------------------------------------------------------------------
 
     def finalize(self) -> None:
@@ -281,6 +366,8 @@ class World:
         global _current
         if self._finalized:
             raise ShmemStateError("finalize: this World is already finalized")
+        if self._default_ctx is not None and not self.heap.device_memory:
+            self._default_ctx.quiet()  # outstanding non-blocking puts land before teardown
         self._finalized = True
         with _lock:
             if _current is self:

@@ -36,6 +36,7 @@ from __future__ import annotations
 import logging
 import platform
 import time
+from collections.abc import Callable
 from contextlib import ExitStack
 from typing import Any, cast
 
@@ -44,10 +45,10 @@ from mpi4py import MPI
 
 from ..config import HeapConfig
 from ..errors import ArgumentError, RemoteTimeoutError
-from ..heap import ATOMIC_DTYPES
+from ..heap import ATOMIC_DTYPES, FLOAT_ATOMIC_DTYPES
 from ..signals import poll_until
 
-__all__ = ["HostHeap"]
+__all__ = ["HostHeap", "strided_view"]
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +57,8 @@ _MPI_ATOMIC_TYPES = {
     np.dtype(np.int64): MPI.INT64_T,
     np.dtype(np.uint32): MPI.UINT32_T,
     np.dtype(np.uint64): MPI.UINT64_T,
+    np.dtype(np.float32): MPI.FLOAT,  # fetch, set and swap only (OpenSHMEM's float AMOs)
+    np.dtype(np.float64): MPI.DOUBLE,
 }
 _MPI_OPS = {
     "add": MPI.SUM,
@@ -71,11 +74,28 @@ _MPI_OPS = {
 _TOTAL_STORE_ORDER = platform.machine().lower() in {"x86_64", "amd64", "i386", "i686"}
 
 
-def _check_atomic_dtype(where: str, dtype: np.dtype[Any]) -> None:
-    if dtype not in ATOMIC_DTYPES:
-        raise ArgumentError(
-            f"{where}: unsupported dtype (got {dtype}; expected int32, int64, uint32 or uint64)"
-        )
+def _check_atomic_dtype(where: str, dtype: np.dtype[Any], op: str = "add") -> None:
+    if dtype in ATOMIC_DTYPES or (dtype in FLOAT_ATOMIC_DTYPES and op in ("fetch", "set")):
+        return
+    raise ArgumentError(
+        f"{where}: unsupported dtype for {op!r} (got {dtype}; expected int32, int64, uint32 or "
+        "uint64, or float32/float64 for fetch and set)"
+    )
+
+
+def _strided_type(itemsize: int, block: int, nblocks: int, stride: int) -> MPI.Datatype:
+    """``nblocks`` blocks of ``block`` elements, block starts ``stride`` elements apart."""
+    return MPI.BYTE.Create_vector(nblocks, block * itemsize, stride * itemsize).Commit()
+
+
+def strided_view(
+    flat: np.ndarray[Any, Any], block: int, nblocks: int, stride: int
+) -> np.ndarray[Any, Any]:
+    """The ``(nblocks, block)`` elements of ``flat`` that a strided transfer touches."""
+    isz = flat.dtype.itemsize
+    return np.lib.stride_tricks.as_strided(
+        flat, (nblocks, block), (stride * isz, isz), writeable=True
+    )
 
 
 def split_nodes(comm: MPI.Intracomm, node_split: str) -> MPI.Intracomm:
@@ -163,6 +183,9 @@ class HostHeap:
             stack.pop_all()
         self._base_address = int(self._slab.ctypes.data)
         self._closed = False
+        # called by progress(): contexts deliver deferred signals while this rank waits
+        self.progress_hooks: list[Callable[[], None]] = []
+        self._in_hooks = False
         self._scratch = np.zeros(2, dtype=np.uint64)
 
     # -- reachability and views -------------------------------------------------------------
@@ -214,6 +237,101 @@ class HostHeap:
                 peer=rank,
             )
 
+    def _wait_request(self, req: MPI.Request, what: str, rank: int) -> None:
+        if not poll_until(req.Test, time.monotonic() + self.timeout_s, self.progress):
+            req.Wait()  # the local buffer must not be released under MPI
+            raise RemoteTimeoutError(
+                f"{what}: rank {self.rank}: the transfer with rank {rank} took longer than "
+                f"{self.timeout_s:g} s (rank {rank} made no MPI progress)",
+                peer=rank,
+            )
+
+    def put_strided(
+        self,
+        rank: int,
+        offset: int,
+        src: np.ndarray[Any, Any],
+        block: int,
+        nblocks: int,
+        stride: int,
+    ) -> None:
+        """Write the contiguous ``src`` (``nblocks * block`` elements) as ``nblocks`` blocks of
+        ``block`` elements, ``stride`` elements apart, from heap byte ``offset`` of ``rank``'s
+        slab: peer stores on the node, one MPI ``Put`` with a vector datatype off it."""
+        isz = src.dtype.itemsize
+        span = ((nblocks - 1) * stride + block) * isz if nblocks else 0
+        view = self.peer_view(rank, offset, span)
+        if view is not None:
+            if nblocks:
+                target = strided_view(view.view(src.dtype), block, nblocks, stride)
+                target[...] = src.reshape(nblocks, block)
+            return
+        win = self._remote_window()
+        self.progress()
+        vec = _strided_type(isz, block, nblocks, stride)
+        try:
+            win.Put([src.reshape(-1).view(np.uint8), MPI.BYTE], rank, (offset, 1, vec))
+            win.Flush(rank)
+        finally:
+            vec.Free()
+
+    def get_strided(
+        self,
+        rank: int,
+        offset: int,
+        dst: np.ndarray[Any, Any],
+        block: int,
+        nblocks: int,
+        stride: int,
+    ) -> None:
+        """Read ``nblocks`` blocks (as :meth:`put_strided` writes them) into contiguous ``dst``."""
+        isz = dst.dtype.itemsize
+        span = ((nblocks - 1) * stride + block) * isz if nblocks else 0
+        view = self.peer_view(rank, offset, span)
+        if view is not None:
+            if nblocks:
+                source = strided_view(view.view(dst.dtype), block, nblocks, stride)
+                dst.reshape(nblocks, block)[...] = source
+            return
+        win = self._remote_window()
+        self.progress()
+        vec = _strided_type(isz, block, nblocks, stride)
+        try:
+            req = win.Rget([dst.reshape(-1).view(np.uint8), MPI.BYTE], rank, (offset, 1, vec))
+            self._wait_request(req, "iget", rank)
+        finally:
+            vec.Free()
+
+    def put_nbi(self, rank: int, offset: int, src: np.ndarray[Any, Any]) -> MPI.Request | None:
+        """Start a put: a node-local peer's copy is written at once (None); an off-node peer
+        gets a request-based ``Rput`` (complete at the target after the request and a
+        :meth:`flush` of ``rank``). ``src`` must stay alive and unchanged until then."""
+        raw = src.reshape(-1).view(np.uint8)
+        view = self.peer_view(rank, offset, raw.nbytes)
+        if view is not None:
+            view[...] = raw
+            return None
+        win = self._remote_window()
+        self.progress()
+        return win.Rput(raw, rank, offset)
+
+    def get_nbi(self, rank: int, offset: int, dst: np.ndarray[Any, Any]) -> MPI.Request | None:
+        """Start a get into ``dst``: at once from a node-local peer (None), else ``Rget``
+        (``dst`` is filled when the request completes)."""
+        raw = dst.reshape(-1).view(np.uint8)
+        view = self.peer_view(rank, offset, raw.nbytes)
+        if view is not None:
+            raw[...] = view
+            return None
+        win = self._remote_window()
+        self.progress()
+        return win.Rget(raw, rank, offset)
+
+    def flush(self, rank: int) -> None:
+        """Complete every RMA operation of this process to ``rank`` at the target."""
+        if self._rma_win is not None and not self.is_local(rank):
+            self._rma_win.Flush(rank)
+
     def _remote_window(self) -> MPI.Win:
         if self._rma_win is None:  # pragma: no cover - is_local() is True for every rank then
             raise ArgumentError("HostHeap: no RMA window (every rank is on this node)")
@@ -243,19 +361,9 @@ class HostHeap:
         completes only once the target applied it) and polled against the deadline, so a peer
         that makes no MPI progress raises :class:`RemoteTimeoutError` instead of blocking.
         """
-        _check_atomic_dtype("atomic_fetch_op", dtype)
-        win, target, offset = self._atomic_target(rank, offset)
-        origin = np.array([value], dtype=dtype)
-        result = np.empty(1, dtype=dtype)
-        mpi_t = _MPI_ATOMIC_TYPES[dtype]
-        if win is self._shm_win:  # served by the origin alone: cannot block on the target
-            win.Fetch_and_op([origin, mpi_t], [result, mpi_t], target, offset, _MPI_OPS[op])
-            win.Flush(target)
+        req, result = self.atomic_fetch_op_nbi(rank, offset, value, dtype, op)
+        if req is None:
             return int(result[0])
-        self.progress()  # serve peers' operations aimed at us, so no rank starves
-        req = win.Rget_accumulate(
-            [origin, mpi_t], [result, mpi_t], target, (offset, 1, mpi_t), _MPI_OPS[op]
-        )
         limit = self.timeout_s if timeout_s is None else timeout_s
         if not poll_until(req.Test, time.monotonic() + limit, self.progress):
             self._pending.append(req)  # completes later, when the peer progresses
@@ -265,6 +373,46 @@ class HostHeap:
                 peer=rank,
             )
         return int(result[0])
+
+    def atomic_fetch_op_nbi(
+        self, rank: int, offset: int, value: float, dtype: np.dtype[Any], op: str
+    ) -> tuple[MPI.Request | None, np.ndarray[Any, Any]]:
+        """Start an atomic ``op`` (any atomic dtype; float32/float64 for fetch and set):
+        ``(request, result)``. The shared window serves it at once (request None); on the
+        world window ``result[0]`` holds the old value once the request completes."""
+        _check_atomic_dtype("atomic_fetch_op", dtype, op)
+        win, target, offset = self._atomic_target(rank, offset)
+        origin = np.array([value], dtype=dtype)
+        result = np.empty(1, dtype=dtype)
+        mpi_t = _MPI_ATOMIC_TYPES[dtype]
+        if win is self._shm_win:  # served by the origin alone: cannot block on the target
+            win.Fetch_and_op([origin, mpi_t], [result, mpi_t], target, offset, _MPI_OPS[op])
+            win.Flush(target)
+            return None, result
+        self.progress()  # serve peers' operations aimed at us, so no rank starves
+        req = win.Rget_accumulate(
+            [origin, mpi_t], [result, mpi_t], target, (offset, 1, mpi_t), _MPI_OPS[op]
+        )
+        return req, result
+
+    def atomic_value(
+        self, rank: int, offset: int, value: float, dtype: np.dtype[Any], op: str
+    ) -> float:
+        """:meth:`atomic_fetch_op` for float32/float64 (``"fetch"`` or ``"set"``): the old
+        value as a Python float, within the deadline."""
+        req, result = self.atomic_fetch_op_nbi(rank, offset, value, dtype, op)
+        if req is not None:
+            self._wait_atomic(req, rank)
+        return float(result[0])
+
+    def _wait_atomic(self, req: MPI.Request, rank: int) -> None:
+        if not poll_until(req.Test, time.monotonic() + self.timeout_s, self.progress):
+            self._pending.append(req)
+            raise RemoteTimeoutError(
+                f"atomic: rank {self.rank}: the atomic on rank {rank} did not complete within "
+                f"{self.timeout_s:g} s (rank {rank} made no MPI progress)",
+                peer=rank,
+            )
 
     def atomic_compare_swap(
         self, rank: int, offset: int, compare: int, value: int, dtype: np.dtype[Any]
@@ -306,6 +454,13 @@ class HostHeap:
             self._comm.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG)
             if self._pending:
                 self._pending = [r for r in self._pending if not r.Test()]
+            if self.progress_hooks and not self._in_hooks:
+                self._in_hooks = True  # a hook's own MPI calls progress too: no re-entry
+                try:
+                    for hook in list(self.progress_hooks):
+                        hook()
+                finally:
+                    self._in_hooks = False
 
     # -- teardown ---------------------------------------------------------------------------
 

@@ -1,0 +1,601 @@
+"""Communication contexts, non-blocking and strided RMA (OpenSHMEM's ``shmem_ctx_*``).
+
+A :class:`Context` is an independent stream of one-sided operations: ``put_nbi``,
+``get_nbi``, ``put_signal_nbi`` and the non-blocking fetching atomics start on it, and
+:meth:`Context.quiet` completes them (data at the target, gets and fetches in their local
+buffers, deferred signals delivered); :meth:`Context.fence` orders what came before it before
+what comes after. Each context tracks only its own operations. The World's default context
+(:attr:`World.default_context`, OpenSHMEM's ``SHMEM_CTX_DEFAULT``) serves the ``*_nbi``
+methods of :class:`~shmem.SHMEMBuffer` when no ``ctx`` is given; a context made from a
+:class:`~shmem.team.Team` takes ranks of that team.
+
+Host paths
+----------
+A node-local peer's copy is a load/store view: a non-blocking put or get is a copy done at
+once (OpenSHMEM allows completing early), ``quiet`` is then a memory fence. An off-node peer
+(the RMA path, also ``heap.node_split = "rank"``) gets request-based MPI RMA (``Rput``,
+``Rget``, ``Rget_accumulate``); ``quiet`` waits for the requests within the deadline and
+``Flush``-es each target, so the data is at the target when it returns. ``put_signal_nbi``
+to an off-node peer delivers its signal once the data is complete (at the next ``quiet``,
+``fence`` or :meth:`Context.progress`): never before the data.
+
+Strided transfers (``iput``/``iget``/``ibput``/``ibget``) are peer stores through a strided
+view on the node, and a single ``Put``/``Rget`` with an MPI vector datatype off it.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, cast
+
+import numpy as np
+
+from .dtypes import dtype_name, int_operand
+from .errors import ArgumentError, NvshmemUnsupportedError, RemoteTimeoutError, ShmemStateError
+from .heap import ATOMIC_DTYPES, FLOAT_ATOMIC_DTYPES
+from .signals import COMPARISONS, poll_until
+
+if TYPE_CHECKING:
+    from mpi4py import MPI
+
+    from .backends.host import HostHeap
+    from .buffer import Casting, SHMEMBuffer
+    from .team import Team
+    from .world import World
+
+__all__ = ["AtomicOp", "Context", "Fetched", "signal_word"]
+
+SIGNAL_DTYPE = np.dtype(np.uint64)
+
+
+class AtomicOp(enum.StrEnum):
+    """A fetching atomic (``AtomicOp.FETCH_ADD`` and ``"fetch_add"`` are interchangeable)."""
+
+    FETCH = "fetch"  # shmem_atomic_fetch
+    SWAP = "swap"  # shmem_atomic_swap
+    COMPARE_SWAP = "compare_swap"  # shmem_atomic_compare_swap
+    FETCH_ADD = "fetch_add"
+    FETCH_INC = "fetch_inc"
+    FETCH_AND = "fetch_and"
+    FETCH_OR = "fetch_or"
+    FETCH_XOR = "fetch_xor"
+
+
+# AtomicOp -> the heap's op name (float32/float64 take only fetch and swap)
+_HEAP_OPS = {
+    "fetch": "fetch",
+    "swap": "set",
+    "fetch_add": "add",
+    "fetch_inc": "add",
+    "fetch_and": "and",
+    "fetch_or": "or",
+    "fetch_xor": "xor",
+}
+
+
+def host_heap(world: World, where: str) -> HostHeap:
+    """The World's heap as a host heap, or :class:`NvshmemUnsupportedError` naming ``where``."""
+    world.check_open(where)
+    if world.heap.device_memory:
+        raise NvshmemUnsupportedError(
+            f"{where}: not available on the nvshmem backend yet (host backend only; see "
+            "docs/openshmem.md for what the nvshmem backend has)"
+        )
+    return cast("HostHeap", world.heap)
+
+
+def signal_word(
+    heap: HostHeap, rank: int, offset: int, value: int, op: str, timeout_s: float | None = None
+) -> None:
+    """Release, then set or add ``value`` to the uint64 signal word at heap byte ``offset``
+    of ``rank`` (an MPI atomic on every path, so ``"set"`` and ``"add"`` may mix)."""
+    heap.fence()
+    heap.atomic_fetch_op(rank, offset, value, SIGNAL_DTYPE, op, timeout_s)
+
+
+def check_signal_op(where: str, op: object) -> str:
+    if op not in ("set", "add"):
+        raise ArgumentError(f"{where}: invalid signal op (got {op!r}; expected 'set' or 'add')")
+    return str(op)
+
+
+class Fetched:
+    """The result of a non-blocking fetching atomic: :attr:`value` once the context's
+    :meth:`~Context.quiet` has run (or :attr:`done` is True)."""
+
+    __slots__ = ("_req", "_result", "dtype")
+
+    def __init__(self, req: MPI.Request | None, result: np.ndarray[Any, Any]) -> None:
+        self._req = req
+        self._result = result
+        self.dtype: np.dtype[Any] = result.dtype
+
+    @property
+    def done(self) -> bool:
+        """Whether the old value has arrived."""
+        if self._req is not None and self._req.Test():
+            self._req = None
+        return self._req is None
+
+    @property
+    def value(self) -> int | float:
+        """The old value (int, or float for float32/float64).
+
+        Raises
+        ------
+        ShmemStateError
+            The operation has not completed: call the context's ``quiet()`` first.
+        """
+        if not self.done:
+            raise ShmemStateError(
+                "Fetched.value: the atomic has not completed yet (call quiet() on its context "
+                "first)"
+            )
+        return cast("int | float", self._result[0].item())
+
+    def __repr__(self) -> str:
+        state = f"value={self._result[0].item()!r}" if self.done else "pending"
+        return f"Fetched({dtype_name(self.dtype)}, {state})"
+
+
+@dataclass
+class _Pending:
+    req: MPI.Request
+    rank: int  # world rank of the target
+    keep: object  # buffers MPI reads or writes until the request completes
+    then: Callable[[], None] | None = None  # runs once the data is complete at the target
+
+
+class Context:
+    """A communication context (``shmem_ctx_create`` / ``shmem_team_create_ctx``).
+
+    Made by :meth:`World.create_context` or :meth:`Team.create_ctx` (local, not collective);
+    :meth:`close` (``shmem_ctx_destroy``) completes its operations first. Ranks passed to its
+    methods are ranks of its team (the world's by default).
+    """
+
+    def __init__(self, world: World, team: Team | None = None) -> None:
+        self._world = world
+        self._team = team
+        self._ops: list[_Pending] = []
+        self._closed = False
+
+    # -- state ------------------------------------------------------------------------------
+
+    @property
+    def team(self) -> Team | None:
+        """The team whose ranks this context's calls take (None: the world's)."""
+        return self._team
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def pending(self) -> int:
+        """Operations started and not yet completed by :meth:`quiet`."""
+        return len(self._ops)
+
+    def __repr__(self) -> str:
+        team = "world" if self._team is None else repr(self._team)
+        return f"Context(team={team}, pending={len(self._ops)}{', closed' if self._closed else ''})"
+
+    def _heap(self, where: str) -> HostHeap:
+        if self._closed:
+            raise ShmemStateError(f"Context.{where}: the context is closed")
+        return host_heap(self._world, f"Context.{where}")
+
+    def world_rank(self, rank: int, where: str) -> int:
+        """``rank`` of this context's team as a world rank (validated)."""
+        if self._team is not None:
+            return self._team.world_rank(rank, f"Context.{where}")
+        size = self._world.world_size
+        if isinstance(rank, bool) or not isinstance(rank, int | np.integer) or not 0 <= rank < size:
+            raise ArgumentError(
+                f"Context.{where}: invalid rank (got {rank!r}; expected 0 <= rank < {size})"
+            )
+        return int(rank)
+
+    # -- non-blocking RMA -------------------------------------------------------------------
+
+    def put_nbi(
+        self,
+        buf: SHMEMBuffer,
+        rank: int,
+        src: Any,
+        offset: int = 0,
+        *,
+        casting: Casting = "same_kind",
+    ) -> None:
+        """Start writing ``src`` into ``rank``'s copy of ``buf`` at byte ``offset``
+        (``shmem_put_nbi``). ``src`` must not change until :meth:`quiet`."""
+        heap = self._heap("put_nbi")
+        target = self.world_rank(rank, "put_nbi")
+        buf._live("put_nbi")
+        data = buf._as_source("put_nbi", src, casting)
+        buf._check_span("put_nbi", offset, data.nbytes)
+        req = heap.put_nbi(target, buf.offset + int(offset), data)
+        if req is not None:
+            self._ops.append(_Pending(req, target, data))
+
+    def get_nbi(
+        self, buf: SHMEMBuffer, rank: int, dst: np.ndarray[Any, Any], offset: int = 0
+    ) -> np.ndarray[Any, Any]:
+        """Start reading ``rank``'s copy of ``buf`` from byte ``offset`` into ``dst`` (a
+        writeable C-contiguous array of ``buf``'s dtype; ``shmem_get_nbi``): ``dst`` holds the
+        data after :meth:`quiet`. Returns ``dst``."""
+        heap = self._heap("get_nbi")
+        target = self.world_rank(rank, "get_nbi")
+        buf._live("get_nbi")
+        if (
+            not isinstance(dst, np.ndarray)
+            or dst.dtype != buf.dtype
+            or not dst.flags.c_contiguous
+            or not dst.flags.writeable
+        ):
+            raise ArgumentError(
+                f"Context.get_nbi: invalid dst (got {type(dst).__name__} "
+                f"{getattr(dst, 'dtype', '')}; expected a writeable C-contiguous "
+                f"{dtype_name(buf.dtype)} numpy array)"
+            )
+        buf._check_span("get_nbi", offset, dst.nbytes)
+        req = heap.get_nbi(target, buf.offset + int(offset), dst)
+        if req is not None:
+            self._ops.append(_Pending(req, target, dst))
+        return dst
+
+    def put_signal(
+        self,
+        buf: SHMEMBuffer,
+        rank: int,
+        src: Any,
+        sig: SHMEMBuffer,
+        value: int,
+        op: str = "set",
+        *,
+        sig_index: int = 0,
+        offset: int = 0,
+    ) -> None:
+        """Write ``src``, then update ``rank``'s signal word ``sig[sig_index]`` (a uint64
+        SHMEMBuffer) by ``op`` with ``value`` (``shmem_put_signal``): a rank that sees the
+        signal sees the data. Complete on return."""
+        self._put_signal("put_signal", buf, rank, src, sig, value, op, sig_index, offset, True)
+
+    def put_signal_nbi(
+        self,
+        buf: SHMEMBuffer,
+        rank: int,
+        src: Any,
+        sig: SHMEMBuffer,
+        value: int,
+        op: str = "set",
+        *,
+        sig_index: int = 0,
+        offset: int = 0,
+    ) -> None:
+        """:meth:`put_signal` started non-blocking (``shmem_put_signal_nbi``): complete at
+        :meth:`quiet`; the signal never arrives before the data."""
+        self._put_signal("put_signal_nbi", buf, rank, src, sig, value, op, sig_index, offset, False)
+
+    def _put_signal(
+        self,
+        where: str,
+        buf: SHMEMBuffer,
+        rank: int,
+        src: Any,
+        sig: SHMEMBuffer,
+        value: int,
+        op: str,
+        sig_index: int,
+        offset: int,
+        blocking: bool,
+    ) -> None:
+        heap = self._heap(where)
+        target = self.world_rank(rank, where)
+        buf._live(where)
+        sig_offset = signal_offset(sig, sig_index, f"Context.{where}")
+        v = int_operand(f"Context.{where}", "signal value", value, SIGNAL_DTYPE)
+        sop = check_signal_op(f"Context.{where}", op)
+        data = buf._as_source(where, src)
+        buf._check_span(where, offset, data.nbytes)
+        timeout = self._world.config.signal.timeout_s
+        if blocking:
+            heap.put_bytes(target, buf.offset + int(offset), data)
+            signal_word(heap, target, sig_offset, v, sop, timeout)
+            return
+        req = heap.put_nbi(target, buf.offset + int(offset), data)
+        if req is None:
+            signal_word(heap, target, sig_offset, v, sop, timeout)
+            return
+        self._ops.append(
+            _Pending(req, target, data, lambda: signal_word(heap, target, sig_offset, v, sop))
+        )
+        if self.progress not in heap.progress_hooks:  # deliver it while this rank waits
+            heap.progress_hooks.append(self.progress)
+
+    # -- strided RMA ------------------------------------------------------------------------
+
+    def ibput(
+        self,
+        buf: SHMEMBuffer,
+        rank: int,
+        src: Any,
+        *,
+        block: int = 1,
+        stride: int = 1,
+        src_stride: int | None = None,
+        nblocks: int | None = None,
+        index: int = 0,
+    ) -> None:
+        """Write ``nblocks`` blocks of ``block`` elements of ``src`` (flat; block starts
+        ``src_stride`` elements apart, default ``block``) into ``rank``'s copy of ``buf`` from
+        flat element ``index``, block starts ``stride`` apart (``shmem_ibput``; ``block=1``
+        is ``shmem_iput``). Complete on return."""
+        heap = self._heap("ibput")
+        target = self.world_rank(rank, "ibput")
+        buf._live("ibput")
+        flat = buf._as_source("ibput", src).reshape(-1)
+        sst = block if src_stride is None else src_stride
+        n = _strided_count("ibput", flat.size, block, sst, nblocks)
+        _check_strided("ibput", buf, index, block, n, stride)
+        from .backends.host import strided_view
+
+        data = np.ascontiguousarray(strided_view(flat, block, n, sst)) if n else flat[:0]
+        heap.put_strided(target, buf.offset + index * buf.dtype.itemsize, data, block, n, stride)
+
+    def ibget(
+        self,
+        buf: SHMEMBuffer,
+        rank: int,
+        *,
+        block: int = 1,
+        stride: int = 1,
+        nblocks: int,
+        index: int = 0,
+        dst: np.ndarray[Any, Any] | None = None,
+        dst_stride: int | None = None,
+    ) -> np.ndarray[Any, Any]:
+        """Read ``nblocks`` blocks of ``block`` elements of ``rank``'s copy of ``buf`` (from flat
+        element ``index``, starts ``stride`` apart) into ``dst`` (flat, starts ``dst_stride``
+        apart, default ``block``), or into a new contiguous array (``shmem_ibget``;
+        ``block=1`` is ``shmem_iget``). Returns the array."""
+        heap = self._heap("ibget")
+        target = self.world_rank(rank, "ibget")
+        buf._live("ibget")
+        n = _strided_count("ibget", None, block, block, nblocks)
+        _check_strided("ibget", buf, index, block, n, stride)
+        data = np.empty(n * block, dtype=buf.dtype)
+        heap.get_strided(target, buf.offset + index * buf.dtype.itemsize, data, block, n, stride)
+        if dst is None:
+            return data
+        dst_flat = _strided_destination(dst, buf.dtype)
+        dst_st = block if dst_stride is None else dst_stride
+        _strided_count("ibget", dst_flat.size, block, dst_st, n)
+        if n:
+            from .backends.host import strided_view
+
+            strided_view(dst_flat, block, n, dst_st)[...] = data.reshape(n, block)
+        return dst
+
+    # -- non-blocking atomics ---------------------------------------------------------------
+
+    def atomic_nbi(
+        self,
+        buf: SHMEMBuffer,
+        rank: int,
+        index: int,
+        op: AtomicOp | str,
+        value: float = 0,
+        *,
+        compare: int | None = None,
+    ) -> Fetched:
+        """Start a fetching atomic on element ``index`` of ``rank``'s copy of ``buf``
+        (``shmem_atomic_fetch_add_nbi`` and the other ``*_nbi`` forms): the old value is
+        ``.value`` of the returned :class:`Fetched` after :meth:`quiet`."""
+        where = "atomic_nbi"
+        heap = self._heap(where)
+        target = self.world_rank(rank, where)
+        off = buf._atomic_offset(where, index, float_ok=op in ("fetch", "swap"))
+        if op == "compare_swap":
+            if compare is None:
+                raise ArgumentError("Context.atomic_nbi: compare_swap needs compare=")
+            c = int_operand("Context.atomic_nbi", "compare", compare, buf.dtype)
+            v = int_operand("Context.atomic_nbi", "value", value, buf.dtype)
+            old = heap.atomic_compare_swap(target, off, c, v, buf.dtype)  # served at once
+            return Fetched(None, np.array([old], dtype=buf.dtype))
+        if op not in _HEAP_OPS:
+            raise ArgumentError(
+                f"Context.atomic_nbi: invalid op (got {op!r}; expected one of "
+                f"{[o.value for o in AtomicOp]})"
+            )
+        heap_op = _HEAP_OPS[str(op)]
+        operand: float = 1 if op == "fetch_inc" else value
+        if buf.dtype in FLOAT_ATOMIC_DTYPES:
+            operand = float(operand)
+        elif op != "fetch":
+            operand = int_operand(
+                "Context.atomic_nbi", "value", operand, buf.dtype, wrap_negative=True
+            )
+        req, result = heap.atomic_fetch_op_nbi(target, off, operand, buf.dtype, heap_op)
+        fetched = Fetched(req, result)
+        if req is not None:
+            self._ops.append(_Pending(req, target, fetched))
+        return fetched
+
+    # -- completion and ordering ------------------------------------------------------------
+
+    def quiet(self, timeout: float | None = None) -> None:
+        """Complete every operation started on this context (``shmem_ctx_quiet``): puts are at
+        their targets, gets and fetches in their buffers, deferred signals delivered.
+
+        Raises
+        ------
+        RemoteTimeoutError
+            An off-node target made no MPI progress within the deadline (``timeout`` seconds,
+            default ``[signal] timeout_s``); the operations stay pending.
+        """
+        heap = self._heap("quiet")
+        ops = self._ops
+        if ops:
+            limit = self._world.config.signal.timeout_s if timeout is None else timeout
+            deadline = time.monotonic() + limit
+            for p in ops:
+                if not poll_until(p.req.Test, deadline, heap.progress):
+                    raise RemoteTimeoutError(
+                        f"Context.quiet: rank {heap.rank}: an operation on rank {p.rank} did "
+                        f"not complete within {limit:g} s (rank {p.rank} made no MPI progress)",
+                        peer=p.rank,
+                    )
+            for r in sorted({p.rank for p in ops}):
+                heap.flush(r)
+            self._ops = []
+            self._unhook(heap)
+            for p in ops:
+                if p.then is not None:
+                    p.then()
+        heap.fence()
+
+    def _unhook(self, heap: HostHeap) -> None:
+        if not self._ops and self.progress in heap.progress_hooks:
+            heap.progress_hooks.remove(self.progress)
+
+    def fence(self) -> None:
+        """Order this context's puts, AMOs and signals to each rank before the ones started
+        after (``shmem_ctx_fence``; here as strong as :meth:`quiet` when any is pending)."""
+        if self._ops:
+            self.quiet()
+        else:
+            self._heap("fence").fence()
+
+    def progress(self) -> None:
+        """Deliver the deferred signals whose data is complete, without waiting."""
+        heap = self._heap("progress")
+        done = 0
+        for p in self._ops:
+            if not p.req.Test():
+                break
+            done += 1
+        if done:
+            finished, self._ops = self._ops[:done], self._ops[done:]
+            for r in sorted({p.rank for p in finished}):
+                heap.flush(r)
+            self._unhook(heap)
+            for p in finished:
+                if p.then is not None:
+                    p.then()
+
+    def close(self) -> None:
+        """Complete the pending operations, then release the context (``shmem_ctx_destroy``).
+        Closing twice is a no-op."""
+        if self._closed:
+            return
+        if self._ops and not self._world.finalized:
+            self.quiet()
+        self._closed = True
+
+    destroy = close
+
+    def __enter__(self) -> Context:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# -- argument checks ------------------------------------------------------------------------
+
+
+def _positive(where: str, name: str, value: object, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < minimum:
+        raise ArgumentError(
+            f"{where}: invalid {name} (got {value!r}; expected an integer >= {minimum})"
+        )
+    return int(value)
+
+
+def _strided_count(
+    where: str, size: int | None, block: int, stride: int, nblocks: int | None
+) -> int:
+    """Blocks to move: ``nblocks``, or as many as a flat array of ``size`` holds."""
+    block = _positive(where, "block", block)
+    stride = _positive(where, "stride", stride)
+    if stride < block:
+        raise ArgumentError(
+            f"{where}: blocks overlap (got stride {stride} < block {block}; expected stride >= "
+            "block)"
+        )
+    if nblocks is None:
+        if size is None:
+            raise ArgumentError(f"{where}: nblocks is required")
+        return 0 if size < block else (size - block) // stride + 1
+    n = _positive(f"{where}", "nblocks", nblocks, 0)
+    if size is not None and n and (n - 1) * stride + block > size:
+        raise ArgumentError(
+            f"{where}: the local array is too small (got {size} elements; expected at least "
+            f"{(n - 1) * stride + block} for {n} blocks of {block}, {stride} apart)"
+        )
+    return n
+
+
+def _check_strided(
+    where: str, buf: SHMEMBuffer, index: int, block: int, nblocks: int, stride: int
+) -> None:
+    _positive(where, "index", index, 0)
+    stride = _positive(where, "stride", stride)
+    if stride < block:
+        raise ArgumentError(
+            f"{where}: blocks overlap (got stride {stride} < block {block}; expected stride >= "
+            "block)"
+        )
+    if nblocks and index + (nblocks - 1) * stride + block > buf.count:
+        raise ArgumentError(
+            f"{where}: out of bounds (got {nblocks} blocks of {block} from index {index}, "
+            f"{stride} apart, reaching element {index + (nblocks - 1) * stride + block - 1}; "
+            f"expected < {buf.count})"
+        )
+
+
+def _strided_destination(dst: object, dtype: np.dtype[Any]) -> np.ndarray[Any, Any]:
+    if (
+        not isinstance(dst, np.ndarray)
+        or dst.dtype != dtype
+        or not dst.flags.c_contiguous
+        or not dst.flags.writeable
+    ):
+        raise ArgumentError(
+            f"ibget: invalid dst (got {type(dst).__name__}; expected a writeable C-contiguous "
+            f"{dtype_name(dtype)} numpy array)"
+        )
+    return dst.reshape(-1)
+
+
+def signal_offset(sig: SHMEMBuffer, index: int, where: str) -> int:
+    """Heap byte offset of signal word ``sig[index]`` (a uint64 SHMEMBuffer)."""
+    sig._live(where.rsplit(".", 1)[-1])
+    if sig.dtype != SIGNAL_DTYPE:
+        raise ArgumentError(
+            f"{where}: the signal must be a uint64 SHMEMBuffer (got {dtype_name(sig.dtype)}; "
+            "signals are unsigned 64-bit words, as OpenSHMEM's uint64_t)"
+        )
+    if isinstance(index, bool) or not isinstance(index, int | np.integer):
+        raise ArgumentError(f"{where}: invalid signal index (got {index!r})")
+    if not 0 <= index < sig.count:
+        raise ArgumentError(
+            f"{where}: signal index out of range (got {index}; expected 0 <= index < {sig.count})"
+        )
+    return sig.offset + int(index) * SIGNAL_DTYPE.itemsize
+
+
+def check_comparison(where: str, cmp: object) -> str:
+    if cmp not in COMPARISONS:
+        raise ArgumentError(
+            f"{where}: invalid comparison (got {cmp!r}; expected one of {list(COMPARISONS)})"
+        )
+    return str(cmp)
+
+
+def atomic_dtype_ok(dtype: np.dtype[Any], float_ok: bool) -> bool:
+    return dtype in ATOMIC_DTYPES or (float_ok and dtype in FLOAT_ATOMIC_DTYPES)
