@@ -19,6 +19,7 @@ import numpy as np
 from shmem import Buffer, DeviceContext, SHMEMBuffer, World
 from shmem.config import parse_size
 from shmem.errors import CollectiveArgumentError, ShmemStateError
+from shmem.team import Team
 
 from .all_gather import all_gather as _all_gather
 from .all_to_all import all_to_all as _all_to_all
@@ -31,6 +32,7 @@ from .operand import Array
 from .ops import ReduceOp, accumulate_dtype, check_op
 from .reduce_scatter import reduce_scatter as _reduce_scatter
 from .schedule import Algorithm, AlgorithmTable
+from .team import TeamCollectives
 
 if TYPE_CHECKING:
     from .gpu import GpuAllReduce
@@ -50,10 +52,15 @@ class Communicator:
 
     Parameters
     ----------
-    world : shmem.World
+    world : shmem.World or shmem.team.Team
         The ranks; scratch, flags and a signal pad are allocated from its heap once (and the
         scratch grows collectively when a call needs more, up to
         ``[collectives] scratch_max_nbytes``; larger messages are processed in pieces).
+        A Team other than the world's (or ``team=``) makes a communicator of its members
+        only, collectively over them: its collectives run on the team's communicator
+        (:mod:`collectives.team`), ranks are team ranks.
+    team : shmem.team.Team, optional
+        The team, when ``world`` is the World.
 
     Notes
     -----
@@ -61,7 +68,10 @@ class Communicator:
     output is complete and its input may be reused.
     """
 
-    def __init__(self, world: World) -> None:
+    def __init__(self, world: World | Team, *, team: Team | None = None) -> None:
+        if isinstance(world, Team):
+            team = world
+            world = team.world
         self.world = world
         cfg = world.config.collectives
         self.rank, self.world_size = world.rank, world.world_size
@@ -69,13 +79,20 @@ class Communicator:
         self._closed = False
         self.stats = CommStats()
         self._acc32 = np.dtype(cfg.float32_accumulate)
+        self.team: Team = world.team_world if team is None else team
+        self._tc: TeamCollectives | None = None  # collect/alltoalls (and everything on a team)
+        self._gpu: GpuAllReduce | None = None
+        self._ch: Channel | None = None
+        self.table = AlgorithmTable()
+        if self.team.members != world.team_world.members:
+            self.rank, self.world_size = self.team.my_pe, self.team.n_pes
+            self._tc = self._team_collectives()
+            return
         rows = AlgorithmTable().rows
         if cfg.one_shot_max_nbytes != "auto":
             limit = parse_size(cfg.one_shot_max_nbytes)
             rows = tuple((w, limit) for w, _ in rows)
         self.table = AlgorithmTable(rows=rows, forced=cfg.algorithm)
-        self._gpu: GpuAllReduce | None = None
-        self._ch: Channel | None = None
         if world.backend == "nvshmem":  # GPU kernels over the nvshmem heap (collectives/gpu.py)
             from .gpu import GpuAllReduce  # loads CUDA: only on the nvshmem backend
 
@@ -102,6 +119,21 @@ class Communicator:
         if self._closed:
             raise ShmemStateError(f"Communicator.{where}: the communicator is closed")
         self.world.check_open(f"Communicator.{where}")
+
+    def _team_collectives(self) -> TeamCollectives:
+        if self._tc is None:  # collective: every member makes it on the same call
+            cfg = self.world.config
+            self._tc = TeamCollectives(
+                self.team, cfg.collectives.check_args, cfg.signal.timeout_s, self._acc32
+            )
+        return self._tc
+
+    def _on_team(self, where: str) -> TeamCollectives | None:
+        """The team engine when this communicator is a proper team's, else None."""
+        if self._ch is None and self._gpu is None:
+            self._live(where)
+            return self._team_collectives()
+        return None
 
     def _channel(self, where: str) -> Channel:
         self._live(where)
@@ -144,6 +176,9 @@ class Communicator:
         elif self._ch is not None:
             self._ch.close()  # waits for the peers' last DONE first
             self._closed = True
+        if self._tc is not None:
+            self._closed = True
+            self._tc.close()
 
     def __enter__(self) -> Communicator:
         return self
@@ -255,6 +290,9 @@ class Communicator:
         """
         ch = self._ch
         if ch is None or self._closed:
+            tc = self._on_team("all_reduce")
+            if tc is not None and not isinstance(x, Buffer) and not isinstance(out, Buffer):
+                return tc.all_reduce(x, op, out)
             return self._gpu_all_reduce(x, op, out, algorithm, stream)
         if algorithm == "auto" and (out is None or type(out) is np.ndarray):
             # replay a cached small one-shot call (only where the table picks one-shot, so
@@ -319,6 +357,9 @@ class Communicator:
     def reduce_scatter(self, x: Input, op: ReduceOp | str = ..., *, out: _X) -> _X: ...
     def reduce_scatter(self, x: Input, op: ReduceOp | str = "sum", out: Output = None) -> Input:
         """Shard ``rank`` (``schedule.shard_bounds(count, world_size)``) of the all-reduce."""
+        tc = self._on_team("reduce_scatter")
+        if tc is not None:
+            return tc.reduce_scatter(x, op, out)
         with self._call(self._channel("reduce_scatter")) as ch:
             return _reduce_scatter(ch, x, op, out)
 
@@ -327,7 +368,11 @@ class Communicator:
     @overload
     def all_gather(self, x: Input, out: _X) -> _X: ...
     def all_gather(self, x: Input, out: Output = None) -> Input:
-        """Every rank's ``x`` (same count everywhere) concatenated in rank order."""
+        """Every rank's ``x`` (same count everywhere) concatenated in rank order
+        (``shmem_fcollect``)."""
+        tc = self._on_team("all_gather")
+        if tc is not None:
+            return tc.all_gather(x, out)
         with self._call(self._channel("all_gather")) as ch:
             return _all_gather(ch, x, out)
 
@@ -339,6 +384,9 @@ class Communicator:
     def broadcast(self, x: Input, root: int = ..., *, out: _X) -> _X: ...
     def broadcast(self, x: Input, root: int = 0, out: Output = None) -> Input:
         """Root's ``x`` on every rank (into ``out``, by default ``x`` itself)."""
+        tc = self._on_team("broadcast")
+        if tc is not None:
+            return tc.broadcast(x, root, out)
         with self._call(self._channel("broadcast")) as ch:
             return _broadcast(ch, x, root, out)
 
@@ -347,13 +395,46 @@ class Communicator:
     @overload
     def all_to_all(self, x: Input, out: _X) -> _X: ...
     def all_to_all(self, x: Input, out: Output = None) -> Input:
-        """Chunk ``j`` of rank ``i``'s ``x`` becomes chunk ``i`` of rank ``j``'s output."""
+        """Chunk ``j`` of rank ``i``'s ``x`` becomes chunk ``i`` of rank ``j``'s output
+        (``shmem_alltoall``)."""
+        tc = self._on_team("all_to_all")
+        if tc is not None:
+            return tc.all_to_all(x, out)
         with self._call(self._channel("all_to_all")) as ch:
             return _all_to_all(ch, x, out)
 
+    fcollect = all_gather
+    alltoall = all_to_all
+
+    def collect(self, x: Input) -> Array:
+        """Every rank's ``x`` (counts may differ between ranks) concatenated in rank order, as
+        a new flat array (``shmem_collect``; MPI's allgatherv)."""
+        self._live("collect")
+        return self._team_collectives().collect(x)
+
+    def alltoalls(
+        self,
+        x: Input,
+        nelems: int,
+        *,
+        dst_stride: int = 1,
+        src_stride: int = 1,
+        out: Output = None,
+    ) -> Input:
+        """Strided all-to-all (``shmem_alltoalls``): rank ``i`` sends ``x[(j * nelems + k) *
+        src_stride]`` (``k < nelems``) to rank ``j``, which stores it at ``out[(i * nelems +
+        k) * dst_stride]`` (a new zeroed array by default)."""
+        self._live("alltoalls")
+        return self._team_collectives().alltoalls(
+            x, nelems, dst_stride=dst_stride, src_stride=src_stride, out=out
+        )
+
     def barrier(self, timeout: float | None = None) -> None:
         """Every rank of the communicator has arrived (flag barrier on the comm's pad)."""
-        self._live("barrier")
+        tc = self._on_team("barrier")
+        if tc is not None:
+            tc.barrier(timeout)
+            return
         if self._ch is None:
             self.world.barrier(timeout)
             return

@@ -1,0 +1,257 @@
+"""Collectives over a team's communicator (OpenSHMEM's team collectives).
+
+A :class:`~collectives.Communicator` made on a :class:`~shmem.team.Team` other than the world
+runs here: every collective is one non-blocking MPI exchange on a duplicate of the team's
+communicator, waited for within the deadline (a missing member raises
+``SignalTimeoutError`` instead of hanging), with the same argument agreement as the world's
+collectives (``[collectives] check_args``: every rank raises ``CollectiveMismatchError``
+together).
+
+Reductions keep the world's determinism: every member gathers the inputs and reduces them in
+team-rank order, ``((x_0 op x_1) op x_2) ...`` in the accumulation dtype, rounded once, so
+results are bitwise identical on every member and independent of MPI's algorithm. A world
+Communicator uses this module too for ``collect`` (variable sizes) and ``alltoalls``.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any, cast
+
+import numpy as np
+from mpi4py import MPI
+
+from shmem import SHMEMBuffer
+from shmem.dtypes import dtype_name
+from shmem.errors import CollectiveArgumentError, ShmemError, SignalTimeoutError
+from shmem.signals import poll_until
+
+from .operand import Array, Operand, agree, prepare
+from .ops import ReduceOp, accumulate_dtype, check_op, reduce_into
+from .schedule import shard_of
+
+if TYPE_CHECKING:
+    from shmem.team import Team
+
+__all__ = ["TeamCollectives"]
+
+_BYTE = MPI.BYTE
+
+
+def _bytes(a: np.ndarray[Any, Any]) -> list[Any]:
+    return [a.reshape(-1).view(np.uint8), _BYTE]
+
+
+class TeamCollectives:
+    """Collectives among a team's members (collective over the team to create)."""
+
+    def __init__(self, team: Team, check_args: bool, timeout_s: float, acc32: np.dtype[Any]):
+        self.team = team
+        self.comm: MPI.Intracomm = team.comm.Dup()
+        self.rank, self.size = team.my_pe, team.n_pes
+        self.check_args = check_args
+        self.calls = 0
+        self.timeout_s = timeout_s
+        self.acc32 = acc32
+        self.progress = team.world.heap.progress
+        self.broken = False
+
+    def close(self) -> None:
+        if not self.team.world.finalized:
+            self.comm.Free()
+
+    def _wait(self, req: MPI.Request, where: str, keep: object) -> None:
+        if poll_until(req.Test, time.monotonic() + self.timeout_s, self.progress):
+            return
+        self.broken = True
+        self._keep = (req, keep)  # an MPI collective cannot be cancelled: keep its buffers
+        raise SignalTimeoutError(
+            f"{where}: rank {self.rank} of team {self.team.name} timed out after "
+            f"{self.timeout_s:g} s (a member did not arrive)",
+            operation=where,
+            slot=-1,
+            expected="every member",
+            last_value=0,
+            peers=(),
+        )
+
+    # -- the collectives -------------------------------------------------------------------
+
+    def barrier(self, timeout: float | None = None) -> None:
+        self.team.barrier(self.timeout_s if timeout is None else timeout)
+
+    def all_reduce(
+        self, x: SHMEMBuffer | Array, op: ReduceOp | str, out: SHMEMBuffer | Array | None
+    ) -> SHMEMBuffer | Array:
+        where = "Communicator.all_reduce"
+        xin, ret, dst = self._reduce_args(where, x, op, out, lambda n: n)
+        self._reduce(where, xin, str(op), dst, 0, xin.count)
+        return ret
+
+    def reduce_scatter(
+        self, x: SHMEMBuffer | Array, op: ReduceOp | str, out: SHMEMBuffer | Array | None
+    ) -> SHMEMBuffer | Array:
+        where = "Communicator.reduce_scatter"
+        me, size = self.rank, self.size
+
+        def count(n: int) -> int:
+            a, b = shard_of(n, size, me)
+            return b - a
+
+        xin, ret, dst = self._reduce_args(where, x, op, out, count)
+        a, b = shard_of(xin.count, size, me)
+        self._reduce(where, xin, str(op), dst, a, b)
+        return ret
+
+    def _reduce_args(
+        self,
+        where: str,
+        x: SHMEMBuffer | Array,
+        op: ReduceOp | str,
+        out: SHMEMBuffer | Array | None,
+        count: Any,
+    ) -> tuple[Operand, SHMEMBuffer | Array, Array]:
+        def validate(xin: Operand) -> None:
+            check_op(op, xin.dtype, where)
+
+        return prepare(self, where, x, out, count, (str(op),), validate)
+
+    def _reduce(self, where: str, xin: Operand, op: str, dst: Array, a: int, b: int) -> None:
+        """``dst = reduce(op, members' x[a:b])`` in team-rank order (every member gathers
+        the whole inputs: the result is then identical everywhere)."""
+        n = xin.count
+        send = np.ascontiguousarray(xin.array)
+        every = np.empty((self.size, n), dtype=xin.dtype)
+        self._wait(self.comm.Iallgather(_bytes(send), _bytes(every)), where, (send, every))
+        acc = accumulate_dtype(xin.dtype, self.acc32)
+        reduce_into(dst, [row[a:b] for row in every], op, acc, avg_count=self.size)
+
+    def broadcast(
+        self, x: SHMEMBuffer | Array, root: int, out: SHMEMBuffer | Array | None
+    ) -> SHMEMBuffer | Array:
+        where = "Communicator.broadcast"
+        size = self.size
+
+        def validate(xin: Operand) -> None:
+            if isinstance(root, bool) or not isinstance(root, int | np.integer):
+                raise CollectiveArgumentError(f"{where}: invalid root (got {root!r})")
+            if not 0 <= root < size:
+                raise CollectiveArgumentError(
+                    f"{where}: invalid root (got {root}; expected 0 <= root < {size}, a rank of "
+                    f"team {self.team.name})"
+                )
+
+        xin, ret, dst = prepare(
+            self, where, x, out, lambda n: n, (repr(root),), validate, default_out_is_x=True
+        )
+        if self.rank == root and not np.shares_memory(dst, xin.array):
+            np.copyto(dst, xin.array)
+        self._wait(self.comm.Ibcast(_bytes(dst), root=int(root)), where, dst)
+        return ret
+
+    def all_gather(
+        self, x: SHMEMBuffer | Array, out: SHMEMBuffer | Array | None
+    ) -> SHMEMBuffer | Array:
+        """``fcollect``: every member's ``x`` (the same count) concatenated in team order."""
+        where = "Communicator.all_gather"
+        size = self.size
+        xin, ret, dst = prepare(self, where, x, out, lambda n: n * size)
+        send = np.ascontiguousarray(xin.array)
+        self._wait(self.comm.Iallgather(_bytes(send), _bytes(dst)), where, (send, dst))
+        return ret
+
+    def collect(self, x: SHMEMBuffer | Array) -> Array:
+        """Every member's ``x`` (counts may differ) concatenated in team order
+        (``shmem_collect``, MPI's allgatherv): a new flat array."""
+        where = "Communicator.collect"
+        error: Exception | None = None
+        xin: Operand | None = None
+        record: tuple[object, ...] = (where, "invalid")
+        try:
+            xin = Operand(x, where, "x")
+            record = (where, dtype_name(xin.dtype))
+        except (ValueError, TypeError, ShmemError) as exc:
+            error = exc
+        agree(self, where, record, error)
+        xin = cast("Operand", xin)
+        counts = np.empty(self.size, dtype=np.int64)
+        mine = np.array([xin.count], dtype=np.int64)
+        self._wait(self.comm.Iallgather(mine, counts), where, (mine, counts))
+        isz = xin.dtype.itemsize
+        out = np.empty(int(counts.sum()), dtype=xin.dtype)
+        send = np.ascontiguousarray(xin.array)
+        nbytes = [int(c) * isz for c in counts]
+        displs = np.concatenate([[0], np.cumsum(nbytes)[:-1]]).astype(int).tolist()
+        recv = [out.view(np.uint8), (nbytes, displs), _BYTE]
+        self._wait(self.comm.Iallgatherv(_bytes(send), recv), where, (send, out))
+        return out
+
+    def all_to_all(
+        self, x: SHMEMBuffer | Array, out: SHMEMBuffer | Array | None
+    ) -> SHMEMBuffer | Array:
+        """Chunk ``j`` of member ``i``'s ``x`` becomes chunk ``i`` of member ``j``'s output."""
+        where = "Communicator.all_to_all"
+        size = self.size
+
+        def validate(xin: Operand) -> None:
+            if xin.count % size:
+                raise CollectiveArgumentError(
+                    f"{where}: x must split into {size} equal chunks (got {xin.count} elements)"
+                )
+
+        xin, ret, dst = prepare(self, where, x, out, lambda n: n, (), validate)
+        send = np.ascontiguousarray(xin.array)
+        self._wait(self.comm.Ialltoall(_bytes(send), _bytes(dst)), where, (send, dst))
+        return ret
+
+    def alltoalls(
+        self,
+        x: SHMEMBuffer | Array,
+        nelems: int,
+        *,
+        dst_stride: int = 1,
+        src_stride: int = 1,
+        out: SHMEMBuffer | Array | None = None,
+    ) -> SHMEMBuffer | Array:
+        """Strided all-to-all (``shmem_alltoalls``): member ``i`` sends elements
+        ``x[(j * nelems + k) * src_stride]`` (k < nelems) to member ``j``, which stores them at
+        ``out[(i * nelems + k) * dst_stride]``; other elements of ``out`` are untouched."""
+        where = "Communicator.alltoalls"
+        size = self.size
+        for name, v in (("nelems", nelems), ("dst_stride", dst_stride), ("src_stride", src_stride)):
+            if isinstance(v, bool) or not isinstance(v, int | np.integer) or v < (name != "nelems"):
+                raise CollectiveArgumentError(f"{where}: invalid {name} (got {v!r})")
+        need_src = (size * nelems - 1) * src_stride + 1 if nelems else 0
+        need_dst = (size * nelems - 1) * dst_stride + 1 if nelems else 0
+
+        def validate(xin: Operand) -> None:
+            if xin.count < need_src:
+                raise CollectiveArgumentError(
+                    f"{where}: x too small (got {xin.count} elements; expected >= {need_src})"
+                )
+
+        xin, ret, dst = prepare(
+            self,
+            where,
+            x,
+            out,
+            lambda n: max(need_dst, 1) if out is None else _count(out),
+            (int(nelems), int(dst_stride), int(src_stride)),
+            validate,
+        )
+        if out is None:
+            dst[...] = 0
+        if dst.size < need_dst:
+            raise CollectiveArgumentError(
+                f"{where}: out too small (got {dst.size} elements; expected >= {need_dst})"
+            )
+        send = np.ascontiguousarray(xin.array[:need_src:src_stride][: size * nelems])
+        recv = np.empty(size * nelems, dtype=xin.dtype)
+        self._wait(self.comm.Ialltoall(_bytes(send), _bytes(recv)), where, (send, recv))
+        if nelems:
+            dst[:need_dst:dst_stride] = recv
+        return ret
+
+
+def _count(out: SHMEMBuffer | Array) -> int:
+    return out.count if isinstance(out, SHMEMBuffer) else int(np.asarray(out).size)
