@@ -82,13 +82,19 @@ def check_op(op: ReduceOp | str, dtype: np.dtype[Any], where: str) -> None:
 def _check_op(op: ReduceOp | str, dtype: np.dtype[Any], where: str) -> None:
     if not isinstance(op, str) or op not in OPS:
         raise OpError(f"{where}: unknown op (got {op!r}; expected one of {list(OPS)})")
-    is_float = dtype.kind == "f" or dtype in _LOW_PRECISION
+    is_float = dtype.kind in "fc" or dtype in _LOW_PRECISION
     if op in _BITWISE and is_float:
         raise OpError(
             f"{where}: op {op!r} needs an integer or bool dtype (got {dtype_name(dtype)})"
         )
     if op == "avg" and dtype.kind == "b":
         raise OpError(f"{where}: op 'avg' does not apply to bool (got bool)")
+    if dtype.kind == "c" and op not in ("sum", "prod", "avg"):
+        raise OpError(
+            f"{where}: op {op!r} does not apply to complex numbers (got "
+            f"{dtype_name(dtype)}; expected 'sum', 'prod' or 'avg', as OpenSHMEM's complex "
+            "reductions)"
+        )
 
 
 def accumulate_dtype(dtype: np.dtype[Any], float32_in: np.dtype[Any]) -> np.dtype[Any]:

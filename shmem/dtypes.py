@@ -35,6 +35,11 @@ SUPPORTED_DTYPES: dict[str, np.dtype[Any]] = {
     "uint32": np.dtype(np.uint32),
     "uint64": np.dtype(np.uint64),
     "bool": np.dtype(np.bool_),
+    "complex64": np.dtype(np.complex64),
+    "complex128": np.dtype(np.complex128),
+    # C's long double (x86-64: 80-bit extended precision in 16 bytes); RMA and reductions,
+    # no DLPack (DLPack has no such type)
+    "longdouble": np.dtype(np.longdouble),
 }
 
 _ALIASES = {
@@ -46,6 +51,11 @@ _ALIASES = {
     "double": "float64",
     "bf16": "bfloat16",
     "bool_": "bool",
+    "complex": "complex128",
+    "cfloat": "complex64",
+    "cdouble": "complex128",
+    "long double": "longdouble",
+    "longfloat": "longdouble",
 }
 
 _BY_DTYPE = {dt: name for name, dt in SUPPORTED_DTYPES.items()}

@@ -275,6 +275,8 @@ _DTYPE_TABLE: Final[tuple[tuple[np.dtype[Any], int, int], ...]] = (
     (np.dtype(np.uint32), _C.kDLUInt, 32),
     (np.dtype(np.uint64), _C.kDLUInt, 64),
     (np.dtype(np.bool_), _C.kDLBool, 8),
+    (np.dtype(np.complex64), _C.kDLComplex, 64),
+    (np.dtype(np.complex128), _C.kDLComplex, 128),
 )
 _TO_DL: Final = {dt: (int(code), bits) for dt, code, bits in _DTYPE_TABLE}
 _FROM_DL: Final = {(int(code), bits): dt for dt, code, bits in _DTYPE_TABLE}

@@ -264,3 +264,40 @@ def test_queries(world: World) -> None:
         assert (view is None) == (not world.heap.is_local(right))
         assert world.ptr(x, world.rank) is not None
     assert not world.addr_accessible(x, 0)  # closed
+
+
+@pytest.mark.parametrize("name", ["complex64", "complex128", "longdouble"])
+def test_complex_and_long_double(world: World, name: str) -> None:
+    from collectives import Communicator
+    from shmem.errors import OpError
+
+    right, left = _ring(world)
+    dt = np.dtype(name)
+
+    def values(rank: int) -> np.ndarray:
+        base = np.arange(8) / 3 + rank
+        return (base + 1j * rank if dt.kind == "c" else base).astype(dt)
+
+    with world.zeros(8, name) as x, Communicator(world) as comm:
+        x.put(right, values(world.rank))
+        world.barrier()
+        np.testing.assert_array_equal(x.local(), values(left))
+        assert x.g(right, 3) == values(world.rank)[3]
+        np.testing.assert_array_equal(x.iget(right, 4, stride=2), values(world.rank)[::2])
+        world.barrier()
+        total = comm.all_reduce(values(world.rank))
+        want = values(0).copy()
+        for r in range(1, world.world_size):
+            want = want + values(r)
+        # rank order on one node; node partials first across nodes (hierarchical)
+        np.testing.assert_allclose(total, want, rtol=1e-6 if dt == np.complex64 else 1e-14)
+        assert len(set(world.comm.allgather(total.tobytes()))) == 1  # identical everywhere
+        comm.all_reduce(x, "prod")
+        if dt.kind == "c":
+            with pytest.raises(OpError, match="does not apply to complex"):
+                comm.all_reduce(values(world.rank), "max")
+        else:
+            assert (
+                comm.all_reduce(values(world.rank), "max").tolist()
+                == values(world.world_size - 1).tolist()
+            )

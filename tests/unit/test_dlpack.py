@@ -415,7 +415,7 @@ def test_consumer_frees_a_rejected_tensor_it_asked_for(release: str) -> None:
 # -- errors -------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("bad", [np.complex64, object, "U4", np.dtype(">f4"), np.longdouble])
+@pytest.mark.parametrize("bad", [object, "U4", np.dtype(">f4"), np.longdouble, np.dtype(">c8")])
 def test_unsupported_dtypes(bad: Any) -> None:
     with pytest.raises(DLPackDTypeError, match=r"dtype_to_dl: unsupported dtype \(got "):
         dtype_to_dl(bad)
@@ -437,7 +437,7 @@ def test_error_classes() -> None:
 
 @pytest.mark.parametrize(
     ("code", "bits", "lanes"),
-    [(5, 64, 1), (2, 32, 4), (2, 8, 1), (3, 64, 1), (99, 8, 1), (6, 1, 1)],
+    [(5, 32, 1), (2, 32, 4), (2, 8, 1), (3, 64, 1), (99, 8, 1), (6, 1, 1)],
 )
 def test_unsupported_dl_types(code: int, bits: int, lanes: int) -> None:
     with pytest.raises(DLPackDTypeError, match=r"dl_to_dtype: unsupported dtype \(got code="):

@@ -36,6 +36,11 @@ from shmem.errors import ArgumentError
         ("half", "float16"),
         ("float", "float32"),
         ("double", "float64"),
+        ("c8", "complex64"),
+        ("D", "complex128"),
+        (complex, "complex128"),
+        ("g", "longdouble"),
+        ("long double", "longdouble"),
     ],
 )
 def test_numpy_spellings_are_accepted(spelling: object, name: str) -> None:
@@ -46,7 +51,7 @@ def test_numpy_spellings_are_accepted(spelling: object, name: str) -> None:
 @pytest.mark.parametrize(
     ("bad", "match"),
     [
-        ("c8", r"t: unsupported dtype \(got 'c8'; expected one of"),
+        ("c32", r"t: unsupported dtype \(got 'c32'; expected one of"),
         ("not-a-dtype", r"t: unsupported dtype \(got 'not-a-dtype'"),
         (">i4", r"t: unsupported byte order \(got '>i4', big-endian"),
         (object, r"t: unsupported dtype"),
