@@ -412,6 +412,20 @@ class Communicator:
         self._live("collect")
         return self._team_collectives().collect(x)
 
+    @overload
+    def alltoalls(
+        self,
+        x: Input,
+        nelems: int,
+        *,
+        dst_stride: int = ...,
+        src_stride: int = ...,
+        out: None = ...,
+    ) -> Array: ...
+    @overload
+    def alltoalls(
+        self, x: Input, nelems: int, *, dst_stride: int = ..., src_stride: int = ..., out: _X
+    ) -> _X: ...
     def alltoalls(
         self,
         x: Input,
