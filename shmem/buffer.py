@@ -344,23 +344,39 @@ class SHMEMBuffer(OpenShmemMethods):
         self._world.heap.get_bytes(rank, self._offset + int(offset), out)
         return out
 
+    def get_type_name(self) -> str:
+        """The element type's name (``"float32"``, ``"bfloat16"``...; the seed's
+        ``SHMEMBuffer.get_type_name``)."""
+        return dtype_name(self._dtype)
+
+    def _from_pointer(self, where: str, ptr: Any) -> Any:
+        """A raw host address (``int``, as the seed passes) as a host Buffer of this buffer's
+        dtype and shape; anything else as is."""
+        if isinstance(ptr, int | np.integer) and not isinstance(ptr, bool):
+            raw = Buffer.from_handle(int(ptr), self._nbytes)
+            return raw.view(self._dtype, self._shape)
+        return ptr
+
     def enqueue_copy_to(
-        self, host_array: np.ndarray[Any, Any] | Buffer, ctx: DeviceContext | None = None
+        self, host_array: np.ndarray[Any, Any] | Buffer | int, ctx: DeviceContext | None = None
     ) -> None:
         """Copy this rank's copy into ``host_array`` (a numpy array or host Buffer of the same
-        dtype and element count), stream-ordered on ``ctx`` (default: the World's context):
-        synchronize it before reading ``host_array``."""
+        dtype and element count, or the address of ``nbytes`` of host memory as an ``int``),
+        stream-ordered on ``ctx`` (default: the World's context): synchronize it before
+        reading ``host_array``."""
         self._live("enqueue_copy_to")
+        host_array = self._from_pointer("enqueue_copy_to", host_array)
         self._check_host_array("enqueue_copy_to", host_array)
         (ctx or self._world.ctx).enqueue_copy(host_array, self.local())
 
     def enqueue_copy_from(
-        self, host_array: npt.ArrayLike | Buffer, ctx: DeviceContext | None = None
+        self, host_array: npt.ArrayLike | Buffer | int, ctx: DeviceContext | None = None
     ) -> None:
-        """Copy ``host_array`` (same dtype and element count) into this rank's copy,
-        stream-ordered on ``ctx`` (default: the World's context)."""
+        """Copy ``host_array`` (same dtype and element count, or the address of ``nbytes``
+        of host memory as an ``int``) into this rank's copy, stream-ordered on ``ctx``
+        (default: the World's context)."""
         self._live("enqueue_copy_from")
-        src = host_array
+        src = self._from_pointer("enqueue_copy_from", host_array)
         if not isinstance(src, np.ndarray | Buffer):
             src = self._as_source("enqueue_copy_from", src)
         count = src.num_elements if isinstance(src, Buffer) else src.size

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
+from ._context_seed import SeedContextMethods
 from .device import Device, as_device
 from .dtypes import DTypeLike
 from .errors import ArgumentError, ShmemStateError
@@ -127,7 +128,7 @@ class Event:
         return self.elapsed_time(start)
 
 
-class DeviceContext:
+class DeviceContext(SeedContextMethods):
     """A stream of execution on ``device`` (default: the host). A context manager: leaving
     it synchronizes and closes the stream.
 

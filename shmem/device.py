@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import os
 import platform
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +30,10 @@ class MemoryInfo:
 
     free: int
     total: int
+
+    def __iter__(self) -> Iterator[int]:
+        """``free, total = info`` (the seed's tuple)."""
+        return iter((self.free, self.total))
 
 
 @dataclass(frozen=True)

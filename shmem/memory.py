@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
+from ._buffer_resources import ResourceMethods
 from .device import CPU, Accelerator, Device, as_device
 from .device_impl import mover
 from .dtypes import DTypeLike, ShapeLike, as_dtype, dtype_name
@@ -42,7 +43,7 @@ def _shape(shape: Any, where: str) -> tuple[int, ...]:
     return tuple(int(d) for d in dims)
 
 
-class Buffer:
+class Buffer(ResourceMethods):
     """An n-d buffer of ``dtype`` on ``device``.
 
     Parameters
@@ -601,9 +602,12 @@ class Buffer:
 
     # -- lifetime ---------------------------------------------------------------------
 
-    def close(self) -> None:
+    def close(self, stream: DeviceContext | None = None) -> None:
         """Release this buffer's reference to its memory (device memory is freed when no view
-        uses it any more)."""
+        uses it any more); with ``stream``, after the work queued on it (cuda.core's
+        ``Buffer.close(stream)``)."""
+        if stream is not None and not self._closed:
+            stream.synchronize()
         self._closed = True
         self._array = None
         self._mem = None

@@ -10,6 +10,7 @@ from .scheduler import (
     AtomicCounter,
     MaskSpec,
     MHASchedule,
+    MHASchedulerSynchronization,
     MHATileScheduler,
     MHATileState,
     MHATileSummary,
@@ -18,6 +19,7 @@ from .scheduler import (
     TileScheduler,
     TransientScheduler,
     WorkInfo,
+    WorkSlots,
 )
 from .sequence_parallel import (
     SequenceParallelStats,
@@ -31,6 +33,7 @@ from .sequence_parallel import (
 __all__ = [
     "AtomicCounter",
     "MHASchedule",
+    "MHASchedulerSynchronization",
     "MHATileScheduler",
     "MHATileState",
     "MHATileSummary",
@@ -43,6 +46,7 @@ __all__ = [
     "TileScheduler",
     "TransientScheduler",
     "WorkInfo",
+    "WorkSlots",
     "attention",
     "attention_tile",
     "attention_tile_backward",

@@ -33,6 +33,7 @@ from typing import ClassVar, Protocol
 __all__ = [
     "AtomicCounter",
     "MHASchedule",
+    "MHASchedulerSynchronization",
     "MHATileScheduler",
     "MHATileState",
     "MHATileSummary",
@@ -42,6 +43,7 @@ __all__ = [
     "TileScheduler",
     "TransientScheduler",
     "WorkInfo",
+    "WorkSlots",
 ]
 
 
@@ -49,6 +51,72 @@ class MHASchedule(enum.Enum):
     DEFAULT = "default"
     PROMPT_ROTATE = "prompt_rotate"
     LPT = "lpt"
+
+
+class MHASchedulerSynchronization(enum.Enum):
+    """How ``advance`` synchronises a worker's producer with its consumers (MAX's
+    ``MHASchedulerSynchronization``), for a pipeline in which one producer claims work and
+    the consumers of the same worker compute it:
+
+    * ``NONE``: no synchronisation; the caller orders the producer's publish before the
+      consumers' read (a consumer reading a stage not yet published raises).
+    * ``PRODUCER``: consumers wait until the producer has published the stage's next item.
+    * ``ALL``: as ``PRODUCER``, and the producer also waits until every consumer has read
+      the stage's previous item before overwriting it (a full handshake).
+
+    Static schedulers (``TileScheduler``, ``TransientScheduler``) need none: every thread
+    computes the same next item.
+    """
+
+    NONE = 0
+    PRODUCER = 1
+    ALL = 2
+
+
+class WorkSlots:
+    """What a worker's producer and consumers share (MAX keeps it in shared memory): one
+    slot per pipeline stage, holding ``(step, item)``, and how many consumers read it."""
+
+    def __init__(self, stages: int, consumers: int, timeout_s: float = 60.0) -> None:
+        self.consumers = consumers
+        self.timeout_s = timeout_s
+        self._slots: dict[int, tuple[int, int]] = {}
+        self._reads: dict[int, int] = {}
+        self._cv = threading.Condition()
+        self.stages = stages
+
+    def _wait(self, ready: Callable[[], bool], what: str) -> None:
+        if not self._cv.wait_for(ready, self.timeout_s):
+            raise TimeoutError(f"advance: {what} did not happen within {self.timeout_s:g} s")
+
+    def publish(self, stage: int, step: int, item: int, wait_free: bool) -> None:
+        with self._cv:
+            if wait_free and stage in self._slots:
+                self._wait(
+                    lambda: self._reads.get(stage, 0) >= self.consumers,
+                    f"the consumers' read of stage {stage}",
+                )
+            self._slots[stage] = (step, item)
+            self._reads[stage] = 0
+            self._cv.notify_all()
+
+    def read(self, stage: int, step: int, wait: bool) -> int:
+        with self._cv:
+
+            def ready() -> bool:
+                got = self._slots.get(stage)
+                return got is not None and got[0] == step
+
+            if not ready():
+                if not wait:
+                    raise RuntimeError(
+                        f"advance: stage {stage} of step {step} is not published yet "
+                        "(sync=NONE: publish before consumers read, or use PRODUCER/ALL)"
+                    )
+                self._wait(ready, f"the producer's publish of stage {stage} (step {step})")
+            self._reads[stage] = self._reads.get(stage, 0) + 1
+            self._cv.notify_all()
+            return self._slots[stage][1]
 
 
 @dataclass(frozen=True)
@@ -189,6 +257,7 @@ class MHATileState:
 
     worker: int
     idx: int
+    step: int = 0  # advances made (pairs a producer's publish with its consumers' reads)
 
 
 class AtomicCounter:
@@ -222,7 +291,13 @@ class MHATileScheduler(Protocol):
     def get_current_work_info(self, summary: MHATileSummary, state: MHATileState) -> WorkInfo: ...
 
     def advance(
-        self, summary: MHATileSummary, state: MHATileState, pipeline_idx: int = 0
+        self,
+        summary: MHATileSummary,
+        state: MHATileState,
+        pipeline_idx: int = 0,
+        *,
+        producer: bool = True,
+        sync: MHASchedulerSynchronization = MHASchedulerSynchronization.NONE,
     ) -> SeqInfo | None: ...
 
     def unsafe_seq_info(self, summary: MHATileSummary, state: MHATileState) -> SeqInfo: ...
@@ -317,9 +392,16 @@ class TransientScheduler(_Ordered):
         return MHATileState(worker, worker)
 
     def advance(
-        self, summary: MHATileSummary, state: MHATileState, pipeline_idx: int = 0
+        self,
+        summary: MHATileSummary,
+        state: MHATileState,
+        pipeline_idx: int = 0,
+        *,
+        producer: bool = True,
+        sync: MHASchedulerSynchronization = MHASchedulerSynchronization.NONE,
     ) -> SeqInfo | None:
         state.idx = summary.num_items
+        state.step += 1
         return None
 
 
@@ -349,8 +431,15 @@ class TileScheduler(_Ordered):
         return MHATileState(worker, self._skip(summary, worker, lambda i: i + self.num_workers))
 
     def advance(
-        self, summary: MHATileSummary, state: MHATileState, pipeline_idx: int = 0
+        self,
+        summary: MHATileSummary,
+        state: MHATileState,
+        pipeline_idx: int = 0,
+        *,
+        producer: bool = True,
+        sync: MHASchedulerSynchronization = MHASchedulerSynchronization.NONE,
     ) -> SeqInfo | None:
+        state.step += 1
         state.idx = self._skip(
             summary, state.idx + self.num_workers, lambda i: i + self.num_workers
         )
@@ -370,14 +459,25 @@ class QueuedTileScheduler(_Ordered):
         num_workers: int,
         schedule: MHASchedule | str = MHASchedule.DEFAULT,
         counter: AtomicCounter | None = None,
+        *,
+        consumers: int = 0,
+        pipeline_stages: int = 1,
     ) -> None:
         super().__init__(schedule)
         if num_workers < 1:
             raise ValueError(
                 f"QueuedTileScheduler: invalid num_workers (got {num_workers}; expected >= 1)"
             )
+        if consumers < 0 or pipeline_stages < 1:
+            raise ValueError(
+                f"QueuedTileScheduler: invalid pipeline (got consumers {consumers}, stages "
+                f"{pipeline_stages}; expected consumers >= 0 and stages >= 1)"
+            )
         self.num_workers = num_workers
         self.counter = counter or AtomicCounter(num_workers)
+        self.consumers = consumers
+        self.pipeline_stages = pipeline_stages
+        self._slots = [WorkSlots(pipeline_stages, consumers) for _ in range(num_workers)]
 
     def grid_dim(self, batch_size: int, max_num_prompt_tiles: int) -> tuple[int, int, int]:
         return (self.num_workers, 1, 1)
@@ -395,7 +495,35 @@ class QueuedTileScheduler(_Ordered):
         return MHATileState(worker, self._take(summary, worker))
 
     def advance(
-        self, summary: MHATileSummary, state: MHATileState, pipeline_idx: int = 0
+        self,
+        summary: MHATileSummary,
+        state: MHATileState,
+        pipeline_idx: int = 0,
+        *,
+        producer: bool = True,
+        sync: MHASchedulerSynchronization = MHASchedulerSynchronization.NONE,
     ) -> SeqInfo | None:
-        state.idx = self._take(summary, self.counter.fetch_add(1))
+        """Move ``state`` to its next item. The producer (``producer=True``, the default)
+        claims it from the shared counter and, when the scheduler has consumers, publishes
+        it in stage ``pipeline_idx`` of its worker's slots; a consumer (``producer=False``)
+        reads it from there instead of claiming, synchronised as ``sync`` says."""
+        if not 0 <= pipeline_idx < self.pipeline_stages:
+            raise ValueError(
+                f"advance: invalid pipeline_idx (got {pipeline_idx}; expected 0 <= "
+                f"pipeline_idx < {self.pipeline_stages})"
+            )
+        state.step += 1
+        slots = self._slots[state.worker]
+        if producer:
+            state.idx = self._take(summary, self.counter.fetch_add(1))
+            if self.consumers:
+                wait = sync is MHASchedulerSynchronization.ALL
+                slots.publish(pipeline_idx, state.step, state.idx, wait_free=wait)
+        else:
+            if not self.consumers:
+                raise ValueError(
+                    "advance: producer=False needs a scheduler made with consumers >= 1"
+                )
+            wait = sync is not MHASchedulerSynchronization.NONE
+            state.idx = slots.read(pipeline_idx, state.step, wait)
         return self.seq(summary, state.idx) if state.idx < summary.num_items else None

@@ -24,7 +24,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -34,6 +34,9 @@ from ..errors import ArgumentError, DescriptorError, ShmemStateError
 from ..memory import Buffer
 from .descriptor import IpcDescriptor
 from .service import ExporterGoneError, IpcPermissionError, Server, request, runtime_dir
+
+if TYPE_CHECKING:
+    from ..context import DeviceContext
 
 __all__ = [
     "ExporterGoneError",
@@ -126,10 +129,13 @@ class _Memory(Buffer):
         if self._gpu is not None:
             self._gpu.close()
 
-    def close(self) -> None:
-        """Unmap this process's view (closing twice is a no-op)."""
+    def close(self, stream: DeviceContext | None = None) -> None:
+        """Unmap this process's view (after ``stream``'s queued work when given; closing
+        twice is a no-op)."""
         if self._closed:
             return
+        if stream is not None:
+            stream.synchronize()
         self._release()
 
     def __enter__(self) -> Any:
@@ -163,11 +169,13 @@ class IpcBuffer(_Memory):
             return self._mapping.fd
         return int(self._gpu.fd())
 
-    def close(self) -> None:
-        """Stop serving new imports and drop this process's handle. Existing importers keep
-        their mappings."""
+    def close(self, stream: DeviceContext | None = None) -> None:
+        """Stop serving new imports and drop this process's handle (after ``stream``'s queued
+        work when given). Existing importers keep their mappings."""
         if self._closed:
             return
+        if stream is not None:
+            stream.synchronize()
         server = Server.get()
         for buffer_id in self._exports:
             server.unregister(buffer_id)

@@ -85,3 +85,23 @@ def test_atomics_refuse_non_integer_buffers(world: World) -> None:
             f.atomic_fetch_add(0, 0, 1)
         with pytest.raises(ArgumentError, match="atomics need an integer buffer"):
             f.atomic_fetch_xor(0, 0, 1)
+
+
+def test_seed_names_type_name_and_raw_pointer_copies(world: World) -> None:
+    import ctypes
+
+    with world.zeros(6, "bfloat16") as x:
+        assert x.get_type_name() == "bfloat16"
+    with world.zeros(4, "int64") as y:
+        raw = (ctypes.c_int64 * 4)(5, 6, 7, 8)
+        y.enqueue_copy_from(ctypes.addressof(raw))  # a raw host pointer, as the seed passes
+        world.ctx.synchronize()
+        assert y.local().tolist() == [5, 6, 7, 8]
+        y.local()[...] += 1
+        out = (ctypes.c_int64 * 4)()
+        y.enqueue_copy_to(ctypes.addressof(out))
+        world.ctx.synchronize()
+        assert list(out) == [6, 7, 8, 9]
+        with pytest.raises(ArgumentError, match="invalid pointer"):
+            y.enqueue_copy_to(0)
+        world.barrier()
