@@ -17,7 +17,7 @@ import collectives
 import shmem
 import shmem._cuda_device as _c
 import shmem.backends as _backends
-from shmem.errors import SignalTimeoutError
+from shmem.errors import NvshmemUnsupportedError, SignalTimeoutError
 
 RESULTS: list[tuple[str, bool]] = []
 
@@ -49,6 +49,42 @@ def times_out(fn: Callable[[], Any]) -> str:
     except SignalTimeoutError:
         return "raised"
     raise AssertionError("no SignalTimeoutError")
+
+
+def refused(fn: Callable[[], Any]) -> str:
+    """The call raises NvshmemUnsupportedError naming itself (docs/openshmem.md's table)."""
+    try:
+        fn()
+    except NvshmemUnsupportedError as exc:
+        assert "not available on the nvshmem backend yet" in str(exc), exc
+        return str(exc).split(":")[0]
+    raise AssertionError("no NvshmemUnsupportedError raised")
+
+
+def openshmem_refusals(w: Any, buf: Any, i32: Any) -> None:
+    """OpenSHMEM calls the nvshmem backend does not have yet refuse clearly; teams, quiet,
+    fence and the queries work."""
+    u64 = w.zeros(2, "uint64")
+    src = np.zeros(4, np.float32)
+    check("put_nbi refused", lambda: refused(lambda: buf.put_nbi(0, src)))
+    check("get_nbi refused", lambda: refused(lambda: buf.get_nbi(0, np.zeros(4, np.float32))))
+    check("iput refused", lambda: refused(lambda: buf.iput(0, src, stride=2)))
+    check("ibget refused", lambda: refused(lambda: buf.ibget(0, 2, block=2, stride=4)))
+    check("put_signal refused", lambda: refused(lambda: buf.put_signal(0, src, u64, 1)))
+    check("signal_fetch refused", lambda: refused(u64.signal_fetch))
+    check("wait_until refused", lambda: refused(lambda: i32.wait_until("ge", 0)))
+    check("test_any refused", lambda: refused(lambda: i32.test_any("ge", 0)))
+    check("float atomic refused", lambda: refused(lambda: buf.atomic_fetch(0, 0)))
+    check("atomic_nbi refused", lambda: refused(lambda: i32.atomic_nbi(0, 0, "fetch_add", 1)))
+    check("quiet and fence", lambda: (w.quiet(), w.fence()))
+    check("queries", lambda: (w.pe_accessible(0), w.addr_accessible(buf, 0), w.info_get_version()))
+    team = check("split a team", lambda: w.team_world.split_strided(0, 1, 1))
+    if team is not None:
+        check("team barrier", team.barrier)
+        with collectives.Communicator(team) as tcomm:  # the world itself: the GPU path
+            check("team all_reduce", lambda: tcomm.all_reduce(np.ones(4, np.float32)).tolist())
+        check("team destroy", team.destroy)
+    u64.close()
 
 
 def main() -> None:
@@ -127,6 +163,7 @@ def main() -> None:
         )
         check("Communicator barrier", comm.barrier)
         check("Communicator close", comm.close)
+    openshmem_refusals(w, buf, i32)
     for b in (i32, ctr, buf):
         check("close a buffer", b.close)
     check("heap back to the pad only", lambda: w.heap_stats().num_allocated)
