@@ -21,7 +21,16 @@ from shmem.errors import CollectiveArgumentError, ShmemError
 
 from .channel import Channel, Flag
 from .operand import Array, Operand, agree, output_array
-from .ops import UFUNCS, ReduceOp, accumulate_dtype, check_op, int_avg, reduce_into, widen
+from .ops import (
+    UFUNCS,
+    ReduceOp,
+    accumulate_dtype,
+    canonical_padding,
+    check_op,
+    int_avg,
+    reduce_into,
+    widen,
+)
 from .schedule import ALGORITHMS, Algorithm, shard_bounds, shard_of
 
 __all__ = ["TinyPlan", "all_reduce", "choose", "tiny_plan"]
@@ -140,6 +149,7 @@ class TinyPlan:
         self.ufunc = UFUNCS[op]
         self.divide = acc.type(ch.world_size) if op == "avg" else None
         self.widen = acc != dtype  # low precision: accumulate in float32, round once
+        self.padded = dtype == np.dtype(np.longdouble)
         self.acc_buf = np.empty(count if self.widen else 0, acc)
         self.tmp_buf = np.empty(count if self.widen else 0, acc)
         self.stage = ch.scratch(_round_up(self.nbytes))[: self.nbytes].view(dtype)
@@ -205,10 +215,12 @@ class TinyPlan:
             for src in inputs[2:]:
                 self.ufunc(target, src, out=target)
         if self.divide is not None and not self.widen:
-            if target.dtype.kind == "f":
+            if target.dtype.kind in "fc":
                 np.divide(target, self.divide, out=target)
             else:
                 int_avg(target, int(self.divide))
+        if self.padded:
+            canonical_padding(target)
         if self.fence_needed:
             ch.world.heap.fence()  # release: my reads of peers' memory are done
         mine[DONE] = s

@@ -24,6 +24,7 @@ __all__ = [
     "OpName",
     "ReduceOp",
     "accumulate_dtype",
+    "canonical_padding",
     "check_op",
     "int_avg",
     "reduce_into",
@@ -106,6 +107,20 @@ def accumulate_dtype(dtype: np.dtype[Any], float32_in: np.dtype[Any]) -> np.dtyp
     return dtype
 
 
+# x87 extended precision (x86's long double) stores 10 bytes in 12 or 16: the rest is
+# padding that arithmetic leaves as it was. Reductions zero it, so results are bitwise
+# identical on every rank, as for every other dtype.
+_LONG = np.dtype(np.longdouble)
+_LONG_BYTES = 10 if np.finfo(np.longdouble).nmant == 63 and _LONG.itemsize > 10 else 0
+
+
+def canonical_padding(out: np.ndarray[Any, Any]) -> None:
+    """Zero the padding bytes of a long double array (a no-op for every other dtype)."""
+    if _LONG_BYTES and out.dtype == _LONG and out.size:
+        raw = out.reshape(-1).view(np.uint8).reshape(-1, _LONG.itemsize)
+        raw[:, _LONG_BYTES:] = 0
+
+
 _BF16 = np.dtype(ml_dtypes.bfloat16)
 _F32 = np.dtype(np.float32)
 
@@ -156,10 +171,11 @@ def reduce_into(
     ):
         ufunc(sources[0], sources[1], out=out)  # the common small case, in one call
         if op == "avg" and avg_count is not None:
-            if out.dtype.kind == "f":
+            if out.dtype.kind in "fc":
                 np.divide(out, acc_dtype.type(avg_count), out=out)
             else:
                 int_avg(out, avg_count)
+        canonical_padding(out)
         return
     direct = out.dtype == acc_dtype and all(s.dtype == acc_dtype for s in sources)
     step = max(1, CHUNK_BYTES // max(acc_dtype.itemsize, 1))
@@ -177,7 +193,7 @@ def reduce_into(
                 ufunc(sources[0][lo:hi], sources[1][lo:hi], out=dst)
                 for src in sources[2:]:
                     ufunc(dst, src[lo:hi], out=dst)
-            if divide and out.dtype.kind == "f":
+            if divide and out.dtype.kind in "fc":
                 np.divide(dst, acc_dtype.type(avg_count), out=dst)
         else:
             a = acc[: hi - lo]
@@ -191,6 +207,7 @@ def reduce_into(
             _narrow(a, out[lo:hi])
     if divide and out.dtype.kind in "iu":
         int_avg(out, avg_count or 1)
+    canonical_padding(out)
 
 
 def int_avg(out: np.ndarray[Any, Any], count: int) -> None:

@@ -257,7 +257,7 @@ def test_argument_errors() -> None:
     with pytest.raises(ValueError, match="invalid shape"):
         ipc.allocate((2, -1))
     with pytest.raises(TypeError, match="unsupported dtype"):
-        ipc.allocate(4, "complex64")
+        ipc.allocate(4, "clongdouble")
 
 
 def test_import_shmem_does_not_start_mpi() -> None:
