@@ -199,6 +199,40 @@ class Context:
             )
         return int(rank)
 
+    # -- blocking RMA and atomics on the context -------------------------------------------
+
+    def put(self, buf: SHMEMBuffer, rank: int, src: Any, offset: int = 0) -> None:
+        """``shmem_ctx_put``: :meth:`SHMEMBuffer.put` with a rank of this context's team."""
+        self._heap("put")
+        buf.put(self.world_rank(rank, "put"), src, offset)
+
+    def get(
+        self,
+        buf: SHMEMBuffer,
+        rank: int,
+        dst: np.ndarray[Any, Any] | None = None,
+        offset: int = 0,
+    ) -> np.ndarray[Any, Any]:
+        """``shmem_ctx_get``: :meth:`SHMEMBuffer.get` with a rank of this context's team."""
+        self._heap("get")
+        return buf.get(self.world_rank(rank, "get"), dst, offset)
+
+    def atomic(
+        self,
+        buf: SHMEMBuffer,
+        rank: int,
+        index: int,
+        op: AtomicOp | str,
+        value: float = 0,
+        *,
+        compare: int | None = None,
+    ) -> int | float:
+        """``shmem_ctx_atomic_*``: a fetching atomic, complete on return; the old value."""
+        fetched = self.atomic_nbi(buf, rank, index, op, value, compare=compare)
+        if not fetched.done:
+            self.quiet()
+        return fetched.value
+
     # -- non-blocking RMA -------------------------------------------------------------------
 
     def put_nbi(

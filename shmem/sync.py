@@ -109,7 +109,7 @@ def test_elements(
     flat, idx, vals = _targets(buf, where, cmp, value, indices, status)
     buf.world.heap.progress()
     hits = _satisfied(flat, idx, vals, str(cmp))
-    if not _done(mode, hits, idx) or (mode != "all" and not idx and mode != "one"):
+    if not _done(mode, hits, idx):  # "any"/"some" with every element masked: never done
         return None
     buf.world.heap.fence()  # acquire
     return hits

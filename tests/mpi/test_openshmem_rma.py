@@ -301,3 +301,23 @@ def test_complex_and_long_double(world: World, name: str) -> None:
                 comm.all_reduce(values(world.rank), "max").tolist()
                 == values(world.world_size - 1).tolist()
             )
+
+
+def test_blocking_calls_on_a_team_context(world: World) -> None:
+    team = world.team_world.split_strided(world.world_size - 1, -1, world.world_size)
+    assert team is not None  # every rank, in reverse order
+    with world.zeros(4, "int64") as x, team.create_ctx() as ctx:
+        me = team.my_pe
+        right = (me + 1) % team.n_pes
+        ctx.put(x, right, np.full(4, world.rank, np.int64))
+        world.barrier()
+        assert x.local().tolist() == [team.members[(me - 1) % team.n_pes]] * 4
+        assert ctx.get(x, right).tolist() == [world.rank] * 4
+        world.barrier()
+        old = ctx.atomic(x, 0, 1, "fetch_add", 1)  # team rank 0 is the last world rank
+        assert isinstance(old, int)
+        world.barrier()
+        if world.rank == world.world_size - 1:
+            assert x.local()[1] == world.world_size  # 0 from world rank 0, plus one per rank
+        world.barrier()
+    team.destroy()
