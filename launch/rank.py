@@ -7,7 +7,23 @@ left waiting forever in a collective or in ``MPI_Finalize``.
 
 Under the launcher (``SHMEM_LAUNCH_LOG_DIR`` set) the rank's stdout and stderr go to
 ``rank.<r>.log`` in that directory, ``SIGUSR1`` dumps its Python stacks to ``rank.<r>.stack``,
-and the rank is bound to a GPU from its node-local rank.
+a fatal signal dumps them into the log (``faulthandler``), and the rank is bound to a GPU from
+its node-local rank.
+
+The monitor
+-----------
+Under the launcher the process mpiexec starts forks at once: the child is the rank (it
+initialises MPI and runs the program), the parent only waits for it. When the child ends
+without a Python exception (a signal, ``os._exit``) the parent writes ``rank.<r>.died.json``
+with the exact status, stamped the moment ``waitpid`` returns, so the launcher names the rank
+that died first, never one that mpiexec killed after it; then it exits with the child's own
+code (128 + N for signal N). The child dies with the parent (``PR_SET_PDEATHSIG``), so
+mpiexec's clean-up still ends it.
+
+A rank failing with an error that has a ``failed_rank`` (``PeerFailedError``: a peer failed
+first) is a consequence: its record names that peer, and it waits up to
+``_CONSEQUENCE_GRACE_S`` for the peer's own record before aborting, so the peer's exception
+and exit code, not the consequence, end up as the root cause.
 """
 
 from __future__ import annotations
@@ -28,7 +44,7 @@ from types import TracebackType
 from typing import Any, NoReturn
 
 from .gpu import choose_gpu, visible_gpus
-from .report import ErrorRecord, StartRecord, write_json_atomic
+from .report import DeathRecord, ErrorRecord, StartRecord, load_starts, write_json_atomic
 
 ENV_LOG_DIR = "SHMEM_LAUNCH_LOG_DIR"
 ENV_GPU = "SHMEM_LAUNCH_GPU"
@@ -36,6 +52,7 @@ ENV_GPU = "SHMEM_LAUNCH_GPU"
 log = logging.getLogger("launch.rank")
 
 _failing = threading.Lock()
+_CONSEQUENCE_GRACE_S = 5.0  # how long a consequence waits for its cause's record
 
 
 class _Rank:
@@ -63,6 +80,7 @@ class _Rank:
         sys.stderr = open(2, "w", buffering=1, encoding="utf-8", errors="replace", closefd=False)  # noqa: SIM115
         stack = open(self.log_dir / f"rank.{self.rank}.stack", "w")  # noqa: SIM115
         faulthandler.register(signal.SIGUSR1, file=stack, all_threads=True)
+        faulthandler.enable(file=sys.stderr, all_threads=True)  # fatal signals: into the log
         StartRecord(self.rank, self.size, self.host, os.getpid(), time.time()).write(self.log_dir)
 
     def fail(self, exc: BaseException, exit_code: int) -> NoReturn:
@@ -72,8 +90,18 @@ class _Rank:
             what = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
             if isinstance(exc, SystemExit):
                 what = f"SystemExit({int(exc.code) if isinstance(exc.code, int) else exc.code!r})"
+            cause = getattr(exc, "failed_rank", -1)
+            cause = cause if isinstance(cause, int) and 0 <= cause < self.size else -1
             rec = ErrorRecord(
-                self.rank, self.size, self.host, os.getpid(), time.time(), exit_code, what, tb
+                self.rank,
+                self.size,
+                self.host,
+                os.getpid(),
+                time.time(),
+                exit_code,
+                what,
+                tb,
+                cause,
             )
             if self.log_dir is not None:
                 with contextlib.suppress(OSError):
@@ -81,8 +109,21 @@ class _Rank:
             sys.stderr.write(f"rank {self.rank} of {self.size} on {self.host}: {tb}")
             sys.stderr.flush()
             sys.stdout.flush()
+            if cause >= 0 and self.log_dir is not None:
+                self._await_cause(cause)
             self.MPI.COMM_WORLD.Abort(exit_code)
         os._exit(exit_code)  # pragma: no cover - Abort does not return
+
+    def _await_cause(self, cause: int) -> None:
+        """Give the failed peer time to record its own error before this rank aborts the
+        job (its abort would kill the peer mid-report)."""
+        assert self.log_dir is not None
+        names = [f"rank.{cause}.{kind}.json" for kind in ("error", "died", "done")]
+        end = time.monotonic() + _CONSEQUENCE_GRACE_S
+        while time.monotonic() < end:
+            if any((self.log_dir / n).exists() for n in names):
+                return
+            time.sleep(0.002)
 
     def done(self, exit_code: int) -> None:
         if self.log_dir is not None:
@@ -156,10 +197,75 @@ def _usage() -> NoReturn:
     raise SystemExit(2)
 
 
+def _die_with_parent() -> None:
+    """The rank process ends when its monitor does (mpiexec's clean-up kills the monitor)."""
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def _env_rank() -> int:
+    for name in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK"):
+        value = os.environ.get(name, "")
+        if value.isdigit():
+            return int(value)
+    return -1
+
+
+def _monitor(child: int, log_dir: Path) -> NoReturn:
+    """The parent: wait for the rank process, record how it ended, exit with its code."""
+    terminated: list[int] = []
+
+    def forward(signum: int, frame: object) -> None:
+        terminated.append(signum)
+        with contextlib.suppress(OSError):
+            os.kill(child, signum)
+
+    for forwarded in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(forwarded, forward)
+    signal.signal(signal.SIGUSR1, lambda s, f: os.kill(child, signal.SIGUSR1))
+    while True:
+        try:
+            _, status = os.waitpid(child, 0)
+            break
+        except ChildProcessError:  # pragma: no cover - reaped elsewhere: nothing to report
+            os._exit(1)
+    seen = time.time()
+    code = os.waitstatus_to_exitcode(status)
+    sig = -code if code < 0 else 0
+    code = 128 + sig if sig else code
+    if code != 0:
+        start = next((s for s in load_starts(log_dir).values() if s.pid == child), None)
+        rank = start.rank if start is not None else _env_rank()
+        recorded = any(
+            (log_dir / f"rank.{rank}.{kind}.json").exists() for kind in ("error", "done")
+        )
+        if rank >= 0 and not recorded:
+            size = (
+                start.world_size if start is not None else int(os.environ.get("PMI_SIZE", "0") or 0)
+            )
+            with contextlib.suppress(OSError):
+                DeathRecord(
+                    rank, size, socket.gethostname(), child, seen, code, sig, bool(terminated)
+                ).write(log_dir)
+    os._exit(code)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if not args:
         _usage()
+    log_dir = os.environ.get(ENV_LOG_DIR)
+    if log_dir and hasattr(os, "fork"):
+        parent = os.getpid()
+        child = os.fork()
+        if child:
+            _monitor(child, Path(log_dir))
+        _die_with_parent()
+        if os.getppid() != parent:  # the monitor is already gone
+            os._exit(1)
     rank = _Rank()
     rank.redirect_output()
 

@@ -5,6 +5,8 @@ Files (all written atomically: a temporary file, then ``os.replace``):
 * ``rank.<r>.start.json``: rank, world size, host, pid, start time;
 * ``rank.<r>.error.json``: an uncaught exception or non-zero exit (exit code, traceback);
 * ``rank.<r>.done.json``: a clean exit;
+* ``rank.<r>.died.json``: an end without a Python exception (a signal, ``os._exit``), written
+  by the rank's monitor process the moment the rank process ends;
 * ``rank.<r>.stack``: Python stacks dumped on ``SIGUSR1`` (the launcher asks on timeout);
 * ``rank.<r>.log``: the rank's stdout and stderr.
 """
@@ -21,8 +23,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 __all__ = [
+    "DeathRecord",
     "ErrorRecord",
     "StartRecord",
+    "load_deaths",
     "load_errors",
     "load_starts",
     "parse_mpiexec_failures",
@@ -67,18 +71,53 @@ class ErrorRecord:
     exit_code: int
     exception: str
     traceback: str
+    consequence_of: int = -1  # the failed peer this rank stopped because of (-1: none)
 
     def write(self, log_dir: Path) -> None:
         write_json_atomic(log_dir / f"rank.{self.rank}.error.json", asdict(self))
 
     def headline(self) -> str:
-        when = (
-            time.strftime("%H:%M:%S", time.localtime(self.time))
-            + f".{int(self.time * 1000) % 1000:03d}"
-        )
         return (
-            f"rank {self.rank} of {self.world_size} on {self.host} (pid {self.pid}) at {when}: "
-            f"{self.exception} (exit code {self.exit_code})"
+            f"rank {self.rank} of {self.world_size} on {self.host} (pid {self.pid}) at "
+            f"{_when(self.time)}: {self.exception} (exit code {self.exit_code})"
+        )
+
+
+def _when(t: float) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(t)) + f".{int(t * 1000) % 1000:03d}"
+
+
+@dataclass(frozen=True)
+class DeathRecord:
+    """A rank process that ended without a Python exception, as its monitor saw it."""
+
+    rank: int
+    world_size: int
+    host: str
+    pid: int
+    time: float
+    exit_code: int  # the process's own code, or 128 + N for signal N (the shell convention)
+    signal: int  # 0 when it exited
+    terminated: bool  # the launcher or mpiexec ended it (a consequence, not a cause)
+
+    def write(self, log_dir: Path) -> None:
+        write_json_atomic(log_dir / f"rank.{self.rank}.died.json", asdict(self))
+
+    def how(self) -> str:
+        if self.signal:
+            import signal as _signal
+
+            try:
+                name = _signal.Signals(self.signal).name
+            except ValueError:
+                name = "unknown"
+            return f"killed by signal {self.signal} ({name})"
+        return f"exited with code {self.exit_code}"
+
+    def headline(self) -> str:
+        return (
+            f"rank {self.rank} of {self.world_size} on {self.host} (pid {self.pid}) at "
+            f"{_when(self.time)}"
         )
 
 
@@ -95,6 +134,12 @@ def _load(log_dir: Path, pattern: str) -> list[dict[str, object]]:
 def load_errors(log_dir: Path) -> list[ErrorRecord]:
     """Error records, earliest first."""
     records = [ErrorRecord(**d) for d in _load(log_dir, "rank.*.error.json")]  # type: ignore[arg-type]
+    return sorted(records, key=lambda r: (r.time, r.rank))
+
+
+def load_deaths(log_dir: Path) -> list[DeathRecord]:
+    """Death records, earliest first."""
+    records = [DeathRecord(**d) for d in _load(log_dir, "rank.*.died.json")]  # type: ignore[arg-type]
     return sorted(records, key=lambda r: (r.time, r.rank))
 
 

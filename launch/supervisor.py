@@ -18,7 +18,15 @@ from pathlib import Path
 from typing import IO
 
 from .command import LaunchCommand
-from .report import load_done, load_errors, load_starts, parse_mpiexec_failures
+from .report import (
+    DeathRecord,
+    ErrorRecord,
+    load_deaths,
+    load_done,
+    load_errors,
+    load_starts,
+    parse_mpiexec_failures,
+)
 
 __all__ = ["JobResult", "OutputForwarder", "console_ranks", "run_job"]
 
@@ -260,6 +268,51 @@ def run_job(
     return result
 
 
+def _root_cause(
+    logs: Path, errors: list[ErrorRecord], deaths: list[DeathRecord], rc: int
+) -> JobResult:
+    """The rank that failed first, with its own error or end, and the ranks that stopped
+    because of it. Causes are errors that are not consequences of a peer's failure and
+    deaths the launcher did not inflict; the earliest cause is the root cause."""
+    causes: list[ErrorRecord | DeathRecord] = [e for e in errors if e.consequence_of < 0]
+    causes += [d for d in deaths if not d.terminated]
+    every: list[ErrorRecord | DeathRecord] = [*errors, *deaths]
+    root = min(causes or every, key=lambda r: (r.time, r.rank))
+    lines: list[str] = []
+    if isinstance(root, ErrorRecord):
+        lines.append(f"launch: job failed; root cause: {root.headline()}")
+        lines.extend("  " + ln for ln in root.traceback.rstrip().splitlines())
+        code = root.exit_code or rc or 1
+    else:
+        lines.append(
+            f"launch: job failed; root cause: {root.headline()} died first: {root.how()} "
+            "(no Python exception was recorded)"
+        )
+        lines.extend("  " + ln for ln in _fatal_report(logs / f"rank.{root.rank}.log"))
+        code = root.exit_code
+    for e in errors:
+        if e is root:
+            continue
+        if e.consequence_of >= 0:
+            lines.append(f"  stopped because of rank {e.consequence_of}: {e.headline()}")
+        else:
+            lines.append(f"  also failed: {e.headline()}")
+    for d in deaths:
+        if d is not root and not d.terminated:
+            lines.append(f"  also died: {d.headline()}: {d.how()}")
+    return JobResult(code, False, lines)
+
+
+def _fatal_report(log: Path, limit: int = 40) -> list[str]:
+    """faulthandler's report of a fatal signal in a rank's log (empty when none)."""
+    try:
+        text = log.read_text(errors="replace")
+    except OSError:
+        return []
+    at = text.rfind("Fatal Python error")
+    return text[at:].strip().splitlines()[:limit] if at >= 0 else []
+
+
 def _summarise(
     logs: Path,
     nranks: int,
@@ -288,13 +341,9 @@ def _summarise(
                 dump = stack.read_text(errors="replace").strip().splitlines()
                 lines.extend("    " + ln for ln in dump[:40])
         return JobResult(TIMEOUT_EXIT, True, lines)
-    if errors:
-        first = errors[0]
-        lines.append(f"launch: job failed; root cause: {first.headline()}")
-        lines.extend("  " + ln for ln in first.traceback.rstrip().splitlines())
-        for other in errors[1:]:
-            lines.append(f"  also failed: {other.headline()}")
-        return JobResult(first.exit_code or rc or 1, False, lines)
+    deaths = load_deaths(logs)
+    if errors or deaths:
+        return _root_cause(logs, errors, deaths, rc)
     if rc != 0:
         by_pid = {s.pid: s for s in starts.values()}
         reported = [
@@ -302,8 +351,8 @@ def _summarise(
             for r, pid, host, how in parse_mpiexec_failures(mpiexec_text)
         ]
         done_or_failed = done | {e.rank for e in errors}
-        deaths = sorted((t, r) for r, t in watch.died.items() if r not in done_or_failed)
-        earliest = [r for t, r in deaths if t - deaths[0][0] < 0.002] if deaths else []
+        watched = sorted((t, r) for r, t in watch.died.items() if r not in done_or_failed)
+        earliest = [r for t, r in watched if t - watched[0][0] < 0.002] if watched else []
         named = [r for r, _, _, _ in reported if r >= 0]
         if len(earliest) > 1 and named and named[0] in earliest:
             earliest = [named[0]]  # a tie within 2 ms: mpiexec's report decides

@@ -176,7 +176,16 @@ class SequenceParallelError(ArgumentError):
 
 
 class PeerFailedError(ShmemError, RuntimeError):
-    """Another rank failed during the call (its own error is raised there)."""
+    """Another rank failed during the call (its own error is raised there).
+
+    ``failed_rank`` names that rank (-1 when unknown). The launcher reports a rank that ends
+    with this error as a consequence of ``failed_rank``'s failure, never as the root cause,
+    and waits briefly for that rank's own error record before it aborts the job.
+    """
+
+    def __init__(self, message: str, *, failed_rank: int = -1) -> None:
+        super().__init__(message)
+        self.failed_rank = failed_rank
 
 
 class ViewError(ShmemError, IndexError):

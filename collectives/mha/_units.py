@@ -190,7 +190,8 @@ def check_peers(counters: Any, me: int, what: str) -> None:
     failed = int(counters.local()[ABORT])
     if failed:
         raise PeerFailedError(
-            f"{what}: rank {me} stopped: rank {failed - 1} failed (its error is raised there)"
+            f"{what}: rank {me} stopped: rank {failed - 1} failed (its error is raised there)",
+            failed_rank=failed - 1,
         )
 
 

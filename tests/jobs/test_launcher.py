@@ -38,7 +38,16 @@ def _event_time(path: Path) -> float:
         ),
         ("exit3", 3, r"root cause: rank 1 of 3 .*SystemExit\(3\) \(exit code 3\)"),
         ("thread", 1, r"root cause: rank 1 of 3 .*RuntimeError: injected failure in a thread"),
-        ("kill", 9, r"root cause: rank 1 of 3 on \S+ \(pid \d+\) died first"),
+        (
+            "kill",
+            137,
+            r"root cause: rank 1 of 3 on \S+ \(pid \d+\) at [\d:.]+ died first: killed by "
+            r"signal 9 "
+            r"\(SIGKILL\)",
+        ),
+        ("oexit7", 7, r"root cause: rank 1 of 3 .*died first: exited with code 7"),
+        ("segv", 139, r"root cause: rank 1 of 3 .*killed by signal 11 \(SIGSEGV\)"),
+        ("peer", 5, r"root cause: rank 1 of 3 .*SystemExit\(5\) \(exit code 5\)"),
     ],
 )
 def test_a_failing_rank_ends_the_job_and_is_named(
@@ -49,8 +58,12 @@ def test_a_failing_rank_ends_the_job_and_is_named(
     assert proc.returncode == code, proc.stderr
     assert re.search(cause, proc.stderr), proc.stderr
     assert end - _event_time(event) < 5.0, "the job ends within 5 s of the failure"
-    if mode in ("raise", "thread"):
+    if mode in ("raise", "thread", "segv"):
         assert "faulty.py" in proc.stderr  # the user's frame is in the traceback
+    if mode == "segv":  # faulthandler's report of the fatal signal, in the root cause
+        assert "Fatal Python error: Segmentation fault" in proc.stderr, proc.stderr
+    if mode == "peer":  # the peers that stopped because of it are consequences
+        assert re.search(r"stopped because of rank 1: rank [02] .*PeerFailedError", proc.stderr)
 
 
 def test_a_hanging_rank_is_killed_at_the_deadline(tmp_path: Path) -> None:

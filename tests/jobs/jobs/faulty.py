@@ -1,9 +1,11 @@
 """A job that misbehaves on rank 1 on request (fault injection for the launcher tests).
 
 usage: faulty.py MODE EVENT_FILE, MODE one of ok, raise, exit3, kill, hang, thread,
-thread_exit0.
+thread_exit0, oexit7, segv, peer.
 Rank 1 writes the time of the event into EVENT_FILE just before it; the other ranks wait
-in a barrier that rank 1 never reaches.
+in a barrier that rank 1 never reaches. In ``peer`` rank 1 tells the others it failed, and
+they raise ``PeerFailedError`` at once, while rank 1 takes 0.3 s to ``sys.exit(5)`` (as a
+failing collective warns its peers before its own exception unwinds).
 """
 
 from __future__ import annotations
@@ -21,6 +23,11 @@ def main() -> None:
     mode, event_file = sys.argv[1], sys.argv[2]
     comm = MPI.COMM_WORLD
     comm.Barrier()
+    if mode == "peer" and comm.Get_rank() != 1:
+        from shmem.errors import PeerFailedError
+
+        comm.recv(source=1)
+        raise PeerFailedError("a peer failed: rank 1", failed_rank=1)
     if comm.Get_rank() == 1 and mode != "ok":
         with open(event_file, "w") as fh:
             fh.write(repr(time.time()))
@@ -30,6 +37,18 @@ def main() -> None:
             sys.exit(3)
         if mode == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
+        if mode == "oexit7":
+            os._exit(7)
+        if mode == "segv":
+            import ctypes
+
+            ctypes.string_at(0)  # a NULL read: SIGSEGV
+        if mode == "peer":
+            for r in range(comm.Get_size()):
+                if r != 1:
+                    comm.send("failed", dest=r)
+            time.sleep(0.3)
+            sys.exit(5)
         if mode == "hang":
             time.sleep(3600)
         if mode == "thread":
