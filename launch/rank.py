@@ -90,8 +90,7 @@ class _Rank:
             what = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
             if isinstance(exc, SystemExit):
                 what = f"SystemExit({int(exc.code) if isinstance(exc.code, int) else exc.code!r})"
-            cause = getattr(exc, "failed_rank", -1)
-            cause = cause if isinstance(cause, int) and 0 <= cause < self.size else -1
+            cause = self._cause_of(exc)
             rec = ErrorRecord(
                 self.rank,
                 self.size,
@@ -113,6 +112,17 @@ class _Rank:
                 self._await_cause(cause)
             self.MPI.COMM_WORLD.Abort(exit_code)
         os._exit(exit_code)  # pragma: no cover - Abort does not return
+
+    def _cause_of(self, exc: BaseException) -> int:
+        """The rank whose failure ``exc`` reports (``failed_rank``, or a ``failed_pid`` that
+        is one of this job's rank processes), else -1."""
+        cause = getattr(exc, "failed_rank", -1)
+        pid = getattr(exc, "failed_pid", -1)
+        unnamed = not isinstance(cause, int) or cause < 0
+        if unnamed and isinstance(pid, int) and pid > 0 and self.log_dir is not None:
+            starts = load_starts(self.log_dir).values()
+            cause = next((s.rank for s in starts if s.pid == pid), -1)
+        return cause if isinstance(cause, int) and 0 <= cause < self.size else -1
 
     def _await_cause(self, cause: int) -> None:
         """Give the failed peer time to record its own error before this rank aborts the

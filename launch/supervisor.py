@@ -32,6 +32,7 @@ __all__ = ["JobResult", "OutputForwarder", "console_ranks", "run_job"]
 
 TIMEOUT_EXIT = 124
 _POLL_S = 0.02
+_DEATH_LATENCY_S = 0.05
 
 
 def console_ranks(spec: str, nranks: int) -> set[int]:
@@ -277,7 +278,14 @@ def _root_cause(
     causes: list[ErrorRecord | DeathRecord] = [e for e in errors if e.consequence_of < 0]
     causes += [d for d in deaths if not d.terminated]
     every: list[ErrorRecord | DeathRecord] = [*errors, *deaths]
-    root = min(causes or every, key=lambda r: (r.time, r.rank))
+
+    def when(r: ErrorRecord | DeathRecord) -> tuple[float, int]:
+        # a death is stamped when its monitor wakes, which on a loaded node can be after a
+        # peer already recorded the error the death caused (an IPC import from the dead
+        # rank, a failed exchange): deaths get that much head start
+        return (r.time - (_DEATH_LATENCY_S if isinstance(r, DeathRecord) else 0.0), r.rank)
+
+    root = min(causes or every, key=when)
     lines: list[str] = []
     if isinstance(root, ErrorRecord):
         lines.append(f"launch: job failed; root cause: {root.headline()}")

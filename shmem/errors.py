@@ -235,7 +235,15 @@ class IpcPermissionError(ShmemError, PermissionError):
 
 
 class ExporterGoneError(ShmemError, ConnectionError):
-    """The exporting process is no longer serving (it exited or closed the buffer)."""
+    """The exporting process is no longer serving (it exited or closed the buffer).
+
+    ``failed_pid`` is the exporter's pid (-1 when unknown): under the launcher, a rank that
+    ends with this error is reported as a consequence of that process's rank, if it was one.
+    """
+
+    def __init__(self, message: str, *, failed_pid: int = -1) -> None:
+        super().__init__(message)
+        self.failed_pid = failed_pid
 
 
 class LaunchUsageError(ArgumentError):

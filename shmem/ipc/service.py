@@ -192,7 +192,8 @@ def request(address: str, buffer_id: str, token: str, exporter_pid: int) -> tupl
             sock.connect(address)
         except (FileNotFoundError, ConnectionRefusedError):
             raise ExporterGoneError(
-                f"import_: the exporter (pid {exporter_pid}) is gone: nothing listens at {address}"
+                f"import_: the exporter (pid {exporter_pid}) is gone: nothing listens at {address}",
+                failed_pid=exporter_pid,
             ) from None
         except PermissionError:
             raise IpcPermissionError(f"import_: not allowed to connect to {address}") from None
@@ -211,12 +212,20 @@ def request(address: str, buffer_id: str, token: str, exporter_pid: int) -> tupl
             msg, fds = b"", []
         except TimeoutError:
             raise ExporterGoneError(
-                f"import_: the exporter (pid {exporter_pid}) did not answer within {_TIMEOUT_S:g} s"
+                f"import_: the exporter (pid {exporter_pid}) did not answer within "
+                f"{_TIMEOUT_S:g} s",
+                failed_pid=exporter_pid,
             ) from None
     if not msg.startswith(b"OK"):
         for fd in fds:
             os.close(fd)
         text = msg.decode("utf-8", "replace")
+        if not msg:  # the connection closed unanswered: the exporter exited mid-request
+            raise ExporterGoneError(
+                f"import_: the exporter (pid {exporter_pid}) closed the connection without "
+                "answering (it exited or closed the buffer)",
+                failed_pid=exporter_pid,
+            )
         if "permission" in text:
             raise IpcPermissionError(f"import_: the exporter refused: {text}")
         raise DescriptorError(f"import_: the exporter refused: {text or 'no answer'}")
