@@ -18,6 +18,7 @@ stats. Everything here is package-internal API: public names, no compatibility p
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import logging
 import time
@@ -29,7 +30,7 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 
 from shmem import SHMEMBuffer, SignalPad, World
-from shmem.errors import ShmemStateError, SignalTimeoutError
+from shmem.errors import PeerFailedError, ShmemStateError, SignalTimeoutError
 from shmem.signals import poll_until, spin_seconds
 
 from .operand import Operand
@@ -53,6 +54,7 @@ class Flag(enum.IntEnum):
     SHARD = 1
     DONE = 2
     SRC = 3
+    ABORT = 4  # the sequence number of a call this rank abandoned (0: none)
 
 
 @dataclass
@@ -149,7 +151,9 @@ class Channel:
     def close(self) -> None:
         """Wait for the peers' last ``DONE`` (unless broken), then free flags, pad, scratch."""
         if not self.broken:
-            self.wait_peers(Flag.DONE, self.seq, "close")
+            # a peer that abandoned a call reads nothing of ours any more
+            with contextlib.suppress(PeerFailedError):
+                self.wait_peers(Flag.DONE, self.seq, "close")
         for buf in (self.scratch_buf, self.pad_buf, self.flags_buf):
             buf.close()
         if self.cross is not None:
@@ -163,6 +167,16 @@ class Channel:
         self.seq += 1
         self.stats.calls += 1
         return self.seq
+
+    def fail(self) -> None:
+        """This rank abandons the current call (an error after flags moved): retract its
+        flags, so a late peer cannot complete the call against stale input, and raise
+        ``ABORT``, so a peer waiting on this rank stops with ``PeerFailedError``."""
+        self.broken = True
+        self.heap.fence()
+        self.my_flags[Flag.ABORT] = max(self.seq, 1)
+        for flag in (Flag.READY, Flag.SHARD, Flag.DONE):
+            self.my_flags[flag] = -1
 
     def post(self, flag: int, value: int) -> None:
         """Raise my ``flag`` to ``value`` (release: data written before it is visible)."""
@@ -183,9 +197,16 @@ class Channel:
                 deadline = time.monotonic() + self.timeout_s
 
             def ready(v: memoryview = view) -> bool:
-                return bool(v[flag] >= value)
+                return bool(v[flag] >= value or v[Flag.ABORT])
 
-            if not poll_until(ready, deadline, None, self.spin_s):
+            ok = poll_until(ready, deadline, None, self.spin_s)
+            if view[Flag.ABORT]:
+                raise PeerFailedError(
+                    f"{what}: rank {self.rank} stopped: rank {r} failed in its call "
+                    f"{view[Flag.ABORT]} (its error is raised there)",
+                    failed_rank=r,
+                )
+            if not ok:
                 name = Flag(flag).name if flag < len(Flag) else str(flag)
                 raise SignalTimeoutError(
                     f"{what}: rank {self.rank} timed out after {self.timeout_s:g} s waiting for "

@@ -147,13 +147,19 @@ class Communicator:
     @contextlib.contextmanager
     def _call(self, ch: Channel) -> Iterator[Channel]:
         """Run one collective: if it raises after exchanging flags, peers may be mid-call, so
-        the channel is no longer in step (``close`` will not wait on it)."""
+        the channel is no longer in step: it retracts its flags and warns the peers
+        (``Channel.fail``), and the communicator refuses later calls."""
+        if ch.broken:
+            raise ShmemStateError(
+                "Communicator: a previous call failed, so the ranks are out of step; close "
+                "this communicator and make a new one"
+            )
         seq = ch.seq
         try:
             yield ch
         except BaseException:
             if ch.seq != seq:
-                ch.broken = True
+                ch.fail()
             raise
 
     @property
@@ -310,6 +316,7 @@ class Communicator:
                 plan is not None
                 and plan.auto
                 and plan.scratch is ch.scratch_buf
+                and not ch.broken
                 and _fits(out, x.dtype, count)
             ):
                 if self.world.finalized:
@@ -317,7 +324,11 @@ class Communicator:
                 res = np.empty(x.shape, x.dtype) if out is None else out
                 flat = res if res.ndim == 1 else res.reshape(-1)
                 src = flat if shm is not None else cast("Array", x).reshape(-1)
-                plan.run(ch, src, shm, flat, False)
+                try:
+                    plan.run(ch, src, shm, flat, False)
+                except BaseException:
+                    ch.fail()  # flags moved: peers must not complete this call
+                    raise
                 algos = self.stats.algorithms
                 if algos is not None:
                     algos["one_shot"] = algos.get("one_shot", 0) + 1

@@ -76,6 +76,11 @@ def output_array(
     ):
         return out, out
     o = Operand(out, where, "out")
+    if not o.array.flags.writeable:
+        raise CollectiveArgumentError(
+            f"{where}: out must be writeable (got a read-only {type(out).__name__}; expected "
+            "an array the result can be written into)"
+        )
     if o.dtype != dtype or o.count != count:
         raise CollectiveArgumentError(
             f"{where}: invalid out (got {o.count} elements of {dtype_name(o.dtype)}; expected "
@@ -85,10 +90,12 @@ def output_array(
 
 
 class Checked(Protocol):
-    """What :func:`agree` needs: the debug switch, a call counter and the communicator."""
+    """What :func:`agree` needs: the debug switch, a call counter, the deadline and the
+    communicator."""
 
     check_args: bool
     calls: int
+    timeout_s: float
 
     @property
     def comm(self) -> MPI.Intracomm: ...
@@ -104,7 +111,7 @@ def agree(ch: Checked, where: str, record: tuple[object, ...], error: Exception 
         if error is not None:
             raise error
         return
-    compare_across_ranks(ch.comm, where, ch.calls, record, error)
+    compare_across_ranks(ch.comm, where, ch.calls, record, error, ch.timeout_s)
 
 
 def prepare(

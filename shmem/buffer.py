@@ -288,8 +288,14 @@ class SHMEMBuffer(OpenShmemMethods):
                 "(slot, value, op))"
             )
         op = signal[2] if len(signal) == 3 else "set"
+        slot = signal[0]
+        if isinstance(slot, bool) or not isinstance(slot, int | np.integer):
+            raise ArgumentError(
+                f"SHMEMBuffer.put: invalid signal slot (got {slot!r}; expected an int slot of "
+                "the World's signal pad)"
+            )
         value = int_operand("SHMEMBuffer.put", "signal value", signal[1], SLOT_DTYPE)
-        return int(signal[0]), value, str(op)
+        return int(slot), value, str(op)
 
     @overload
     def get(self, rank: int, dst: None = None, offset: int = 0) -> np.ndarray[Any, Any]: ...

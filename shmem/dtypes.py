@@ -69,6 +69,10 @@ def as_dtype(dtype: Any, where: str = "as_dtype") -> np.dtype[Any]:
 
     Raises :class:`~shmem.errors.ArgumentError` naming ``where`` when unsupported.
     """
+    if dtype is None:  # numpy reads None as float64: a silent default is a bug here
+        raise ArgumentError(
+            f"{where}: unsupported dtype (got None; expected one of {sorted(SUPPORTED_DTYPES)})"
+        )
     if isinstance(dtype, str):
         name = _ALIASES.get(dtype, dtype)
         if name in SUPPORTED_DTYPES:

@@ -24,6 +24,7 @@ value seen and the peer(s) that did not arrive.
 from __future__ import annotations
 
 import enum
+import math
 import operator
 import os
 import time
@@ -36,7 +37,16 @@ from .dtypes import int_operand
 from .errors import ArgumentError, RemoteTimeoutError, SignalTimeoutError
 from .heap import SymmetricHeap
 
-__all__ = ["COMPARISONS", "Cmp", "CmpName", "SignalOp", "SignalOpName", "SignalPad", "poll_until"]
+__all__ = [
+    "COMPARISONS",
+    "Cmp",
+    "CmpName",
+    "SignalOp",
+    "SignalOpName",
+    "SignalPad",
+    "check_timeout",
+    "poll_until",
+]
 
 
 class Cmp(enum.StrEnum):
@@ -86,6 +96,21 @@ _SLEEP_MAX_S = 1e-3
 
 def _int64_view(arr: np.ndarray[Any, Any]) -> memoryview:
     return memoryview(cast(Any, arr)).cast("B").cast("q")
+
+
+def check_timeout(where: str, timeout: object) -> float:
+    """``timeout`` as seconds: a number >= 0 (``inf`` waits for ever); NaN, negative or
+    non-numbers raise :class:`~shmem.errors.ArgumentError`."""
+    if (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, int | float | np.integer | np.floating)
+        or math.isnan(timeout)
+        or timeout < 0
+    ):
+        raise ArgumentError(
+            f"{where}: invalid timeout (got {timeout!r}; expected a number of seconds >= 0)"
+        )
+    return float(timeout)
 
 
 def spin_seconds(local_size: int) -> float:
@@ -258,6 +283,8 @@ class SignalPad:
                 f"wait_until: invalid comparison (got {cmp!r}; expected one of {list(COMPARISONS)})"
             )
         value = int_operand("wait_until", "value", value, SLOT_DTYPE)
+        if timeout is not None:
+            timeout = check_timeout("wait_until", timeout)
         return self._raw_wait("wait_until", int(slot), cmp, value, timeout, peers)
 
     def _raw_wait(
@@ -275,11 +302,7 @@ class SignalPad:
         # fast path: already there
         seen = flags[slot]
         if not test(seen, value):
-            timeout_s = self.timeout_s if timeout is None else timeout
-            if timeout_s < 0:
-                raise ArgumentError(
-                    f"{operation}: invalid timeout (got {timeout_s}; expected >= 0 seconds)"
-                )
+            timeout_s = self.timeout_s if timeout is None else check_timeout(operation, timeout)
             last = [seen]
 
             def probe() -> bool:
@@ -305,7 +328,11 @@ class SignalPad:
         context: str,
     ) -> None:
         expected = f"{_SYMBOLS[cmp]} {value}"
-        who = f"; no signal from rank(s) {list(peers)}" if peers else ""
+        who = (
+            f"; no signal from rank(s) {list(peers)}"
+            if peers
+            else "; no writer named (pass peers= to name the ranks expected to signal)"
+        )
         raise SignalTimeoutError(
             f"{operation}: rank {self._heap.rank} timed out after {timeout_s:g} s{context} "
             f"waiting on slot {slot} (expected {expected}; last value seen {last}{who})",

@@ -24,7 +24,7 @@ import numpy as np
 from .dtypes import dtype_name, int_operand
 from .errors import ArgumentError, LockTimeoutError, SignalTimeoutError
 from .rma import check_comparison
-from .signals import _SYMBOLS, COMPARISONS, poll_until, spin_seconds
+from .signals import _SYMBOLS, COMPARISONS, check_timeout, poll_until, spin_seconds
 
 if TYPE_CHECKING:
     from .buffer import SHMEMBuffer
@@ -128,6 +128,8 @@ def wait_elements(
     """Block until the condition holds for ``mode`` (``"one"``/``"all"``: every watched
     element; ``"any"``/``"some"``: at least one); return the satisfied indices (``[]`` when
     the mask excludes everything)."""
+    if timeout is not None:
+        check_timeout(f"SHMEMBuffer.{where}", timeout)
     flat, idx, vals = _targets(buf, where, cmp, value, indices, status)
     if not idx:
         return []
@@ -136,11 +138,11 @@ def wait_elements(
     c = str(cmp)
     hits = _satisfied(flat, idx, vals, c)
     if not _done(mode, hits, idx):
-        limit = world.config.signal.timeout_s if timeout is None else timeout
-        if limit < 0:
-            raise ArgumentError(
-                f"SHMEMBuffer.{where}: invalid timeout (got {limit}; expected >= 0 seconds)"
-            )
+        limit = (
+            world.config.signal.timeout_s
+            if timeout is None
+            else check_timeout(f"SHMEMBuffer.{where}", timeout)
+        )
         found: list[list[int]] = [hits]
 
         def probe() -> bool:
@@ -203,7 +205,11 @@ def set_lock(buf: SHMEMBuffer, index: int, timeout: float | None) -> None:
 
     if seen[0] != ticket:
         world = buf.world
-        limit = world.config.signal.timeout_s if timeout is None else timeout
+        limit = (
+            world.config.signal.timeout_s
+            if timeout is None
+            else check_timeout("SHMEMBuffer.set_lock", timeout)
+        )
         if not poll_until(my_turn, time.monotonic() + limit, heap.progress):
             raise LockTimeoutError(
                 f"SHMEMBuffer.set_lock: rank {world.rank} timed out after {limit:g} s waiting "

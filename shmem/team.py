@@ -214,7 +214,14 @@ class Team:
 
     def _agree(self, where: str, record: tuple[object, ...], error: Exception | None) -> None:
         """Every member raises together on a bad argument; differing arguments are refused."""
-        records = self.comm.allgather((record, None if error is None else str(error)))
+        from .world import allgather_within
+
+        records = allgather_within(
+            self.comm,
+            (record, None if error is None else str(error)),
+            self._world.config.signal.timeout_s,
+            where,
+        )
         if error is not None:
             raise error
         bad = [(r, e) for r, (_, e) in enumerate(records) if e is not None]

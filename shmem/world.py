@@ -8,6 +8,7 @@ import math
 import os
 import socket
 import threading
+import time
 import weakref
 from contextlib import ExitStack
 from typing import TYPE_CHECKING, Any
@@ -21,7 +22,7 @@ from .config import Config, load_config
 from .context import DeviceContext
 from .device import CPU
 from .dtypes import DTypeLike, ShapeLike, as_dtype, dtype_name
-from .errors import ArgumentError, CollectiveMismatchError, ShmemStateError
+from .errors import ArgumentError, CollectiveMismatchError, ShmemStateError, SignalTimeoutError
 from .heap import SymmetricHeap
 from .signals import Cmp, SignalOp, SignalPad
 from .team import Team, TeamConfig
@@ -39,13 +40,66 @@ _lock = threading.Lock()
 _current: World | None = None
 
 
+_ABANDONED: list[object] = []  # exchanges given up on: MPI still owns their buffers
+
+
+def allgather_within(comm: MPI.Intracomm, obj: Any, timeout_s: float, where: str) -> list[Any]:
+    """``comm.allgather(obj)`` with a deadline: two non-blocking exchanges (the pickled
+    sizes, then the bytes) polled until ``timeout_s``, so a rank that never arrives raises
+    :class:`~shmem.errors.SignalTimeoutError` here instead of blocking the others."""
+    import pickle
+
+    from mpi4py import MPI
+
+    from .errors import SignalTimeoutError
+    from .signals import poll_until
+
+    data = np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), np.uint8)
+    size = comm.Get_size()
+    sizes = np.zeros(size, np.int64)
+    mine = np.array([data.size], np.int64)
+    deadline = time.monotonic() + timeout_s
+    for step in range(2):
+        if step == 0:
+            req = comm.Iallgather([mine, MPI.INT64_T], [sizes, MPI.INT64_T])
+            keep: tuple[object, ...] = (mine, sizes)
+        else:
+            counts = [int(n) for n in sizes]
+            displs = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(int).tolist()
+            out = np.empty(int(sizes.sum()), np.uint8)
+            req = comm.Iallgatherv([data, MPI.BYTE], [out, (counts, displs), MPI.BYTE])
+            keep = (data, out)
+        if not poll_until(req.Test, deadline):
+            _ABANDONED.append((req, keep))
+            raise SignalTimeoutError(
+                f"{where}: rank {comm.Get_rank()} timed out after {timeout_s:g} s waiting for "
+                "every rank's arguments (a rank did not arrive; the ranks are out of step now)",
+                operation=where,
+                slot=-1,
+                expected="every rank",
+                last_value=0,
+                peers=(),
+            )
+    return [pickle.loads(out[d : d + c].tobytes()) for c, d in zip(counts, displs, strict=True)]
+
+
 def compare_across_ranks(
-    comm: MPI.Intracomm, where: str, call: int, record: tuple[Any, ...], error: Exception | None
+    comm: MPI.Intracomm,
+    where: str,
+    call: int,
+    record: tuple[Any, ...],
+    error: Exception | None,
+    timeout_s: float | None = None,
 ) -> None:
     """Debug check of a collective call (collective): all-gather ``(call number, arguments,
     local argument error)`` and raise on every rank when any rank has an error (its own on
-    that rank) or when ranks disagree (``CollectiveMismatchError`` listing each rank's)."""
-    records = comm.allgather((call, record, None if error is None else str(error)))
+    that rank) or when ranks disagree (``CollectiveMismatchError`` listing each rank's).
+    With ``timeout_s`` the exchange has a deadline (``SignalTimeoutError``)."""
+    mine = (call, record, None if error is None else str(error))
+    if timeout_s is None:
+        records = comm.allgather(mine)
+    else:
+        records = allgather_within(comm, mine, timeout_s, where)
     if error is not None:
         raise error
     bad = [(r, e) for r, (_, _, e) in enumerate(records) if e is not None]
@@ -120,6 +174,7 @@ class World:
             self._arena = Arena(config.heap.nbytes, config.heap.alignment)
             self._calls = 0
             self._finalized = False
+            self._out_of_step = ""  # why collective heap calls are refused (a timed-out check)
             self._live: weakref.WeakValueDictionary[int, SHMEMBuffer] = (
                 weakref.WeakValueDictionary()
             )
@@ -211,12 +266,22 @@ class World:
         local argument error is raised locally.
         """
         self._calls += 1
+        if self._out_of_step:
+            raise ShmemStateError(
+                f"{where}: the World is out of step ({self._out_of_step}); finalize it"
+            )
         if not self.config.heap.check_symmetry:
             if error is not None:
                 raise error
             self.signals.barrier()
             return
-        compare_across_ranks(self.comm, where, self._calls, record, error)
+        try:
+            compare_across_ranks(
+                self.comm, where, self._calls, record, error, self.config.signal.timeout_s
+            )
+        except SignalTimeoutError as exc:
+            self._out_of_step = f"{where} timed out: {exc}"
+            raise
 
     # -- allocation -------------------------------------------------------------------------
 

@@ -19,6 +19,7 @@ import numpy as np
 from shmem import CPU
 from shmem.dtypes import as_dtype, dtype_name
 from shmem.errors import CollectiveMismatchError, SequenceParallelError
+from shmem.world import allgather_within
 
 from ..communicator import Communicator
 from ..schedule import shard_bounds
@@ -217,7 +218,12 @@ def setup(
         )
     except Exception as exc:  # any local error: every rank must still reach the all-gather
         error = exc
-    gathered = world.comm.allgather((record, rows, None if error is None else str(error)))
+    gathered = allgather_within(
+        world.comm,
+        (record, rows, None if error is None else str(error)),
+        world.config.signal.timeout_s,
+        where,
+    )
     if error is not None:
         raise error
     bad = [(r, e) for r, (_, _, e) in enumerate(gathered) if e is not None]
@@ -291,7 +297,10 @@ def finish_stats(
         return
     mine.wall_s = time.perf_counter() - start
     mine.idle_s = max(mine.wall_s - mine.busy_s, 0.0)
-    mine.busy_per_rank = tuple(float(b) for b in st.world.comm.allgather(mine.busy_s))
+    busy = allgather_within(
+        st.world.comm, mine.busy_s, st.world.config.signal.timeout_s, "sequence-parallel stats"
+    )
+    mine.busy_per_rank = tuple(float(b) for b in busy)
     for f in dataclasses.fields(SequenceParallelStats):
         setattr(stats, f.name, getattr(mine, f.name))
 
