@@ -15,11 +15,13 @@ imports then fail with :class:`ExporterGoneError`). On a GPU the memory comes fr
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import mmap
 import os
 import re
 import socket
+import stat
 import tempfile
 import time
 from dataclasses import dataclass
@@ -209,8 +211,11 @@ def allocate(
         from . import _cuda_ipc
 
         return IpcBuffer("cuda", dt, dims, nbytes, gpu=_cuda_ipc.allocate(device, nbytes, dt, dims))
-    fd = os.memfd_create("shmem-ipc", os.MFD_CLOEXEC)
+    fd = os.memfd_create("shmem-ipc", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
     os.ftruncate(fd, max(nbytes, 1))
+    # importers map this memory: sealed against resizing, so one of them cannot shrink it
+    # under the exporter (whose next access would be a SIGBUS)
+    fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
     return IpcBuffer("host", dt, dims, nbytes, mapping=_Mapping(fd, nbytes, dt, dims))
 
 
@@ -289,6 +294,18 @@ def import_(desc: IpcDescriptor | str | bytes) -> ImportedBuffer:
 # -- the named registry of a node ----------------------------------------------------------
 
 
+def _read_entry(path: Path) -> str:
+    """A registry file's text, opened without blocking and only if it is a regular file (a
+    FIFO or device planted in the registry must not hang or trick the reader)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise DescriptorError(f"registry: {path.name} is not a regular file")
+        return os.read(fd, 1 << 16).decode("utf-8")
+    finally:
+        os.close(fd)
+
+
 def _registry() -> Path:
     path = runtime_dir() / "registry"
     with contextlib.suppress(FileExistsError):
@@ -305,9 +322,9 @@ def publish(name: str, buf: IpcBuffer) -> IpcDescriptor:
     path = _registry() / f"{name}.json"
     if path.exists():
         try:
-            old = json.loads(path.read_text())
+            old = json.loads(_read_entry(path))
             owner = int(old["pid"])
-        except (OSError, ValueError, KeyError, TypeError):
+        except (OSError, ValueError, KeyError, TypeError, DescriptorError):
             owner = 0
         if owner and owner != os.getpid() and _alive(owner):
             raise ArgumentError(f"publish: {name!r} is already published by pid {owner}")
@@ -343,10 +360,10 @@ def lookup(name: str) -> IpcDescriptor:
         raise ArgumentError(f"lookup: invalid name (got {name!r})")
     path = _registry() / f"{name}.json"
     try:
-        entry = json.loads(path.read_text())
+        entry = json.loads(_read_entry(path))
     except FileNotFoundError:
         raise KeyError(f"lookup: nothing is published as {name!r}") from None
-    except (OSError, ValueError, RecursionError):
+    except (OSError, ValueError, RecursionError, DescriptorError):
         raise DescriptorError(f"lookup: the registry entry for {name!r} is corrupted") from None
     if not isinstance(entry, dict):
         raise DescriptorError(f"lookup: the registry entry for {name!r} is corrupted")
@@ -373,7 +390,7 @@ def list_published() -> list[Published]:
     out = []
     for path in sorted(_registry().glob("*.json")):
         try:
-            e = json.loads(path.read_text())
+            e = json.loads(_read_entry(path))
             out.append(
                 Published(
                     str(e["name"]),
@@ -385,7 +402,7 @@ def list_published() -> list[Published]:
                     _alive(int(e["pid"])),
                 )
             )
-        except (OSError, ValueError, KeyError, TypeError):
+        except (OSError, ValueError, KeyError, TypeError, DescriptorError):
             continue
     return sorted(out, key=lambda p: -p.age_s)
 

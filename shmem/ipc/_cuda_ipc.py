@@ -1,11 +1,11 @@
 """GPU IPC through cuda.core: an IPC-enabled ``DeviceMemoryResource`` per buffer.
 
 The exporter serves the memory pool's file descriptor (``mr.allocation_handle.handle``) over
-the IPC service, and sends the buffer's cuda.core IPC descriptor as the reply's extra bytes
-(pickled: it only ever travels over the authenticated socket, from a process the importer has
-checked is the exporter with its own uid, never inside the untrusted descriptor string). The
-importer rebuilds the pool (``DeviceMemoryResource.from_allocation_handle``) and the buffer
-(``Buffer.from_ipc_descriptor``), and wraps it as a :class:`shmem.Buffer`.
+the IPC service, and sends the buffer's cuda.core IPC descriptor as the reply's extra bytes in
+a fixed format (:func:`encode_descriptor`: a magic, a version, the size and the driver's
+opaque payload; never pickle, which would run code chosen by whoever wrote the bytes). The
+importer checks the format, rebuilds the pool (``DeviceMemoryResource.from_allocation_handle``)
+and the buffer (``Buffer.from_ipc_descriptor``), and wraps it as a :class:`shmem.Buffer`.
 
 Written against cuda-core 1.2.2; it needs a GPU to run.
 """
@@ -13,7 +13,7 @@ Written against cuda-core 1.2.2; it needs a GPU to run.
 from __future__ import annotations
 
 import importlib
-import pickle
+import struct
 from typing import Any
 
 import numpy as np
@@ -24,7 +24,39 @@ from ..memory import Buffer
 from ..views import contiguous_strides
 from .descriptor import IpcDescriptor
 
-__all__ = ["allocate", "import_"]
+__all__ = ["allocate", "decode_descriptor", "encode_descriptor", "import_"]
+
+_MAGIC = b"SHGD"
+_HEAD = struct.Struct("<4sBQI")  # magic, version, size, payload length
+_VERSION = 1
+_MAX_PAYLOAD = 4096
+
+
+def encode_descriptor(payload: bytes, size: int) -> bytes:
+    """cuda.core's IPC buffer descriptor (its opaque payload and size) as fixed bytes."""
+    return _HEAD.pack(_MAGIC, _VERSION, size, len(payload)) + payload
+
+
+def decode_descriptor(blob: bytes) -> tuple[bytes, int]:
+    """``(payload, size)`` from :func:`encode_descriptor`'s bytes; DescriptorError if bad."""
+    if len(blob) < _HEAD.size:
+        raise DescriptorError("import_: bad GPU descriptor from the exporter (too short)")
+    magic, version, size, n = _HEAD.unpack_from(blob)
+    if magic != _MAGIC or version != _VERSION or n > _MAX_PAYLOAD:
+        raise DescriptorError(
+            f"import_: bad GPU descriptor from the exporter (magic {magic!r}, version "
+            f"{version}, payload {n} bytes; expected {_MAGIC!r} version {_VERSION})"
+        )
+    if len(blob) != _HEAD.size + n:
+        raise DescriptorError(
+            f"import_: bad GPU descriptor from the exporter (got {len(blob)} bytes; expected "
+            f"{_HEAD.size + n})"
+        )
+    return bytes(blob[_HEAD.size :]), int(size)
+
+
+def _ipc_descriptor_type() -> Any:
+    return importlib.import_module("cuda.core._memory._ipc").IPCBufferDescriptor
 
 
 def _cc() -> Any:
@@ -51,7 +83,8 @@ class _GpuExport:
         return int(self.mr.allocation_handle.handle)
 
     def export_extra(self) -> bytes:
-        return pickle.dumps(self.mem.ipc_descriptor)
+        _, (payload, size) = self.mem.ipc_descriptor.__reduce__()
+        return encode_descriptor(bytes(payload), int(size))
 
     def buffer(self) -> Buffer:
         from .._cuda_memory import _DeviceMemory
@@ -76,12 +109,8 @@ class _GpuImport:
         cc = _cc()
         self.device = CudaDevice.get(desc.device)
         dev = self.device.current()
-        try:
-            ipc_desc = pickle.loads(extra)
-        except Exception as exc:
-            raise DescriptorError(
-                f"import_: bad GPU descriptor from the exporter ({exc})"
-            ) from None
+        payload, size = decode_descriptor(extra)
+        ipc_desc = _ipc_descriptor_type()._init(payload, size)
         self.mr = cc.DeviceMemoryResource.from_allocation_handle(dev, fd)
         self.stream = dev.default_stream
         self.mem = cc.Buffer.from_ipc_descriptor(self.mr, ipc_desc, stream=self.stream)

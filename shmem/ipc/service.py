@@ -20,6 +20,7 @@ import stat
 import struct
 import tempfile
 import threading
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,20 +34,64 @@ _MAX_REQUEST = 512
 _TIMEOUT_S = 5.0
 
 
+_private_dir: Path | None = None  # the fallback when the shared directory is unsafe
+
+
+def _unsafe(path: Path) -> str:
+    """Why ``path`` is not a safe per-user directory ("" when it is)."""
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        return (
+            f"{path} is unsafe (got mode {oct(st.st_mode & 0o777)}, owner {st.st_uid}; expected "
+            f"a directory of uid {os.getuid()} with mode 0700)"
+        )
+    return ""
+
+
 def runtime_dir() -> Path:
-    """The per-user directory for sockets and the registry (created 0700, then verified)."""
+    """The per-user directory for sockets and the registry (created 0700, then verified).
+
+    ``$SHMEM_IPC_DIR`` when set (it must be safe), else ``$XDG_RUNTIME_DIR/shmem-ipc-<uid>``,
+    else ``<tmp>/shmem-ipc-<uid>``. When that shared directory is unsafe (another user made
+    it first, or its mode lets others in) this process uses a private directory instead and
+    warns: its sockets still work (descriptors carry their address), but names it publishes
+    are visible only to processes that share that directory.
+    """
+    global _private_dir
     env = env_value("SHMEM_IPC_DIR")
     base = Path(env) if env else Path(os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir())
     path = base if env else base / f"shmem-ipc-{os.getuid()}"
     with contextlib.suppress(FileExistsError):
         path.mkdir(mode=0o700, parents=False)
-    st = os.lstat(path)
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
-        raise IpcPermissionError(
-            f"runtime_dir: {path} is unsafe (got mode {oct(st.st_mode & 0o777)}, owner "
-            f"{st.st_uid}; expected a directory of uid {os.getuid()} with mode 0700)"
+    why = _unsafe(path)
+    if not why:
+        return path
+    if env:
+        raise IpcPermissionError(f"runtime_dir: {why}")
+    if _private_dir is None or not _private_dir.is_dir():
+        _private_dir = Path(tempfile.mkdtemp(prefix=f"shmem-ipc-{os.getuid()}-"))
+        warnings.warn(
+            f"shmem.ipc: {why}; using the private directory {_private_dir} instead (names "
+            "published here are not visible to other processes; set SHMEM_IPC_DIR to share one)",
+            RuntimeWarning,
+            stacklevel=2,
         )
-    return path
+    return _private_dir
+
+
+def _remove_stale_sockets(directory: Path) -> None:
+    """Unlink the sockets of exporters that no longer run (killed before they cleaned up)."""
+    for path in directory.glob("*.sock"):
+        head = path.name.split("-", 1)[0]
+        if not head.isdigit():
+            continue
+        try:
+            os.kill(int(head), 0)
+        except ProcessLookupError:
+            with contextlib.suppress(OSError):
+                path.unlink()
+        except PermissionError:
+            continue
 
 
 def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
@@ -72,6 +117,7 @@ class Server:
     def __init__(self) -> None:
         self.pid = os.getpid()
         self.dir = runtime_dir()
+        _remove_stale_sockets(self.dir)
         self.address = str(self.dir / f"{os.getpid()}-{secrets.token_hex(4)}.sock")
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._sock.bind(self.address)
@@ -197,6 +243,10 @@ def request(address: str, buffer_id: str, token: str, exporter_pid: int) -> tupl
             ) from None
         except PermissionError:
             raise IpcPermissionError(f"import_: not allowed to connect to {address}") from None
+        except (OSError, ValueError, TypeError) as exc:  # a path too long, empty, malformed
+            raise DescriptorError(
+                f"import_: cannot reach the exporter's socket {address!r} ({exc})"
+            ) from None
         pid, uid, _ = peer_credentials(sock)
         if uid != os.getuid() or pid != exporter_pid:
             raise DescriptorError(
@@ -207,7 +257,10 @@ def request(address: str, buffer_id: str, token: str, exporter_pid: int) -> tupl
             # a server that refuses us at once may close before reading: its answer still waits
             sock.sendall(json.dumps({"buffer_id": buffer_id, "token": token}).encode() + b"\n")
         try:
-            msg, fds, _, _ = socket.recv_fds(sock, 1 << 16, 1)
+            # close-on-exec: a child process (os.system) must not hold the memory
+            msg, fds, _, _ = socket.recv_fds(sock, 1 << 16, 1, socket.MSG_CMSG_CLOEXEC)
+            for fd in fds:  # and once more, whatever the platform did with the flag
+                os.set_inheritable(fd, False)
         except ConnectionResetError:
             msg, fds = b"", []
         except TimeoutError:
