@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+from .cleanup import remove_stale_segments
 from .command import LaunchCommand
 from .report import (
     DeathRecord,
@@ -233,6 +234,7 @@ def run_job(
     forwarder = OutputForwarder(logs, console, out, tag=len(console) > 1)
     mpiexec_log = logs / "mpiexec.log"
     start = time.monotonic()
+    job_started = time.time()
     with mpiexec_log.open("wb") as mlog:
         proc = subprocess.Popen(
             cmd.argv,
@@ -264,6 +266,13 @@ def run_job(
             forwarder.stop()
     rc = proc.returncode if proc.returncode >= 0 else 128 - proc.returncode
     result = _summarise(logs, nranks, rc, timed_out, timeout_s, watch, verbose)
+    if result.exit_code != 0:  # dead ranks never unlinked their MPI shared memory
+        removed, freed = remove_stale_segments(job_started)
+        if removed:
+            result.summary.append(
+                f"launch: removed {removed} shared-memory segment(s) ({freed / 2**20:.1f} MiB) "
+                "that failed ranks left in /dev/shm"
+            )
     if not keep_logs:
         shutil.rmtree(logs, ignore_errors=True)
     return result

@@ -143,3 +143,19 @@ def test_dry_run_command_lines(args: list[str], pattern: str) -> None:
     proc, _ = launch("-n", "2", "--config", "configs/ci.toml", *args, "--dry-run", "job.py", "a")
     assert proc.returncode == 0, proc.stderr
     assert re.search(pattern, proc.stdout.strip()), proc.stdout
+
+
+def test_a_failed_job_leaves_no_shared_memory_behind(tmp_path: Path) -> None:
+    """Ranks killed mid-job never unlink their MPI segments: the launcher removes them."""
+    from launch.cleanup import SHM_DIR, stale_segments
+
+    if not SHM_DIR.is_dir():
+        pytest.skip("no /dev/shm")
+    started = time.time()
+    before = {p.name for p in SHM_DIR.iterdir()}
+    proc, _ = launch(
+        "-n", "3", "--timeout", "60", str(JOBS / "faulty.py"), "kill", str(tmp_path / "e")
+    )
+    assert proc.returncode == 137, proc.stderr
+    left = [p for p in stale_segments(started) if p.name not in before]
+    assert not left, f"segments left in /dev/shm: {left}\n{proc.stderr}"

@@ -1,7 +1,8 @@
 """A job that misbehaves on rank 1 on request (fault injection for the launcher tests).
 
 usage: faulty.py MODE EVENT_FILE, MODE one of ok, raise, exit3, kill, hang, thread,
-thread_exit0, oexit7, segv, peer.
+thread_exit0, oexit7, segv, peer, world_kill (rank 1 is killed after every rank made a
+World: MPI shared-memory segments are live).
 Rank 1 writes the time of the event into EVENT_FILE just before it; the other ranks wait
 in a barrier that rank 1 never reaches. In ``peer`` rank 1 tells the others it failed, and
 they raise ``PeerFailedError`` at once, while rank 1 takes 0.3 s to ``sys.exit(5)`` (as a
@@ -23,6 +24,12 @@ def main() -> None:
     mode, event_file = sys.argv[1], sys.argv[2]
     comm = MPI.COMM_WORLD
     comm.Barrier()
+    if mode == "world_kill":
+        import shmem
+
+        world = shmem.init(heap_nbytes="16MiB")
+        world.barrier()
+        mode = "kill"
     if mode == "peer" and comm.Get_rank() != 1:
         from shmem.errors import PeerFailedError
 
