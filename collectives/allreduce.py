@@ -36,7 +36,8 @@ from .schedule import ALGORITHMS, Algorithm, shard_bounds, shard_of
 __all__ = ["TinyPlan", "all_reduce", "choose", "tiny_plan"]
 
 log = logging.getLogger(__name__)
-DONE, READY, SHARD, SRC = Flag.DONE, Flag.READY, Flag.SHARD, Flag.SRC
+DONE, READY, SHARD, SRC, SIG = Flag.DONE, Flag.READY, Flag.SHARD, Flag.SRC, Flag.SIG
+_DONE, _READY, _SIG0 = int(DONE), int(READY), int(SIG)  # plain ints: the hot path indexes
 
 _ALIGN = 64
 
@@ -148,6 +149,7 @@ class TinyPlan:
         self.nbytes = count * dtype.itemsize
         self.ufunc = UFUNCS[op]
         self.divide = acc.type(ch.world_size) if op == "avg" else None
+        self.signature = ch.signature  # the call that made the plan: the same every replay
         self.widen = acc != dtype  # low precision: accumulate in float32, round once
         self.padded = dtype == np.dtype(np.longdouble)
         self.acc_buf = np.empty(count if self.widen else 0, acc)
@@ -174,11 +176,19 @@ class TinyPlan:
     ) -> None:
         s = ch.seq = ch.seq + 1
         prev = s - 1
+        mine = ch.my_flags
+        sig = self.signature
+        cur = _SIG0 + (s & 1)
+        old = _SIG0 + (prev & 1)
+        last = mine[old]  # my previous call's signature: the peers' must be the same
         for f in self.flags:
-            if f[DONE] < prev:
+            if f[_DONE] < prev:
                 ch.wait_peers(DONE, prev, "all_reduce")
                 break
-        mine = ch.my_flags
+        for f in self.flags:
+            if f[old] != last and f[old] > 0 and last > 0:
+                ch.mismatch("all_reduce", prev)
+        mine[cur] = sig  # with SRC and READY: one more store to a line peers already fetch
         if shm is None:
             np.copyto(self.stage, x)
             mine[SRC] = self.stage_offset
@@ -187,11 +197,14 @@ class TinyPlan:
             mine[SRC] = shm.offset
         ch.post(READY, s)
         for f in self.flags:
-            if f[READY] < s:
-                ch.wait_peers(READY, s, "all_reduce")
+            if f[_READY] < s:
+                ch.wait_peers(READY, s, "all_reduce", check=False)
                 break
         else:
             ch.world.heap.fence()
+        for f in self.flags:
+            if f[cur] != sig:
+                ch.mismatch("all_reduce", s)
         offsets = [mine[SRC] if r == ch.rank else ch.peer_flags[r][SRC] for r in self.order]
         if offsets != self.offsets:
             self.offsets = offsets
@@ -292,14 +305,13 @@ def _one_shot(
     plan = ch.plans.get(key)
     if plan is None:
         plan = ch.plans[key] = _Plan(ch, count, xin.dtype)
-    prev = s - 1
-    if any(f[DONE] < prev for f in plan.flags):
-        ch.wait_peers(DONE, prev, "all_reduce")  # peers finished reading my scratch
+    ch.wait_previous(s, "all_reduce")  # peers finished reading my scratch
     ch.publish(s, xin, nbytes, lo, hi)
     if any(f[READY] < s for f in plan.flags):
         ch.wait_peers(READY, s, "all_reduce")
     else:
         ch.world.heap.fence()
+        ch.check_signatures(None, "all_reduce", s)
     inputs = plan.sources(ch)
     # zero-copy and in place: peers still read my x, so reduce aside and write after DONE
     aside = in_place and not staged
@@ -327,7 +339,7 @@ def _two_shot(
     s = ch.next_call()
     count, dtype = hi - lo, xin.dtype
     parts = len(ch.local_peers)
-    ch.wait_peers(DONE, s - 1, "all_reduce")
+    ch.wait_previous(s, "all_reduce")
     inputs = _inputs(ch, xin, lo, hi, s, nbytes)
     # reduce-scatter: I own shard `local_index`, reduced in rank order into my scratch
     base = _round_up(count * dtype.itemsize)  # my shard sits after the staging area
@@ -387,7 +399,7 @@ def _hierarchical(
         ch.post(DONE, s)
         return
     parts = len(ch.local_peers)
-    ch.wait_peers(DONE, s - 1, "all_reduce")
+    ch.wait_previous(s, "all_reduce")
     inputs = _inputs(ch, xin, lo, hi, s, nbytes)
     # intra-node reduce-scatter: my node's partial of shard `local_index` (no rounding yet)
     a, b = shard_of(count, parts, ch.local_index)

@@ -30,11 +30,17 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 
 from shmem import SHMEMBuffer, SignalPad, World
-from shmem.errors import PeerFailedError, ShmemStateError, SignalTimeoutError
+from shmem.errors import (
+    CollectiveMismatchError,
+    PeerFailedError,
+    ShmemStateError,
+    SignalTimeoutError,
+)
 from shmem.signals import poll_until, spin_seconds
 
 from .operand import Operand
 from .schedule import AlgorithmTable
+from .signature import describe
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -55,6 +61,8 @@ class Flag(enum.IntEnum):
     DONE = 2
     SRC = 3
     ABORT = 4  # the sequence number of a call this rank abandoned (0: none)
+    SIG = 5  # the signature (collectives.signature) of call s sits in SIG + s % 2, written
+    # when the call starts: peers compare it after READY (before reading) and after DONE
 
 
 @dataclass
@@ -71,6 +79,9 @@ class CommStats:
         if self.algorithms is None:
             self.algorithms = {}
         self.algorithms[algorithm] = self.algorithms.get(algorithm, 0) + 1
+
+
+_READY = int(Flag.READY)
 
 
 def _q(arr: np.ndarray[Any, Any]) -> memoryview:
@@ -115,6 +126,7 @@ class Channel:
         self.table = AlgorithmTable()  # the owner sets its configured table
         self.seq = 0
         self.calls = 0  # calls checked across ranks (debug mode's call number)
+        self.signature = 0  # the current call's (set by operand.agree)
         self.broken = False
         self.pending: list[tuple[MPI.Request, object]] = []
         self.cross: MPI.Intracomm | None = None
@@ -166,6 +178,7 @@ class Channel:
         """Start a call that exchanges flags: its sequence number."""
         self.seq += 1
         self.stats.calls += 1
+        self.my_flags[Flag.SIG + self.seq % 2] = self.signature
         return self.seq
 
     def fail(self) -> None:
@@ -183,9 +196,17 @@ class Channel:
         self.heap.fence()
         self.my_flags[flag] = value
 
-    def wait_peers(self, flag: int, value: int, what: str, peers: list[int] | None = None) -> None:
+    def wait_peers(
+        self,
+        flag: int,
+        value: int,
+        what: str,
+        peers: list[int] | None = None,
+        check: bool = True,
+    ) -> None:
         """Wait until every peer in ``peers`` (default: the node's) has ``flag >= value``,
-        within the deadline; then acquire."""
+        within the deadline; then acquire. After a ``READY`` wait the peers' call signatures
+        are compared with this rank's (unless ``check`` is False: the caller compares)."""
         deadline = 0.0
         for r in self.local_peers if peers is None else peers:
             if r == self.rank:
@@ -217,7 +238,42 @@ class Channel:
                     last_value=int(view[flag]),
                     peers=(r,),
                 )
+        if check and flag == _READY:
+            self.check_signatures(peers, what, value)
         self.heap.fence()  # acquire
+
+    def wait_previous(self, s: int, what: str) -> None:
+        """Wait until every node-local peer finished call ``s - 1`` (``DONE``), then check
+        it was the same call as this rank's (a mismatch no reader saw, as ranks that
+        disagree on a broadcast's root, is caught here, one call late)."""
+        self.wait_peers(Flag.DONE, s - 1, what)
+        if s > 1:
+            self.check_signatures(None, what, s - 1)
+
+    def check_signatures(self, peers: list[int] | None, what: str, s: int) -> None:
+        """Raise ``CollectiveMismatchError`` unless every peer in ``peers`` (default: the
+        node's) made call ``s`` with this rank's signature (read after their ``READY`` or
+        ``DONE`` of ``s``); on a mismatch retract this rank's flags first, so peers waiting
+        on it stop as well. Unknown signatures (0) are not compared."""
+        slot = Flag.SIG + s % 2
+        mine = self.my_flags[slot]
+        if mine <= 0:
+            return
+        for r in self.local_peers if peers is None else peers:
+            theirs = self.peer_flags[r][slot]
+            if r != self.rank and theirs != mine and theirs > 0:
+                self.mismatch(what, s)
+
+    def mismatch(self, what: str, s: int) -> None:
+        """Raise ``CollectiveMismatchError`` listing every node-local rank's call ``s``."""
+        slot = Flag.SIG + s % 2
+        listing = "; ".join(
+            f"rank {r}: "
+            + describe(int(self.my_flags[slot] if r == self.rank else self.peer_flags[r][slot]))
+            for r in self.local_peers
+        )
+        self.fail()
+        raise CollectiveMismatchError(f"{what}: ranks called different collectives ({listing})")
 
     def flags_behind(self, flag: int, value: int) -> bool:
         """Whether any node-local peer's ``flag`` is still below ``value`` (no waiting)."""

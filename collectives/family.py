@@ -39,7 +39,7 @@ def exchange(
     """
     s = ch.next_call()
     staged = xin.shmem is None
-    ch.wait_peers(Flag.DONE, s - 1, where)
+    ch.wait_previous(s, where)
     ch.publish(s, xin, xin.count * xin.dtype.itemsize)
     readers = ch.local_peers if peers is None else peers
     ch.wait_peers(Flag.READY, s, where, readers)

@@ -18,6 +18,8 @@ from shmem.dtypes import as_dtype, dtype_name
 from shmem.errors import CollectiveArgumentError, ShmemError
 from shmem.world import compare_across_ranks
 
+from .signature import signature
+
 if TYPE_CHECKING:
     from mpi4py import MPI
 
@@ -96,6 +98,7 @@ class Checked(Protocol):
     check_args: bool
     calls: int
     timeout_s: float
+    signature: int
 
     @property
     def comm(self) -> MPI.Intracomm: ...
@@ -107,6 +110,7 @@ def agree(ch: Checked, where: str, record: tuple[object, ...], error: Exception 
     ranks). Without ``[collectives] check_args`` an argument error is raised here, locally
     (ranks validate identically, so with identical arguments all raise together)."""
     ch.calls += 1
+    ch.signature = signature(record) if error is None else 0
     if not ch.check_args:
         if error is not None:
             raise error

@@ -51,6 +51,7 @@ class TeamCollectives:
         self.rank, self.size = team.my_pe, team.n_pes
         self.check_args = check_args
         self.calls = 0
+        self.signature = 0  # set by agree(); MPI checks sizes itself on this path
         self.timeout_s = timeout_s
         self.acc32 = acc32
         self.progress = team.world.heap.progress

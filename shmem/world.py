@@ -113,6 +113,25 @@ def compare_across_ranks(
         raise CollectiveMismatchError(f"{where}: ranks disagree ({listing})")
 
 
+_HEAP_KINDS = ("alloc", "free")
+
+
+def _heap_signature(record: tuple[Any, ...]) -> int:
+    """``("alloc", nbytes, ...)`` or ``("free", offset, ...)`` as one positive int64."""
+    kind = _HEAP_KINDS.index(record[0]) + 1 if record and record[0] in _HEAP_KINDS else 3
+    value = record[1] if len(record) > 1 and isinstance(record[1], int) else 0
+    return kind << 60 | (value & ((1 << 60) - 1))
+
+
+def _describe_heap(sig: int) -> str:
+    kind, value = sig >> 60, sig & ((1 << 60) - 1)
+    if kind == 1:
+        return f"empty/zeros of {value} bytes"
+    if kind == 2:
+        return f"close of the buffer at offset {value}"
+    return "another heap call" if sig else "no heap call yet"
+
+
 def _normalise_shape(where: str, shape: Any) -> tuple[int, ...]:
     if isinstance(shape, int | np.integer) and not isinstance(shape, bool):
         shape = (shape,)
@@ -180,6 +199,9 @@ class World:
             )
             pad_nbytes = SignalPad.nbytes_for(config.signal.slots)
             pad_offset = self._arena.alloc(pad_nbytes)
+            # the heap-call signatures (_agree) use the pad's last two barrier-round words,
+            # which only a job of more than 2**62 ranks would reach
+            self._sig_offset = pad_offset + pad_nbytes - 16
             if backend == "nvshmem":
                 from .backends.nvshmem import NvshmemHeap
                 from .backends.nvshmem_signals import DeviceSignalPad
@@ -263,7 +285,10 @@ class World:
         With ``heap.check_symmetry`` the records are all-gathered; any disagreement, or an
         argument error on any rank, raises on every rank. Without it this is an epoch barrier
         (the allocation is collective and synchronising, as ``nvshmem_malloc`` is) and a
-        local argument error is raised locally.
+        local argument error is raised locally; the call's signature (allocation size, or the
+        offset freed) rides along: every rank writes it before the barrier and reads the
+        others' after it, so differing calls raise ``CollectiveMismatchError`` on every rank
+        before any heap change, at no extra synchronisation (host backend).
         """
         self._calls += 1
         if self._out_of_step:
@@ -273,7 +298,10 @@ class World:
         if not self.config.heap.check_symmetry:
             if error is not None:
                 raise error
-            self.signals.barrier()
+            if self.heap.device_memory:
+                self.signals.barrier()
+                return
+            self._barrier_with_signature(where, _heap_signature(record))
             return
         try:
             compare_across_ranks(
@@ -282,6 +310,26 @@ class World:
         except SignalTimeoutError as exc:
             self._out_of_step = f"{where} timed out: {exc}"
             raise
+
+    def _barrier_with_signature(self, where: str, sig: int) -> None:
+        """The allocation barrier, with every rank's call signature compared after it."""
+        off = self._sig_offset + 8 * (self._calls % 2)  # a fast rank writes the other word
+        self.heap.local_view(off, 8).view(np.int64)[0] = sig
+        self.signals.barrier()
+        word = np.empty(1, np.int64)
+        theirs = []
+        for r in range(self.world_size):
+            view = self.heap.peer_view(r, off, 8)
+            if view is not None:
+                theirs.append(int(view.view(np.int64)[0]))
+            else:
+                self.heap.get_bytes(r, off, word)
+                theirs.append(int(word[0]))
+        if any(t != sig for t in theirs):
+            listing = "; ".join(f"rank {r}: {_describe_heap(t)}" for r, t in enumerate(theirs))
+            raise CollectiveMismatchError(
+                f"{where}: ranks disagree ({listing}); nothing was allocated or freed"
+            )
 
     # -- allocation -------------------------------------------------------------------------
 

@@ -1,0 +1,87 @@
+"""Always-on mismatch detection (issue 15, point 4): with the defaults (no check_args, no
+check_symmetry), mismatched collectives and allocations raise on every rank instead of
+returning wrong data or diverging heaps."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+import collectives
+import shmem
+from shmem.errors import CollectiveMismatchError, PeerFailedError, ShmemError
+
+pytestmark = pytest.mark.mpi
+
+MISMATCH = (CollectiveMismatchError, PeerFailedError)
+
+
+@pytest.fixture
+def fast() -> Iterator[Any]:
+    """A World and Communicator with every debug check off (the defaults)."""
+    world = shmem.init(heap_nbytes="32MiB", signal_timeout_s=5.0)
+    assert not world.config.collectives.check_args and not world.config.heap.check_symmetry
+    comm = collectives.Communicator(world)
+    try:
+        yield world, comm
+    finally:
+        comm._closed = True  # a mismatch leaves it unusable on purpose
+        world._abandon()
+        from mpi4py import MPI
+
+        MPI.COMM_WORLD.Barrier()
+
+
+def _needs_peers(world: Any) -> None:
+    if world.world_size == 1 or world.num_nodes > 1:
+        pytest.skip("needs 2+ ranks on one node")
+
+
+@pytest.mark.parametrize("kind", ["count", "op", "dtype", "collective"])
+def test_mismatched_all_reduce_raises_everywhere(fast: Any, kind: str) -> None:
+    world, comm = fast
+    _needs_peers(world)
+    odd = world.rank == 0
+    x = np.ones(1000 if (odd and kind == "count") else 2000 if kind == "count" else 1000)
+    x = x.astype(np.float64 if (odd and kind == "dtype") else np.float32)
+    with pytest.raises(MISMATCH) as err:
+        if kind == "collective" and odd:
+            comm.all_gather(x)
+        else:
+            comm.all_reduce(x, op="max" if (odd and kind == "op") else "sum")
+    if isinstance(err.value, CollectiveMismatchError):
+        assert "ranks called different collectives (rank 0: " in str(err.value)
+
+
+def test_mismatched_broadcast_roots_raise(fast: Any) -> None:
+    world, comm = fast
+    _needs_peers(world)
+    x = np.arange(16, dtype=np.int64)
+    with pytest.raises(MISMATCH):
+        comm.broadcast(x, root=0 if world.rank == 0 else 1)
+        comm.all_reduce(np.ones(4, np.float32))  # the root learns at its next call
+
+
+def test_a_matching_call_still_works(fast: Any) -> None:
+    world, comm = fast
+    for _ in range(3):
+        got = comm.all_reduce(np.ones(8, np.float32))
+        assert (got == world.world_size).all()
+
+
+def test_mismatched_allocations_raise_everywhere(fast: Any) -> None:
+    world, _ = fast
+    if world.world_size == 1:
+        pytest.skip("needs two ranks to disagree")
+    before = world.heap_stats()
+    with pytest.raises(ShmemError, match=r"World.empty: ranks disagree \(rank 0: empty/zeros"):
+        world.empty(1000 if world.rank == 0 else 2000, "float32")
+    assert world.heap_stats() == before  # nothing was allocated anywhere
+    with world.zeros(8, "int64") as ok:  # and the heap is still in step
+        ok.put((world.rank + 1) % world.world_size, np.full(8, world.rank, np.int64))
+        world.barrier()
+        assert ok.local().tolist() == [(world.rank - 1) % world.world_size] * 8
+        world.barrier()
