@@ -115,6 +115,7 @@ class Channel:
         self.world = world
         self.comm: MPI.Intracomm = world.comm
         self.heap = world.heap
+        self.progress = world.heap.progress  # served while waiting on MPI exchanges
         self.stats = stats
         self.rank, self.world_size = world.rank, world.world_size
         self.num_nodes = world.num_nodes

@@ -115,7 +115,9 @@ def agree(ch: Checked, where: str, record: tuple[object, ...], error: Exception 
         if error is not None:
             raise error
         return
-    compare_across_ranks(ch.comm, where, ch.calls, record, error, ch.timeout_s)
+    compare_across_ranks(
+        ch.comm, where, ch.calls, record, error, ch.timeout_s, getattr(ch, "progress", None)
+    )
 
 
 def prepare(

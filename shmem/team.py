@@ -221,6 +221,7 @@ class Team:
             (record, None if error is None else str(error)),
             self._world.config.signal.timeout_s,
             where,
+            self._world.heap.progress,
         )
         if error is not None:
             raise error

@@ -10,6 +10,7 @@ import socket
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from contextlib import ExitStack
 from typing import TYPE_CHECKING, Any
 
@@ -43,10 +44,18 @@ _current: World | None = None
 _ABANDONED: list[object] = []  # exchanges given up on: MPI still owns their buffers
 
 
-def allgather_within(comm: MPI.Intracomm, obj: Any, timeout_s: float, where: str) -> list[Any]:
+def allgather_within(
+    comm: MPI.Intracomm,
+    obj: Any,
+    timeout_s: float,
+    where: str,
+    progress: Callable[[], None] | None = None,
+) -> list[Any]:
     """``comm.allgather(obj)`` with a deadline: two non-blocking exchanges (the pickled
     sizes, then the bytes) polled until ``timeout_s``, so a rank that never arrives raises
-    :class:`~shmem.errors.SignalTimeoutError` here instead of blocking the others."""
+    :class:`~shmem.errors.SignalTimeoutError` here instead of blocking the others.
+    ``progress`` (a heap's) is called between polls, so peers' one-sided operations aimed
+    at this rank are served meanwhile."""
     import pickle
 
     from mpi4py import MPI
@@ -69,7 +78,7 @@ def allgather_within(comm: MPI.Intracomm, obj: Any, timeout_s: float, where: str
             out = np.empty(int(sizes.sum()), np.uint8)
             req = comm.Iallgatherv([data, MPI.BYTE], [out, (counts, displs), MPI.BYTE])
             keep = (data, out)
-        if not poll_until(req.Test, deadline):
+        if not poll_until(req.Test, deadline, progress):
             _ABANDONED.append((req, keep))
             raise SignalTimeoutError(
                 f"{where}: rank {comm.Get_rank()} timed out after {timeout_s:g} s waiting for "
@@ -90,6 +99,7 @@ def compare_across_ranks(
     record: tuple[Any, ...],
     error: Exception | None,
     timeout_s: float | None = None,
+    progress: Callable[[], None] | None = None,
 ) -> None:
     """Debug check of a collective call (collective): all-gather ``(call number, arguments,
     local argument error)`` and raise on every rank when any rank has an error (its own on
@@ -99,7 +109,7 @@ def compare_across_ranks(
     if timeout_s is None:
         records = comm.allgather(mine)
     else:
-        records = allgather_within(comm, mine, timeout_s, where)
+        records = allgather_within(comm, mine, timeout_s, where, progress)
     if error is not None:
         raise error
     bad = [(r, e) for r, (_, _, e) in enumerate(records) if e is not None]
@@ -305,7 +315,13 @@ class World:
             return
         try:
             compare_across_ranks(
-                self.comm, where, self._calls, record, error, self.config.signal.timeout_s
+                self.comm,
+                where,
+                self._calls,
+                record,
+                error,
+                self.config.signal.timeout_s,
+                self.heap.progress,
             )
         except SignalTimeoutError as exc:
             self._out_of_step = f"{where} timed out: {exc}"

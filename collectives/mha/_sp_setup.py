@@ -223,6 +223,7 @@ def setup(
         (record, rows, None if error is None else str(error)),
         world.config.signal.timeout_s,
         where,
+        world.heap.progress,
     )
     if error is not None:
         raise error
@@ -298,7 +299,11 @@ def finish_stats(
     mine.wall_s = time.perf_counter() - start
     mine.idle_s = max(mine.wall_s - mine.busy_s, 0.0)
     busy = allgather_within(
-        st.world.comm, mine.busy_s, st.world.config.signal.timeout_s, "sequence-parallel stats"
+        st.world.comm,
+        mine.busy_s,
+        st.world.config.signal.timeout_s,
+        "sequence-parallel stats",
+        st.world.heap.progress,
     )
     mine.busy_per_rank = tuple(float(b) for b in busy)
     for f in dataclasses.fields(SequenceParallelStats):
