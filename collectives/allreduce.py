@@ -19,7 +19,7 @@ from shmem import SHMEMBuffer
 from shmem.dtypes import dtype_name
 from shmem.errors import CollectiveArgumentError, ShmemError
 
-from .channel import Channel, Flag
+from .channel import Channel, Flag, source_tag
 from .operand import Array, Operand, agree, output_array
 from .ops import (
     UFUNCS,
@@ -156,6 +156,8 @@ class TinyPlan:
         self.tmp_buf = np.empty(count if self.widen else 0, acc)
         self.stage = ch.scratch(_round_up(self.nbytes))[: self.nbytes].view(dtype)
         self.stage_offset = ch.scratch_buf.offset
+        self.tag = source_tag(self.signature)
+        self.stage_word = self.stage_offset | self.tag
         self.flags = [ch.peer_flags[r] for r in ch.local_peers if r != ch.rank]
         self.order = list(ch.local_peers)
         self.offsets: list[int] = []
@@ -176,25 +178,22 @@ class TinyPlan:
     ) -> None:
         s = ch.seq = ch.seq + 1
         prev = s - 1
-        mine = ch.my_flags
-        sig = self.signature
-        cur = _SIG0 + (s & 1)
-        old = _SIG0 + (prev & 1)
-        last = mine[old]  # my previous call's signature: the peers' must be the same
         for f in self.flags:
             if f[_DONE] < prev:
                 ch.wait_peers(DONE, prev, "all_reduce")
                 break
-        for f in self.flags:
-            if f[old] != last and f[old] > 0 and last > 0:
-                ch.mismatch("all_reduce", prev)
-        mine[cur] = sig  # with SRC and READY: one more store to a line peers already fetch
+        if ch.sig_seq == prev:  # the previous call was not a tiny one: was it the same?
+            ch.check_signatures(None, "all_reduce", prev)
+        mine = ch.my_flags
+        # the call's signature rides in SRC's upper bits (no extra store), and in its SIG
+        # word only when the plan is made or the words change (a peer's mismatch shows
+        # there, since the SRC word differs)
         if shm is None:
             np.copyto(self.stage, x)
-            mine[SRC] = self.stage_offset
+            mine[SRC] = self.stage_word
             ch.stats.staged_bytes += self.nbytes
         else:
-            mine[SRC] = shm.offset
+            mine[SRC] = shm.offset | self.tag
         ch.post(READY, s)
         for f in self.flags:
             if f[_READY] < s:
@@ -202,11 +201,10 @@ class TinyPlan:
                 break
         else:
             ch.world.heap.fence()
-        for f in self.flags:
-            if f[cur] != sig:
-                ch.mismatch("all_reduce", s)
         offsets = [mine[SRC] if r == ch.rank else ch.peer_flags[r][SRC] for r in self.order]
         if offsets != self.offsets:
+            mine[_SIG0 + (s & 1)] = self.signature  # for the listing, should it differ
+            ch.check_tags(offsets, self.order, "all_reduce", s)
             self.offsets = offsets
             self.inputs = [ch.peer_input(r, self.count, self.dtype) for r in self.order]
         inputs = self.inputs
@@ -277,6 +275,7 @@ class _Plan:
             ch.my_flags[SRC] if r == ch.rank else ch.peer_flags[r][SRC] for r in ch.local_peers
         ]
         if offsets != self.offsets:
+            ch.check_tags(offsets, ch.local_peers, "all_reduce", ch.seq)
             self.offsets = offsets
             self.inputs = [ch.peer_input(r, self.count, self.dtype) for r in ch.local_peers]
         return self.inputs

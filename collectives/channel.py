@@ -82,6 +82,14 @@ class CommStats:
 
 
 _READY = int(Flag.READY)
+OFFSET_BITS = 40  # SRC: the heap offset in the low bits, a tag of the call's signature above
+OFFSET_MASK = (1 << OFFSET_BITS) - 1
+
+
+def source_tag(sig: int) -> int:
+    """23 bits of ``sig`` (folded), placed above the offset in the ``SRC`` word: a reader
+    that compares the whole word sees a mismatched call without another load."""
+    return ((sig ^ (sig >> 23) ^ (sig >> 46)) & 0x7FFFFF) << OFFSET_BITS
 
 
 def _q(arr: np.ndarray[Any, Any]) -> memoryview:
@@ -128,6 +136,7 @@ class Channel:
         self.seq = 0
         self.calls = 0  # calls checked across ranks (debug mode's call number)
         self.signature = 0  # the current call's (set by operand.agree)
+        self.sig_seq = 0
         self.broken = False
         self.pending: list[tuple[MPI.Request, object]] = []
         self.cross: MPI.Intracomm | None = None
@@ -180,6 +189,7 @@ class Channel:
         self.seq += 1
         self.stats.calls += 1
         self.my_flags[Flag.SIG + self.seq % 2] = self.signature
+        self.sig_seq = self.seq  # the last call whose SIG word every rank wrote
         return self.seq
 
     def fail(self) -> None:
@@ -323,14 +333,21 @@ class Channel:
             offset = self.scratch_buf.offset
         else:
             offset = xin.shmem.offset + lo * isz
-        self.my_flags[Flag.SRC] = offset
+        self.my_flags[Flag.SRC] = offset | source_tag(self.signature)
         self.post(Flag.READY, s)
 
     def source_offset(self, rank: int) -> int:
         """The heap offset rank ``rank`` published its input at (after its READY)."""
         if rank == self.rank:
-            return int(self.my_flags[Flag.SRC])
-        return int(self.peer_flags[rank][Flag.SRC])
+            return int(self.my_flags[Flag.SRC]) & OFFSET_MASK
+        return int(self.peer_flags[rank][Flag.SRC]) & OFFSET_MASK
+
+    def check_tags(self, words: list[int], order: list[int], what: str, s: int) -> None:
+        """Raise ``CollectiveMismatchError`` unless every ``SRC`` word in ``words`` (ranks
+        ``order``, after their ``READY`` of call ``s``) carries this rank's call tag."""
+        mine = words[order.index(self.rank)] & ~OFFSET_MASK
+        if any((w & ~OFFSET_MASK) != mine for w in words):
+            self.mismatch(what, s)
 
     def peer_input(self, rank: int, count: int, dtype: np.dtype[Any]) -> np.ndarray[Any, Any]:
         """Rank ``rank``'s published input (after its READY), as ``count`` elements."""
