@@ -30,7 +30,9 @@ WHERE = ("init", "barrier", "allreduce", "forward", "backward", "wait", "ipc")
 THREADS = ("main", "thread")
 
 
-def one_run(kind: str, where: str, thread: str, ranks: int) -> tuple[bool, bool, float, str]:
+def one_run(
+    kind: str, where: str, thread: str, ranks: int, split: str = "node"
+) -> tuple[bool, bool, float, str]:
     """``(right rank, right exit code, seconds from fault to end, stderr)``."""
     with tempfile.TemporaryDirectory() as tmp:
         event = Path(tmp) / "event"
@@ -48,7 +50,7 @@ def one_run(kind: str, where: str, thread: str, ranks: int) -> tuple[bool, bool,
             thread,
             str(event),
         ]
-        env = {**os.environ, "SHMEM_BACKEND": "host"}
+        env = {**os.environ, "SHMEM_BACKEND": "host", "SHMEM_HEAP_NODE_SPLIT": split}
         proc = subprocess.run(
             cmd, capture_output=True, text=True, timeout=120, cwd=ROOT, env=env, check=False
         )
@@ -65,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--where", default=",".join(WHERE))
     parser.add_argument("--threads", default=",".join(THREADS))
     parser.add_argument("--ranks", default="2,3,4")
+    parser.add_argument("--split", default="node", help='heap.node_split: "node" or "rank" (RMA)')
     parser.add_argument("--show-failures", action="store_true")
     args = parser.parse_args(argv)
     bad = 0
@@ -79,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
                     rank_ok = code_ok = 0
                     slowest = 0.0
                     for _ in range(args.runs):
-                        named, code, took, err = one_run(kind, where, thread, ranks)
+                        named, code, took, err = one_run(kind, where, thread, ranks, args.split)
                         rank_ok += named
                         code_ok += code
                         slowest = max(slowest, took)
