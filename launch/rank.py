@@ -129,11 +129,16 @@ class _Rank:
         job (its abort would kill the peer mid-report)."""
         assert self.log_dir is not None
         names = [f"rank.{cause}.{kind}.json" for kind in ("error", "died", "done")]
+        progress = _heap_progress()
         end = time.monotonic() + _CONSEQUENCE_GRACE_S
         while time.monotonic() < end:
             if any((self.log_dir / n).exists() for n in names):
                 return
-            time.sleep(0.002)
+            # the failed peer may still be telling this rank (a one-sided atomic off the
+            # node): serve it, or it waits on us while we wait on its record
+            with contextlib.suppress(Exception):
+                progress()
+            time.sleep(0.001)
 
     def done(self, exit_code: int) -> None:
         if self.log_dir is not None:
@@ -205,6 +210,18 @@ def _exit_code(exc: SystemExit) -> int:
 def _usage() -> NoReturn:
     sys.stderr.write("usage: python -m launch.rank (script.py | -m module | -c code) [args...]\n")
     raise SystemExit(2)
+
+
+def _heap_progress() -> Any:
+    """The open World's one-sided progress (a no-op without one)."""
+    if "shmem" not in sys.modules:
+        return lambda: None
+    try:
+        import shmem
+
+        return shmem.get_world().heap.progress
+    except Exception:
+        return lambda: None
 
 
 def _die_with_parent() -> None:

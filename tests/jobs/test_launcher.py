@@ -159,3 +159,24 @@ def test_a_failed_job_leaves_no_shared_memory_behind(tmp_path: Path) -> None:
     assert proc.returncode == 137, proc.stderr
     left = [p for p in stale_segments(started) if p.name not in before]
     assert not left, f"segments left in /dev/shm: {left}\n{proc.stderr}"
+
+
+@pytest.mark.parametrize("split", ["node", "rank"])
+def test_a_failure_inside_attention_is_its_own_root_cause(tmp_path: Path, split: str) -> None:
+    """Issue 15, point 1: the peers stop with PeerFailedError at once; the failing rank's
+    own exit code and exception are the root cause, on the shared and the RMA path (where
+    the peers must keep serving the failing rank's one-sided abort while they wait)."""
+    import os
+
+    event = tmp_path / "event"
+    cmd = [sys.executable, "-m", "launch", "-n", "3", "--timeout", "60"]
+    cmd += [str(ROOT / "scripts" / "fault_job.py"), "exit", "backward", "main", str(event)]
+    env = {**os.environ, "SHMEM_HEAP_NODE_SPLIT": split, "SHMEM_BACKEND": "host"}
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=120, cwd=ROOT, env=env, check=False
+    )
+    end = time.time()
+    assert proc.returncode == 5, proc.stderr[-3000:]
+    assert re.search(r"root cause: rank 1 of 3 .*SystemExit\(5\)", proc.stderr), proc.stderr
+    assert "stopped because of rank 1" in proc.stderr
+    assert end - _event_time(event) < 3.0, "no rank waited out its grace period"
