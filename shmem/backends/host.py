@@ -98,6 +98,58 @@ def strided_view(
     )
 
 
+_MAP_FIXED_NOREPLACE = 0x100000
+_MAP_NORESERVE = 0x4000
+
+
+def _fill_holes(ranges: list[tuple[int, int]]) -> None:
+    """Map empty memory where the freed segments were, so numpy views the program kept past
+    ``finalize`` read zeros instead of faulting. Only where nothing else was mapped since
+    (``MAP_FIXED_NOREPLACE``): a range already reused is left alone. No swap is reserved,
+    and pages cost memory only if a stale view writes them."""
+    import ctypes
+    import mmap
+
+    page = mmap.PAGESIZE
+    spans = sorted((a // page * page, -(-(a + n) // page) * page) for a, n in ranges if n > 0)
+    merged: list[list[int]] = []
+    for lo, hi in spans:
+        if merged and lo <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], hi)
+        else:
+            merged.append([lo, hi])
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.mmap.restype = ctypes.c_void_p
+        libc.mmap.argtypes = [
+            ctypes.c_void_p,
+            ctypes.c_size_t,
+            ctypes.c_int,
+            ctypes.c_int,
+            ctypes.c_int,
+            ctypes.c_long,
+        ]
+        libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    except (OSError, AttributeError):  # pragma: no cover - not Linux/glibc
+        return
+    flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_FIXED_NOREPLACE | _MAP_NORESERVE
+    prot = mmap.PROT_READ | mmap.PROT_WRITE
+    failed = ctypes.c_void_p(-1).value
+
+    def fill(lo: int, hi: int) -> bool:
+        got = libc.mmap(lo, hi - lo, prot, flags, -1, 0)
+        if got == lo:
+            return True
+        if got is not None and got != failed:
+            libc.munmap(got, hi - lo)  # an old kernel placed it elsewhere: not ours to keep
+        return False
+
+    for lo, hi in merged:
+        if not fill(lo, hi):  # part of it is still (or again) mapped: fill the holes only
+            for at in range(lo, hi, page):
+                fill(at, at + page)
+
+
 def split_nodes(comm: MPI.Intracomm, node_split: str) -> MPI.Intracomm:
     """The node communicator: ranks that share memory (``"node"``), each rank alone
     (``"rank"``), or groups of K consecutive ranks of a shared-memory node (``"K"``)."""
@@ -164,12 +216,14 @@ class HostHeap:
             self._shm_win.Lock_all(MPI.MODE_NOCHECK)
             stack.callback(self._shm_win.Unlock_all)
             self._slabs: list[np.ndarray[Any, np.dtype[np.uint8]]] = []
+            self._ranges: list[tuple[int, int]] = []  # (address, bytes) of each mapped segment
             # each local rank's slab offset inside its segment (its window displacement
             # base); page offsets are the same in every process mapping the segment
             self._pads: list[int] = []
             for lr in range(self.local_size):
                 mem, _ = self._shm_win.Shared_query(lr)
                 raw = np.frombuffer(cast(Any, mem), dtype=np.uint8, count=segment)
+                self._ranges.append((int(raw.ctypes.data), segment))
                 pad = -int(raw.ctypes.data) % self.alignment
                 self._pads.append(pad)
                 self._slabs.append(raw[pad : pad + self.nbytes])
@@ -481,3 +535,4 @@ class HostHeap:
             self._rma_win = None
         self._shm_win.Unlock_all()
         self._shm_win.Free()
+        _fill_holes(self._ranges)

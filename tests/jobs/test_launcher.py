@@ -180,3 +180,17 @@ def test_a_failure_inside_attention_is_its_own_root_cause(tmp_path: Path, split:
     assert re.search(r"root cause: rank 1 of 3 .*SystemExit\(5\)", proc.stderr), proc.stderr
     assert "stopped because of rank 1" in proc.stderr
     assert end - _event_time(event) < 3.0, "no rank waited out its grace period"
+
+
+@pytest.mark.parametrize("split", ["node", "rank"])
+def test_views_kept_across_finalize_do_not_crash(split: str) -> None:
+    import os
+
+    cmd = [sys.executable, "-m", "launch", "-n", "2", "--timeout", "60"]
+    cmd += [str(JOBS / "stale_view.py")]
+    env = {**os.environ, "SHMEM_HEAP_NODE_SPLIT": split}
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=120, cwd=ROOT, env=env, check=False
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "stale views ok" in proc.stdout
