@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from shmem import SUPPORTED_DTYPES, SHMEMBuffer
+from shmem.agreement import compare_across_ranks
 from shmem.dtypes import as_dtype, dtype_name
 from shmem.errors import CollectiveArgumentError, ShmemError
-from shmem.world import compare_across_ranks
 
 from .signature import signature
 

@@ -29,7 +29,7 @@ KINDS = ("alloc", "free", "put_get", "iput", "nbi", "atomic", "signal", "all_red
 def _allgather(world: shmem.World, obj: Any) -> list[Any]:
     """``allgather`` for the references without blocking in MPI: on the RMA path a rank
     still finishing a barrier's signal needs its peers' MPI progress (they poll here)."""
-    from shmem.world import allgather_within
+    from shmem.agreement import allgather_within
 
     return allgather_within(
         world.comm, obj, world.config.signal.timeout_s, "soak", world.heap.progress

@@ -214,7 +214,7 @@ class Team:
 
     def _agree(self, where: str, record: tuple[object, ...], error: Exception | None) -> None:
         """Every member raises together on a bad argument; differing arguments are refused."""
-        from .world import allgather_within
+        from .agreement import allgather_within
 
         records = allgather_within(
             self.comm,

@@ -8,14 +8,18 @@ import math
 import os
 import socket
 import threading
-import time
 import weakref
-from collections.abc import Callable
 from contextlib import ExitStack
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .agreement import (
+    allgather_within,
+    compare_across_ranks,
+    describe_heap_call,
+    heap_signature,
+)
 from .arena import Arena
 from .backends import Backend, resolve_backend
 from .buffer import SHMEMBuffer
@@ -33,113 +37,12 @@ if TYPE_CHECKING:
 
     from .rma import Context
 
-__all__ = ["World", "compare_across_ranks", "finalize", "get_world", "init"]
+__all__ = ["World", "allgather_within", "compare_across_ranks", "finalize", "get_world", "init"]
 
 log = logging.getLogger(__name__)
 
 _lock = threading.Lock()
 _current: World | None = None
-
-
-_ABANDONED: list[object] = []  # exchanges given up on: MPI still owns their buffers
-
-
-def allgather_within(
-    comm: MPI.Intracomm,
-    obj: Any,
-    timeout_s: float,
-    where: str,
-    progress: Callable[[], None] | None = None,
-) -> list[Any]:
-    """``comm.allgather(obj)`` with a deadline: two non-blocking exchanges (the pickled
-    sizes, then the bytes) polled until ``timeout_s``, so a rank that never arrives raises
-    :class:`~shmem.errors.SignalTimeoutError` here instead of blocking the others.
-    ``progress`` (a heap's) is called between polls, so peers' one-sided operations aimed
-    at this rank are served meanwhile."""
-    import pickle
-
-    from mpi4py import MPI
-
-    from .errors import SignalTimeoutError
-    from .signals import poll_until
-
-    data = np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), np.uint8)
-    size = comm.Get_size()
-    sizes = np.zeros(size, np.int64)
-    mine = np.array([data.size], np.int64)
-    deadline = time.monotonic() + timeout_s
-    for step in range(2):
-        if step == 0:
-            req = comm.Iallgather([mine, MPI.INT64_T], [sizes, MPI.INT64_T])
-            keep: tuple[object, ...] = (mine, sizes)
-        else:
-            counts = [int(n) for n in sizes]
-            displs = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(int).tolist()
-            out = np.empty(int(sizes.sum()), np.uint8)
-            req = comm.Iallgatherv([data, MPI.BYTE], [out, (counts, displs), MPI.BYTE])
-            keep = (data, out)
-        if not poll_until(req.Test, deadline, progress):
-            _ABANDONED.append((req, keep))
-            raise SignalTimeoutError(
-                f"{where}: rank {comm.Get_rank()} timed out after {timeout_s:g} s waiting for "
-                "every rank's arguments (a rank did not arrive; the ranks are out of step now)",
-                operation=where,
-                slot=-1,
-                expected="every rank",
-                last_value=0,
-                peers=(),
-            )
-    return [pickle.loads(out[d : d + c].tobytes()) for c, d in zip(counts, displs, strict=True)]
-
-
-def compare_across_ranks(
-    comm: MPI.Intracomm,
-    where: str,
-    call: int,
-    record: tuple[Any, ...],
-    error: Exception | None,
-    timeout_s: float | None = None,
-    progress: Callable[[], None] | None = None,
-) -> None:
-    """Debug check of a collective call (collective): all-gather ``(call number, arguments,
-    local argument error)`` and raise on every rank when any rank has an error (its own on
-    that rank) or when ranks disagree (``CollectiveMismatchError`` listing each rank's).
-    With ``timeout_s`` the exchange has a deadline (``SignalTimeoutError``)."""
-    mine = (call, record, None if error is None else str(error))
-    if timeout_s is None:
-        records = comm.allgather(mine)
-    else:
-        records = allgather_within(comm, mine, timeout_s, where, progress)
-    if error is not None:
-        raise error
-    bad = [(r, e) for r, (_, _, e) in enumerate(records) if e is not None]
-    if bad:
-        raise CollectiveMismatchError(
-            f"{where}: invalid arguments on other ranks: "
-            + "; ".join(f"rank {r}: {e}" for r, e in bad)
-        )
-    if any(rec[:2] != records[0][:2] for rec in records):
-        listing = "; ".join(f"rank {r}: call {c} {rec}" for r, (c, rec, _) in enumerate(records))
-        raise CollectiveMismatchError(f"{where}: ranks disagree ({listing})")
-
-
-_HEAP_KINDS = ("alloc", "free")
-
-
-def _heap_signature(record: tuple[Any, ...]) -> int:
-    """``("alloc", nbytes, ...)`` or ``("free", offset, ...)`` as one positive int64."""
-    kind = _HEAP_KINDS.index(record[0]) + 1 if record and record[0] in _HEAP_KINDS else 3
-    value = record[1] if len(record) > 1 and isinstance(record[1], int) else 0
-    return kind << 60 | (value & ((1 << 60) - 1))
-
-
-def _describe_heap(sig: int) -> str:
-    kind, value = sig >> 60, sig & ((1 << 60) - 1)
-    if kind == 1:
-        return f"empty/zeros of {value} bytes"
-    if kind == 2:
-        return f"close of the buffer at offset {value}"
-    return "another heap call" if sig else "no heap call yet"
 
 
 def _normalise_shape(where: str, shape: Any) -> tuple[int, ...]:
@@ -311,7 +214,7 @@ class World:
             if self.heap.device_memory:
                 self.signals.barrier()
                 return
-            self._barrier_with_signature(where, _heap_signature(record))
+            self._barrier_with_signature(where, heap_signature(record))
             return
         try:
             compare_across_ranks(
@@ -342,7 +245,7 @@ class World:
                 self.heap.get_bytes(r, off, word)
                 theirs.append(int(word[0]))
         if any(t != sig for t in theirs):
-            listing = "; ".join(f"rank {r}: {_describe_heap(t)}" for r, t in enumerate(theirs))
+            listing = "; ".join(f"rank {r}: {describe_heap_call(t)}" for r, t in enumerate(theirs))
             raise CollectiveMismatchError(
                 f"{where}: ranks disagree ({listing}); nothing was allocated or freed"
             )

@@ -17,9 +17,9 @@ from typing import Any
 import numpy as np
 
 from shmem import CPU
+from shmem.agreement import allgather_within
 from shmem.dtypes import as_dtype, dtype_name
 from shmem.errors import CollectiveMismatchError, SequenceParallelError
-from shmem.world import allgather_within
 
 from ..communicator import Communicator
 from ..schedule import shard_bounds
