@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .agreement import (
-    allgather_within,
     compare_across_ranks,
     describe_heap_call,
     heap_signature,
@@ -37,7 +36,7 @@ if TYPE_CHECKING:
 
     from .rma import Context
 
-__all__ = ["World", "allgather_within", "compare_across_ranks", "finalize", "get_world", "init"]
+__all__ = ["World", "compare_across_ranks", "finalize", "get_world", "init"]
 
 log = logging.getLogger(__name__)
 
