@@ -310,7 +310,7 @@ def _one_shot(
         ch.wait_peers(READY, s, "all_reduce")
     else:
         ch.world.heap.fence()
-        ch.check_signatures(None, "all_reduce", s)
+        ch.check_ready(None, "all_reduce", s)
     inputs = plan.sources(ch)
     # zero-copy and in place: peers still read my x, so reduce aside and write after DONE
     aside = in_place and not staged

@@ -250,7 +250,7 @@ class Channel:
                     peers=(r,),
                 )
         if check and flag == _READY:
-            self.check_signatures(peers, what, value)
+            self.check_ready(peers, what, value)
         self.heap.fence()  # acquire
 
     def wait_previous(self, s: int, what: str) -> None:
@@ -273,6 +273,17 @@ class Channel:
         for r in self.local_peers if peers is None else peers:
             theirs = self.peer_flags[r][slot]
             if r != self.rank and theirs != mine and theirs > 0:
+                self.mismatch(what, s)
+
+    def check_ready(self, peers: list[int] | None, what: str, s: int) -> None:
+        """After the peers' ``READY`` of call ``s``: compare their signatures and the call
+        tags in their ``SRC`` words with mine. The tag is the check that always holds: a
+        cached all-reduce plan writes its ``SIG`` word only when its plan changes, but every
+        publisher tags ``SRC`` before it raises ``READY``."""
+        self.check_signatures(peers, what, s)
+        mine = self.my_flags[Flag.SRC] & ~OFFSET_MASK
+        for r in self.local_peers if peers is None else peers:
+            if r != self.rank and (self.peer_flags[r][Flag.SRC] & ~OFFSET_MASK) != mine:
                 self.mismatch(what, s)
 
     def mismatch(self, what: str, s: int) -> None:
