@@ -176,6 +176,13 @@ class Channel:
             # a peer that abandoned a call reads nothing of ours any more
             with contextlib.suppress(PeerFailedError):
                 self.wait_peers(Flag.DONE, self.seq, "close")
+        # drop every view of the buffers first: a view that outlived close() would keep
+        # its block allocated (shmem.quarantine)
+        self.plans.clear()
+        self.stage_views.clear()
+        self.input_views.clear()
+        self.my_flags = _q(np.zeros(NUM_FLAGS, np.int64))
+        self.peer_flags = {}
         for buf in (self.scratch_buf, self.pad_buf, self.flags_buf):
             buf.close()
         if self.cross is not None:
@@ -384,12 +391,13 @@ class Channel:
             self.wait_peers(Flag.DONE, self.seq - 1, "scratch growth")
             new = max(nbytes, min(2 * self.scratch_buf.nbytes, self.scratch_max))
             grown: SHMEMBuffer = self.world.empty(new, "uint8")  # on failure the old stays
-            self.scratch_buf.close()
-            self.scratch_buf = grown
-            self.stats.scratch_growths += 1
+            # views of the old scratch go first, so that closing it frees it
             self.stage_views.clear()
             self.input_views.clear()  # offsets inside the old scratch are stale
             self.plans.clear()
+            self.scratch_buf.close()
+            self.scratch_buf = grown
+            self.stats.scratch_growths += 1
         return cast("np.ndarray[Any, np.dtype[np.uint8]]", self.scratch_buf.local())
 
     def peer_scratch(self, rank: int) -> np.ndarray[Any, np.dtype[np.uint8]]:

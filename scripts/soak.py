@@ -90,9 +90,10 @@ def soak(world: shmem.World, ops: int, seed: int) -> dict[str, Any]:
                 world.quiet()
             world.barrier()
             expect = _allgather(world, data)[left]
-            got = buf.local().reshape(-1)
-            if got.tobytes() != np.asarray(expect).tobytes():
+            seen = buf.local().reshape(-1)  # zero-copy; dropped below, so close() frees
+            if seen.tobytes() != np.asarray(expect).tobytes():
                 raise AssertionError(f"{where}: rank {me} holds the wrong data from rank {left}")
+            del seen
             world.barrier()
         elif kind == "atomic":
             ints = [b for b in live if b.dtype in (np.dtype("int64"), np.dtype("uint32"))]

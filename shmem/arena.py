@@ -17,7 +17,9 @@ __all__ = ["Arena", "ArenaStats"]
 
 @dataclass(frozen=True)
 class ArenaStats:
-    """A snapshot: capacity, bytes in use, free bytes, the largest free block, block counts."""
+    """A snapshot: capacity, bytes in use, free bytes, the largest free block, block counts;
+    ``held``: bytes of closed buffers kept for views still alive (counted in ``used``, freed
+    at the first heap call after the last view is gone; see :mod:`shmem.quarantine`)."""
 
     capacity: int
     used: int
@@ -25,6 +27,7 @@ class ArenaStats:
     largest_free: int
     num_allocated: int
     num_free_blocks: int
+    held: int = 0
 
 
 def _round_up(n: int, alignment: int) -> int:

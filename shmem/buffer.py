@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import warnings
+import weakref
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast, overload
 
 import ml_dtypes
@@ -15,6 +16,7 @@ from .dtypes import dtype_name, int_operand
 from .errors import ArgumentError, ShmemStateError
 from .heap import ATOMIC_DTYPES, FLOAT_ATOMIC_DTYPES
 from .memory import Buffer
+from .quarantine import ViewRef, anchored
 from .signals import SLOT_DTYPE
 
 if TYPE_CHECKING:
@@ -57,6 +59,10 @@ class SHMEMBuffer(OpenShmemMethods):
         self._closed = False
         # flat typed views of each rank's copy, made on first use (None: not reachable)
         self._flat: dict[int, np.ndarray[Any, Any] | None] = {}
+        # the arrays every view given out is made from (by rank copy), held weakly: alive
+        # exactly while a view is, so close() knows (shmem.quarantine)
+        self._anchors: dict[int, ViewRef] = {}
+        self._sources: dict[int, memoryview] = {}  # each rank copy's bytes, to make them from
 
     # -- properties -------------------------------------------------------------------------
 
@@ -151,8 +157,7 @@ class SHMEMBuffer(OpenShmemMethods):
         heap: Any = self._world.heap
         if heap.device_memory:
             return self._device_buffer(heap.address(self._offset))
-        raw = heap.local_view(self._offset, self._nbytes)
-        return raw.view(self._dtype).reshape(self._shape)
+        return self._anchored(self._world.rank).view(self._dtype).reshape(self._shape)
 
     def peer(self, rank: int) -> Any:
         """Rank ``rank``'s copy, zero-copy (a numpy array; a GPU Buffer on the nvshmem
@@ -164,8 +169,29 @@ class SHMEMBuffer(OpenShmemMethods):
         if heap.device_memory:
             ptr = heap.peer_address(rank, self._offset)
             return None if ptr is None else self._device_buffer(ptr)
-        raw = heap.peer_view(rank, self._offset, self._nbytes)
-        return None if raw is None else raw.view(self._dtype).reshape(self._shape)
+        if not heap.is_local(rank):
+            return None
+        return self._anchored(rank).view(self._dtype).reshape(self._shape)
+
+    def _anchored(self, rank: int) -> np.ndarray[Any, Any]:
+        """The array (bytes) every view of rank ``rank``'s copy is made from: the one still
+        alive, or a new one (a view outlives ``close()`` without aliasing what comes next)."""
+        ref = self._anchors.get(rank)
+        base = None if ref is None else ref()
+        if base is None:
+            source = self._sources.get(rank)
+            if source is None:
+                raw = self._world.heap.peer_view(rank, self._offset, self._nbytes)
+                if raw is None:  # pragma: no cover - callers checked reachability
+                    raise ShmemStateError(f"SHMEMBuffer: rank {rank} is not load/store reachable")
+                source = self._sources[rank] = raw.data
+            base = anchored(source)
+            self._anchors[rank] = weakref.ref(base)
+        return base
+
+    def _view_refs(self) -> tuple[ViewRef, ...]:
+        """Weak references to the arrays behind the views given out (for close())."""
+        return tuple(self._anchors.values())
 
     def _device_buffer(self, ptr: int) -> Buffer:
         from ._cuda_memory import _DeviceMemory
@@ -595,11 +621,19 @@ class SHMEMBuffer(OpenShmemMethods):
 
     def close(self) -> None:
         """Release the allocation (collective: every rank must call it, in the same order).
-        Closing twice is a no-op."""
+        Closing twice is a no-op.
+
+        A view that outlives ``close()`` (from :meth:`local` or :meth:`peer`, or anything made
+        from one: slices, Buffers, DLPack tensors) keeps the memory on every rank, unchanged
+        by later allocations; the block is freed at the first heap call after the last such
+        view on every rank is gone (:mod:`shmem.quarantine`). Raw addresses
+        (:meth:`unsafe_ptr`) are not tracked: they are valid until ``close()``."""
         if self._closed:
             return
         self._world._free(self)
         self._closed = True
+        self._flat.clear()
+        self._sources.clear()
 
     def __enter__(self) -> SHMEMBuffer:
         return self

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 import os
 import socket
 import threading
+import warnings
 import weakref
 from contextlib import ExitStack
 from typing import TYPE_CHECKING, Any
@@ -26,8 +28,15 @@ from .config import Config, load_config
 from .context import DeviceContext
 from .device import CPU
 from .dtypes import DTypeLike, ShapeLike, as_dtype, dtype_name
-from .errors import ArgumentError, CollectiveMismatchError, ShmemStateError, SignalTimeoutError
+from .errors import (
+    ArgumentError,
+    CollectiveMismatchError,
+    HeapExhaustedError,
+    ShmemStateError,
+    SignalTimeoutError,
+)
 from .heap import SymmetricHeap
+from .quarantine import FREED_BIT, MAX_HELD, Quarantine, ViewRef
 from .signals import Cmp, SignalOp, SignalPad
 from .team import Team, TeamConfig
 
@@ -111,9 +120,10 @@ class World:
             )
             pad_nbytes = SignalPad.nbytes_for(config.signal.slots)
             pad_offset = self._arena.alloc(pad_nbytes)
-            # the heap-call signatures (_agree) use the pad's last two barrier-round words,
-            # which only a job of more than 2**62 ranks would reach
-            self._sig_offset = pad_offset + pad_nbytes - 16
+            # the heap-call signatures and view masks (_agree) use the pad's last four
+            # barrier-round words, which only a job of more than 2**60 ranks would reach
+            self._sig_offset = pad_offset + pad_nbytes - 32
+            self._quarantine = Quarantine()
             if backend == "nvshmem":
                 from .backends.nvshmem import NvshmemHeap
                 from .backends.nvshmem_signals import DeviceSignalPad
@@ -191,7 +201,13 @@ class World:
 
     # -- collective symmetry check --------------------------------------------------------
 
-    def _agree(self, where: str, record: tuple[Any, ...], error: Exception | None) -> None:
+    def _agree(
+        self,
+        where: str,
+        record: tuple[Any, ...],
+        error: Exception | None,
+        closing: tuple[ViewRef, ...] = (),
+    ) -> bool:
         """All ranks compare ``record`` (and local argument errors) before any heap change.
 
         With ``heap.check_symmetry`` the records are all-gathered; any disagreement, or an
@@ -201,6 +217,11 @@ class World:
         offset freed) rides along: every rank writes it before the barrier and reads the
         others' after it, so differing calls raise ``CollectiveMismatchError`` on every rank
         before any heap change, at no extra synchronisation (host backend).
+
+        Beside the signature each rank writes which closed buffers it still has views of
+        (:mod:`shmem.quarantine`): blocks no rank has a view of any more are freed here, in
+        the same order everywhere. Returns whether some rank still has a view of the buffer
+        being closed (``closing``: its views' weak references), which must then be held.
         """
         self._calls += 1
         if self._out_of_step:
@@ -212,42 +233,52 @@ class World:
                 raise error
             if self.heap.device_memory:
                 self.signals.barrier()
-                return
-            self._barrier_with_signature(where, heap_signature(record))
-            return
-        try:
-            compare_across_ranks(
-                self.comm,
-                where,
-                self._calls,
-                record,
-                error,
-                self.config.signal.timeout_s,
-                self.heap.progress,
-            )
-        except SignalTimeoutError as exc:
-            self._out_of_step = f"{where} timed out: {exc}"
-            raise
+                return False
+        else:
+            try:
+                compare_across_ranks(
+                    self.comm,
+                    where,
+                    self._calls,
+                    record,
+                    error,
+                    self.config.signal.timeout_s,
+                    self.heap.progress,
+                )
+            except SignalTimeoutError as exc:
+                self._out_of_step = f"{where} timed out: {exc}"
+                raise
+            if self.heap.device_memory:
+                return False
+        held = self._barrier_with_signature(
+            where, heap_signature(record), self._quarantine.mask(closing)
+        )
+        self._quarantine.settle(held, self._arena)
+        return bool(held & FREED_BIT)
 
-    def _barrier_with_signature(self, where: str, sig: int) -> None:
-        """The allocation barrier, with every rank's call signature compared after it."""
-        off = self._sig_offset + 8 * (self._calls % 2)  # a fast rank writes the other word
-        self.heap.local_view(off, 8).view(np.int64)[0] = sig
+    def _barrier_with_signature(self, where: str, sig: int, mask: int) -> int:
+        """The allocation barrier, with every rank's call signature compared after it;
+        returns the OR of every rank's view ``mask``."""
+        off = self._sig_offset + 16 * (self._calls % 2)  # a fast rank writes the other pair
+        self.heap.local_view(off, 16).view(np.int64)[:] = (sig, mask)
         self.signals.barrier()
-        word = np.empty(1, np.int64)
+        words = np.empty(2, np.int64)
         theirs = []
+        held = 0
         for r in range(self.world_size):
-            view = self.heap.peer_view(r, off, 8)
+            view = self.heap.peer_view(r, off, 16)
             if view is not None:
-                theirs.append(int(view.view(np.int64)[0]))
+                words[:] = view.view(np.int64)
             else:
-                self.heap.get_bytes(r, off, word)
-                theirs.append(int(word[0]))
+                self.heap.get_bytes(r, off, words)
+            theirs.append(int(words[0]))
+            held |= int(words[1])
         if any(t != sig for t in theirs):
             listing = "; ".join(f"rank {r}: {describe_heap_call(t)}" for r, t in enumerate(theirs))
             raise CollectiveMismatchError(
                 f"{where}: ranks disagree ({listing}); nothing was allocated or freed"
             )
+        return held
 
     # -- allocation -------------------------------------------------------------------------
 
@@ -273,7 +304,20 @@ class World:
         except (ValueError, TypeError) as exc:
             error, record = exc, ("alloc", "invalid")
         self._agree("World.empty", record, error)
-        offset = self._arena.alloc(record[1])
+        try:
+            offset = self._arena.alloc(record[1])
+        except HeapExhaustedError as exc:
+            held = self._quarantine.held_nbytes
+            if not held:
+                raise
+            raise HeapExhaustedError(
+                f"World.empty: {exc} ({held} bytes belong to closed buffers that views are "
+                "still alive for: they are freed at the next heap call after the last view "
+                "is gone)",
+                requested=exc.requested,
+                free_total=exc.free_total,
+                largest_free=exc.largest_free,
+            ) from None
         buf = SHMEMBuffer(self, offset, dims, dt)
         self._live[offset] = buf
         return buf
@@ -287,13 +331,25 @@ class World:
 
     def _free(self, buf: SHMEMBuffer) -> None:
         self._check_open("SHMEMBuffer.close")
-        self._agree("SHMEMBuffer.close", ("free", buf.offset, buf.nbytes), None)
+        views = buf._view_refs()
+        keep = self._agree("SHMEMBuffer.close", ("free", buf.offset, buf.nbytes), None, views)
         self._live.pop(buf.offset, None)
-        self._arena.free(buf.offset)
+        if not keep:
+            self._arena.free(buf.offset)
+        elif not self._quarantine.hold(buf.offset, buf.nbytes, views):
+            warnings.warn(
+                f"SHMEMBuffer.close: {buf.nbytes} bytes at offset {buf.offset} stay allocated "
+                f"until finalize: views of the buffer are still alive and {MAX_HELD} closed "
+                "buffers with live views are held already (drop views before close())",
+                ResourceWarning,
+                stacklevel=3,
+            )
 
     def heap_stats(self) -> Any:
-        """The arena's :class:`~shmem.arena.ArenaStats` (identical on every rank)."""
-        return self._arena.stats()
+        """The arena's :class:`~shmem.arena.ArenaStats` (identical on every rank; ``held``:
+        closed buffers kept for views still alive, freed at the first heap call after the
+        last view is gone)."""
+        return dataclasses.replace(self._arena.stats(), held=self._quarantine.held_nbytes)
 
     # -- signals ----------------------------------------------------------------------------
 
