@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 __all__ = ["SHMEMBuffer"]
 
 _KDLCPU = 1
+_UNSEEN: Any = object()  # not in a cache yet
 
 
 Casting = Literal["no", "equiv", "safe", "same_kind", "unsafe"]
@@ -275,17 +276,18 @@ class SHMEMBuffer(OpenShmemMethods):
         if offset or data.nbytes > self._nbytes or type(offset) is not int:
             self._check_span("put", offset, data.nbytes)
         sig = self._check_signal(signal) if signal is not None else None
-        if self._world.heap.device_memory:
+        heap = self._world.heap
+        if heap.device_memory:
             self._put_device(rank, src, int(offset), casting)
-            if sig is not None:
-                self._world.signals.signal(rank, *sig)
-            return
-        flat = self._flat_view(rank)
-        if flat is not None:
-            start = offset // self._dtype.itemsize
-            flat[start : start + data.size] = data.reshape(-1)
         else:
-            self._world.heap.put_bytes(rank, self._offset + int(offset), np.ascontiguousarray(data))
+            flat = self._flat.get(rank, _UNSEEN)
+            if flat is _UNSEEN:
+                flat = self._flat_view(rank)
+            if flat is not None:
+                start = offset // self._dtype.itemsize
+                flat[start : start + data.size] = data.reshape(-1)
+            else:
+                heap.put_bytes(rank, self._offset + offset, np.ascontiguousarray(data))
         if sig is not None:
             self._world.signals.signal(rank, *sig)
 

@@ -4,9 +4,14 @@ Layout
 ------
 Every rank owns one slab of ``nbytes`` in a window from ``MPI.Win.Allocate_shared`` on its
 node communicator, so ranks of the same node load and store each other's slabs directly
-(``Shared_query`` views). When the job spans several nodes, a second window is created with
-``MPI.Win.Create`` over the same slab on the world communicator; peers on other nodes are
-reached through it with passive-target RMA (``Lock_all`` once, ``Put``/``Get`` + ``Flush``).
+(``Shared_query`` views). When the job spans several nodes, the slabs come instead from one
+``MPI.Win.Allocate`` window on the world communicator: node-local peers still map each other's
+segments with ``Shared_query`` (MPI 4.1 allows it on any window; MPICH shares
+``Win_allocate`` memory within a node), and peers on other nodes are reached with
+passive-target RMA on memory MPI allocated itself, so it can use its fast paths (registered
+memory; shared memory where the "other node" is the same machine). Where the library cannot
+map a ``Win_allocate`` window's node-local memory, a second window is created with
+``MPI.Win.Create`` over the slab (``Lock_all`` once, ``Put``/``Get`` + ``Flush``).
 
 Atomics
 -------
@@ -86,6 +91,12 @@ def _check_atomic_dtype(where: str, dtype: np.dtype[Any], op: str = "add") -> No
 def _strided_type(itemsize: int, block: int, nblocks: int, stride: int) -> MPI.Datatype:
     """``nblocks`` blocks of ``block`` elements, block starts ``stride`` elements apart."""
     return MPI.BYTE.Create_vector(nblocks, block * itemsize, stride * itemsize).Commit()
+
+
+def _message(arr: np.ndarray[Any, Any]) -> list[Any]:
+    """A contiguous array as an MPI message of its bytes (numpy cannot export a buffer of a
+    user-defined dtype such as bfloat16: those go as a uint8 view)."""
+    return [arr if arr.dtype.isbuiltin else arr.view(np.uint8), MPI.BYTE]
 
 
 def strided_view(
@@ -209,9 +220,24 @@ class HostHeap:
         node_of = comm.allgather((self.node, self.local_rank))
         self._local_of = [lr if node == self.node else -1 for node, lr in node_of]
 
+        # node-local rank -> world rank
+        self._world_of = [r for r, (nd, _) in enumerate(node_of) if nd == self.node]
+        self._world_of.sort(key=lambda r: node_of[r][1])
+
         with ExitStack() as stack:
             segment = self.nbytes + self.alignment  # room to align the slab inside it
-            self._shm_win = MPI.Win.Allocate_shared(segment, 1, comm=node_comm)
+            self._rma_win: MPI.Win | None = None
+            # where the slab starts in each world rank's RMA window (its displacement base)
+            self._rma_base = [0] * self.world_size
+            world_win = self._world_window(comm, segment) if self.num_nodes > 1 else None
+            if world_win is not None:
+                # one window for both: node-local peers load and store through Shared_query,
+                # the others are reached with RMA on memory MPI allocated (its fast paths)
+                self._shm_win = self._rma_win = world_win
+                query = self._world_of
+            else:
+                self._shm_win = MPI.Win.Allocate_shared(segment, 1, comm=node_comm)
+                query = list(range(self.local_size))
             stack.callback(self._shm_win.Free)
             self._shm_win.Lock_all(MPI.MODE_NOCHECK)
             stack.callback(self._shm_win.Unlock_all)
@@ -220,16 +246,17 @@ class HostHeap:
             # each local rank's slab offset inside its segment (its window displacement
             # base); page offsets are the same in every process mapping the segment
             self._pads: list[int] = []
-            for lr in range(self.local_size):
-                mem, _ = self._shm_win.Shared_query(lr)
+            for target in query:
+                mem, _ = self._shm_win.Shared_query(target)
                 raw = np.frombuffer(cast(Any, mem), dtype=np.uint8, count=segment)
                 self._ranges.append((int(raw.ctypes.data), segment))
                 pad = -int(raw.ctypes.data) % self.alignment
                 self._pads.append(pad)
                 self._slabs.append(raw[pad : pad + self.nbytes])
             self._slab = self._slabs[self.local_rank]
-            self._rma_win: MPI.Win | None = None
-            if self.num_nodes > 1:
+            if world_win is not None:
+                self._rma_base = comm.allgather(self._pads[self.local_rank])
+            elif self.num_nodes > 1:  # MPI cannot share window memory: a second window
                 self._rma_win = MPI.Win.Create(self._slab, 1, comm=comm)
                 stack.callback(self._rma_win.Free)
                 self._rma_win.Lock_all(MPI.MODE_NOCHECK)
@@ -241,6 +268,35 @@ class HostHeap:
         self.progress_hooks: list[Callable[[], None]] = []
         self._in_hooks = False
         self._scratch = np.zeros(2, dtype=np.uint64)
+
+    def _world_window(self, comm: MPI.Intracomm, segment: int) -> MPI.Win | None:
+        """A window from ``MPI.Win.Allocate`` on the world communicator whose node-local
+        segments ``Shared_query`` maps (MPI 4.1 allows it on any window; MPICH shares
+        ``Win_allocate`` memory within a node), or None where any rank cannot map its
+        node-local peers' memory (collective: every rank decides alike)."""
+        try:
+            win = MPI.Win.Allocate(segment, 1, comm=comm)
+        except MPI.Exception:  # pragma: no cover - every MPI-3 library has Win_allocate
+            return None
+        ok = 1
+        for target in self._world_of:
+            try:
+                mem, unit = win.Shared_query(target)
+            except MPI.Exception:
+                ok = 0
+                break
+            if unit != 1 or len(memoryview(cast(Any, mem))) < segment:
+                ok = 0
+                break
+        if comm.allreduce(ok, op=MPI.MIN):
+            return win
+        win.Free()
+        log.info("host heap: MPI cannot share Win_allocate memory; using Win_create")
+        return None
+
+    def _disp(self, rank: int, offset: int) -> int:
+        """The displacement of heap byte ``offset`` in ``rank``'s RMA window."""
+        return self._rma_base[rank] + offset
 
     # -- reachability and views -------------------------------------------------------------
 
@@ -264,25 +320,22 @@ class HostHeap:
     # -- one-sided data movement ------------------------------------------------------------
 
     def put_bytes(self, rank: int, offset: int, src: np.ndarray[Any, Any]) -> None:
-        raw = src.reshape(-1).view(np.uint8)
-        view = self.peer_view(rank, offset, raw.nbytes)
-        if view is not None:
-            view[...] = raw
+        lr = self._local_of[rank]
+        if lr >= 0:
+            self._slabs[lr][offset : offset + src.nbytes] = src.reshape(-1).view(np.uint8)
             return
+        # no progress call first: Flush drives MPI's progress engine itself
         win = self._remote_window()
-        self.progress()
-        win.Put(raw, rank, offset)
+        win.Put(_message(src), rank, self._rma_base[rank] + offset)
         win.Flush(rank)
 
     def get_bytes(self, rank: int, offset: int, dst: np.ndarray[Any, Any]) -> None:
-        raw = dst.reshape(-1).view(np.uint8)
-        view = self.peer_view(rank, offset, raw.nbytes)
-        if view is not None:
-            raw[...] = view
+        lr = self._local_of[rank]
+        if lr >= 0:
+            dst.reshape(-1).view(np.uint8)[...] = self._slabs[lr][offset : offset + dst.nbytes]
             return
         win = self._remote_window()
-        self.progress()
-        req = win.Rget(raw, rank, offset)
+        req = win.Rget(_message(dst), rank, self._rma_base[rank] + offset)
         if not poll_until(req.Test, time.monotonic() + self.timeout_s, self.progress):
             req.Wait()  # the destination buffer must not be released under MPI
             raise RemoteTimeoutError(
@@ -324,7 +377,8 @@ class HostHeap:
         self.progress()
         vec = _strided_type(isz, block, nblocks, stride)
         try:
-            win.Put([src.reshape(-1).view(np.uint8), MPI.BYTE], rank, (offset, 1, vec))
+            where = (self._disp(rank, offset), 1, vec)
+            win.Put([src.reshape(-1).view(np.uint8), MPI.BYTE], rank, where)
             win.Flush(rank)
         finally:
             vec.Free()
@@ -351,7 +405,8 @@ class HostHeap:
         self.progress()
         vec = _strided_type(isz, block, nblocks, stride)
         try:
-            req = win.Rget([dst.reshape(-1).view(np.uint8), MPI.BYTE], rank, (offset, 1, vec))
+            where = (self._disp(rank, offset), 1, vec)
+            req = win.Rget([dst.reshape(-1).view(np.uint8), MPI.BYTE], rank, where)
             self._wait_request(req, "iget", rank)
         finally:
             vec.Free()
@@ -360,26 +415,20 @@ class HostHeap:
         """Start a put: a node-local peer's copy is written at once (None); an off-node peer
         gets a request-based ``Rput`` (complete at the target after the request and a
         :meth:`flush` of ``rank``). ``src`` must stay alive and unchanged until then."""
-        raw = src.reshape(-1).view(np.uint8)
-        view = self.peer_view(rank, offset, raw.nbytes)
-        if view is not None:
-            view[...] = raw
+        lr = self._local_of[rank]
+        if lr >= 0:
+            self._slabs[lr][offset : offset + src.nbytes] = src.reshape(-1).view(np.uint8)
             return None
-        win = self._remote_window()
-        self.progress()
-        return win.Rput(raw, rank, offset)
+        return self._remote_window().Rput(_message(src), rank, self._rma_base[rank] + offset)
 
     def get_nbi(self, rank: int, offset: int, dst: np.ndarray[Any, Any]) -> MPI.Request | None:
         """Start a get into ``dst``: at once from a node-local peer (None), else ``Rget``
         (``dst`` is filled when the request completes)."""
-        raw = dst.reshape(-1).view(np.uint8)
-        view = self.peer_view(rank, offset, raw.nbytes)
-        if view is not None:
-            raw[...] = view
+        lr = self._local_of[rank]
+        if lr >= 0:
+            dst.reshape(-1).view(np.uint8)[...] = self._slabs[lr][offset : offset + dst.nbytes]
             return None
-        win = self._remote_window()
-        self.progress()
-        return win.Rget(raw, rank, offset)
+        return self._remote_window().Rget(_message(dst), rank, self._rma_base[rank] + offset)
 
     def flush(self, rank: int) -> None:
         """Complete every RMA operation of this process to ``rank`` at the target."""
@@ -398,7 +447,7 @@ class HostHeap:
         if self._rma_win is None:
             lr = self._local_of[rank]
             return self._shm_win, lr, self._pads[lr] + offset
-        return self._rma_win, rank, offset  # the RMA window starts at the aligned slab
+        return self._rma_win, rank, self._disp(rank, offset)
 
     def atomic_fetch_op(
         self,
@@ -416,7 +465,7 @@ class HostHeap:
         that makes no MPI progress raises :class:`RemoteTimeoutError` instead of blocking.
         """
         req, result = self.atomic_fetch_op_nbi(rank, offset, value, dtype, op)
-        if req is None:
+        if req is None or req.Test():  # most complete at once: no clock, no poll loop
             return int(result[0])
         limit = self.timeout_s if timeout_s is None else timeout_s
         if not poll_until(req.Test, time.monotonic() + limit, self.progress):
@@ -434,18 +483,25 @@ class HostHeap:
         """Start an atomic ``op`` (any atomic dtype; float32/float64 for fetch and set):
         ``(request, result)``. The shared window serves it at once (request None); on the
         world window ``result[0]`` holds the old value once the request completes."""
-        _check_atomic_dtype("atomic_fetch_op", dtype, op)
-        win, target, offset = self._atomic_target(rank, offset)
+        if dtype not in _MPI_ATOMIC_TYPES or (dtype.kind == "f" and op not in ("fetch", "set")):
+            _check_atomic_dtype("atomic_fetch_op", dtype, op)
+        mpi_t = _MPI_ATOMIC_TYPES[dtype]
         origin = np.array([value], dtype=dtype)
         result = np.empty(1, dtype=dtype)
-        mpi_t = _MPI_ATOMIC_TYPES[dtype]
-        if win is self._shm_win:  # served by the origin alone: cannot block on the target
+        win = self._rma_win
+        if win is None:  # one node: served by the origin alone, cannot block
+            win, target, offset = self._atomic_target(rank, offset)
             win.Fetch_and_op([origin, mpi_t], [result, mpi_t], target, offset, _MPI_OPS[op])
             win.Flush(target)
             return None, result
-        self.progress()  # serve peers' operations aimed at us, so no rank starves
+        # request-based (completes once applied at the target), so callers bound it by the
+        # deadline; the wait loops serve peers' operations aimed at this rank (progress)
         req = win.Rget_accumulate(
-            [origin, mpi_t], [result, mpi_t], target, (offset, 1, mpi_t), _MPI_OPS[op]
+            [origin, mpi_t],
+            [result, mpi_t],
+            rank,
+            (self._rma_base[rank] + offset, 1, mpi_t),
+            _MPI_OPS[op],
         )
         return req, result
 
@@ -498,7 +554,7 @@ class HostHeap:
         return not _TOTAL_STORE_ORDER or self._rma_win is not None
 
     def fence(self) -> None:
-        if not _TOTAL_STORE_ORDER:
+        if not _TOTAL_STORE_ORDER and self._shm_win is not self._rma_win:
             self._shm_win.Sync()
         if self._rma_win is not None:
             self._rma_win.Sync()
@@ -530,8 +586,9 @@ class HostHeap:
         if self._rma_win is not None:
             MPI.Request.Waitall(self._pending)  # every peer is here, making progress
             self._pending = []
-            self._rma_win.Unlock_all()
-            self._rma_win.Free()
+            if self._rma_win is not self._shm_win:
+                self._rma_win.Unlock_all()
+                self._rma_win.Free()
             self._rma_win = None
         self._shm_win.Unlock_all()
         self._shm_win.Free()

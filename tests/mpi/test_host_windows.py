@@ -1,0 +1,99 @@
+"""The host heap's windows off-node (issue 19): one ``Win.Allocate`` window serves node-local
+load/store (``Shared_query``) and RMA to the other nodes; where MPI cannot map its memory, the
+``Win.Create`` fallback. Both layouts move every kind of data alike."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from shmem.backends.host import HostHeap, split_nodes
+from shmem.config import HeapConfig
+
+pytestmark = pytest.mark.mpi
+
+
+@pytest.fixture(params=["allocate", "create"])
+def heap(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """A heap whose peers are all 'off-node' (node split per rank, or per pair)."""
+    comm = MPI.COMM_WORLD.Dup()
+    if request.param == "create":
+        monkeypatch.setattr(HostHeap, "_world_window", lambda *args: None)
+    split = "2" if comm.Get_size() == 4 else "rank"
+    node_comm = split_nodes(comm, split)
+    h = HostHeap(comm, node_comm, HeapConfig(nbytes=1 << 20, alignment=4096), timeout_s=20.0)
+    try:
+        yield h, request.param
+    finally:
+        h.close()
+        node_comm.Free()
+        comm.Free()
+
+
+def test_the_window_layout(heap: Any) -> None:
+    h, layout = heap
+    if h.num_nodes == 1:
+        assert h._rma_win is None
+        return
+    flavor = h._rma_win.Get_attr(MPI.WIN_CREATE_FLAVOR)
+    if layout == "allocate":
+        assert h._rma_win is h._shm_win and flavor == MPI.WIN_FLAVOR_ALLOCATE
+    else:
+        assert h._rma_win is not h._shm_win and flavor == MPI.WIN_FLAVOR_CREATE
+    assert h.address(0) % 4096 == 0  # the slab is aligned whatever MPI's segment layout
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "float32", "complex128", "bfloat16", "longdouble"])
+def test_put_get_every_peer(heap: Any, dtype: str) -> None:
+    h, _ = heap
+    comm = MPI.COMM_WORLD
+    me, p = comm.Get_rank(), comm.Get_size()
+    dt = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(dtype)
+    n = 37
+    base = 4096 * 3 + 64  # an unaligned-to-the-window offset inside the slab
+    for r in range(p):  # every rank writes its row into every rank's slab
+        row = (np.arange(n) + 100 * me).astype(dt)
+        h.put_bytes(r, base + me * n * dt.itemsize, row)
+    comm.Barrier()
+    h.fence()
+    got = h.local_view(base, p * n * dt.itemsize).view(dt).reshape(p, n)
+    want = (np.arange(n)[None, :] + 100 * np.arange(p)[:, None]).astype(dt)
+    np.testing.assert_array_equal(got, want)  # values: long double has padding bytes
+    back = np.empty(p * n, dt)
+    h.get_bytes((me + 1) % p, base, back)
+    np.testing.assert_array_equal(back, want.reshape(-1))
+    req = h.get_nbi((me + 1) % p, base, back[:n])
+    if req is not None:
+        req.Wait()
+    np.testing.assert_array_equal(back[:n], want[0])
+    comm.Barrier()
+
+
+def test_atomics_and_strided_on_every_peer(heap: Any) -> None:
+    h, _ = heap
+    comm = MPI.COMM_WORLD
+    me, p = comm.Get_rank(), comm.Get_size()
+    word = 8192
+    h.local_view(word, 8).view(np.int64)[0] = 0
+    comm.Barrier()
+    for r in range(p):
+        h.atomic_fetch_op(r, word, me + 1, np.dtype(np.int64), "add")
+    comm.Barrier()
+    assert h.atomic_fetch_op(me, word, 0, np.dtype(np.int64), "fetch") == p * (p + 1) // 2
+    comm.Barrier()
+    right = (me + 1) % p
+    h.put_strided(right, 16384, np.full(4, me + 1, np.int32), 1, 4, 3)
+    comm.Barrier()
+    h.fence()
+    got = h.local_view(16384, 4 * 10).view(np.int32)
+    left = (me - 1) % p
+    assert got[::3].tolist() == [left + 1] * 4
+    back = np.empty(4, np.int32)
+    h.get_strided(right, 16384, back, 1, 4, 3)
+    assert back.tolist() == [me + 1] * 4
+    comm.Barrier()
