@@ -37,7 +37,17 @@ __all__ = ["TinyPlan", "all_reduce", "choose", "tiny_plan"]
 
 log = logging.getLogger(__name__)
 DONE, READY, SHARD, SRC, SIG = Flag.DONE, Flag.READY, Flag.SHARD, Flag.SRC, Flag.SIG
-_DONE, _READY, _SIG0 = int(DONE), int(READY), int(SIG)  # plain ints: the hot path indexes
+_DONE, _READY, _SIG0, _SRC = int(DONE), int(READY), int(SIG), int(SRC)  # the hot path's
+_SPIN = 64  # flag loads a replay makes itself before the bounded wait (a few microseconds)
+
+
+def _spin(flags: memoryview, flag: int, value: int) -> bool:
+    """Whether a peer's ``flag`` reaches ``value`` within a short inline spin: the common
+    case, where the peers are a moment behind, costs no deadline, clock or closure."""
+    for _ in range(_SPIN):  # noqa: SIM110 - a generator in any() costs more per load
+        if flags[flag] >= value:
+            return True
+    return False
 
 _ALIGN = 64
 
@@ -160,6 +170,8 @@ class TinyPlan:
         self.stage_word = self.stage_offset | self.tag
         self.flags = [ch.peer_flags[r] for r in ch.local_peers if r != ch.rank]
         self.order = list(ch.local_peers)
+        # every rank's flag words in rank order (mine included): the SRC words to compare
+        self.words = [ch.my_flags if r == ch.rank else ch.peer_flags[r] for r in self.order]
         self.offsets: list[int] = []
         self.inputs: list[np.ndarray[Any, Any]] = []
         self.scratch = ch.scratch_buf
@@ -179,7 +191,7 @@ class TinyPlan:
         s = ch.seq = ch.seq + 1
         prev = s - 1
         for f in self.flags:
-            if f[_DONE] < prev:
+            if f[_DONE] < prev and not _spin(f, _DONE, prev):
                 ch.wait_peers(DONE, prev, "all_reduce")
                 break
         if ch.sig_seq == prev:  # the previous call was not a tiny one: was it the same?
@@ -189,19 +201,22 @@ class TinyPlan:
         # word only when the plan is made or the words change (a peer's mismatch shows
         # there, since the SRC word differs)
         if shm is None:
-            np.copyto(self.stage, x)
+            self.stage[...] = x  # the plan's dtype: no cast (cheaper than np.copyto here)
             mine[SRC] = self.stage_word
             ch.stats.staged_bytes += self.nbytes
         else:
             mine[SRC] = shm.offset | self.tag
-        ch.post(READY, s)
+        if self.fence_needed:  # release (Channel.post, inlined)
+            ch.world.heap.fence()
+        mine[_READY] = s
         for f in self.flags:
-            if f[_READY] < s:
+            if f[_READY] < s and not _spin(f, _READY, s):
                 ch.wait_peers(READY, s, "all_reduce", check=False)
                 break
         else:
-            ch.world.heap.fence()
-        offsets = [mine[SRC] if r == ch.rank else ch.peer_flags[r][SRC] for r in self.order]
+            if self.fence_needed:  # acquire (free on x86-64: loads keep their order)
+                ch.world.heap.fence()
+        offsets = [w[_SRC] for w in self.words]
         if offsets != self.offsets:
             mine[_SIG0 + (s & 1)] = self.signature  # for the listing, should it differ
             ch.check_tags(offsets, self.order, "all_reduce", s)
@@ -222,9 +237,10 @@ class TinyPlan:
             if not np.may_share_memory(target, inputs[0]):
                 np.copyto(target, inputs[0])
         else:
-            self.ufunc(inputs[0], inputs[1], out=target)
+            ufunc = self.ufunc
+            ufunc(inputs[0], inputs[1], target)
             for src in inputs[2:]:
-                self.ufunc(target, src, out=target)
+                ufunc(target, src, target)
         if self.divide is not None and not self.widen:
             if target.dtype.kind in "fc":
                 np.divide(target, self.divide, out=target)

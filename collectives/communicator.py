@@ -317,13 +317,17 @@ class Communicator:
                 and plan.auto
                 and plan.scratch is ch.scratch_buf
                 and not ch.broken
-                and _fits(out, x.dtype, count)
+                and (out is None or _fits(out, x.dtype, count))
             ):
                 if self.world.finalized:
                     self._live("all_reduce")
                 res = np.empty(x.shape, x.dtype) if out is None else out
                 flat = res if res.ndim == 1 else res.reshape(-1)
-                src = flat if shm is not None else cast("Array", x).reshape(-1)
+                if shm is not None:
+                    src = flat
+                else:
+                    arr = cast("Array", x)
+                    src = arr if arr.ndim == 1 else arr.reshape(-1)
                 try:
                     plan.run(ch, src, shm, flat, False)
                 except BaseException:
