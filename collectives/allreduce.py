@@ -49,6 +49,7 @@ def _spin(flags: memoryview, flag: int, value: int) -> bool:
             return True
     return False
 
+
 _ALIGN = 64
 
 
