@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -85,6 +85,17 @@ class Chunk:
         return self.hi - self.lo
 
 
+def _chunks(positions: list[np.ndarray[Any, Any]], rows: int | None) -> list[Chunk]:
+    """Each rank's rows cut into chunks of ``rows`` (None: one chunk per rank)."""
+    chunks = []
+    for r, pos in enumerate(positions):
+        step = pos.size if rows is None else rows
+        for lo in range(0, pos.size, max(step, 1)):
+            hi = min(lo + step, pos.size)
+            chunks.append(Chunk(r, lo, hi, pos[lo:hi]))
+    return chunks
+
+
 @dataclass(frozen=True)
 class Unit:
     id: int  # position in the canonical order (query chunk, KV head, KV chunk)
@@ -97,9 +108,11 @@ class Unit:
 class UnitPlan:
     """Chunks, units, queues and result-slot layout, the same on every rank (pure).
 
-    ``positions[r]``: global positions of rank ``r``'s rows. ``chunk_rows``: rows per chunk
-    (None: one chunk per rank). ``order``: ``"lpt"`` (longest first) or ``"ring"`` (by ring
-    step: a rank's own keys first, then rank ``r - 1``'s, ...).
+    ``positions[r]``: global positions of rank ``r``'s rows. ``chunk_rows``: rows per query
+    chunk (None: one chunk per rank); ``kv_chunk_rows``: rows per key/value chunk (default
+    the same; then one list of chunks serves both sides, else the key/value chunks follow the
+    query chunks in :attr:`chunks`). ``order``: ``"lpt"`` (longest first) or ``"ring"`` (by
+    ring step: a rank's own keys first, then rank ``r - 1``'s, ...).
     """
 
     def __init__(
@@ -111,19 +124,22 @@ class UnitPlan:
         docs: np.ndarray[Any, Any] | None,
         block_m: int,
         order: str,
+        kv_chunk_rows: int | str | None = "same",
     ) -> None:
         size = len(positions)
         self.size = size
-        chunks: list[Chunk] = []
-        for r, pos in enumerate(positions):
-            step = pos.size if chunk_rows is None else chunk_rows
-            for lo in range(0, pos.size, max(step, 1)):
-                hi = min(lo + step, pos.size)
-                chunks.append(Chunk(r, lo, hi, pos[lo:hi]))
+        q_chunks = _chunks(positions, chunk_rows)
+        if kv_chunk_rows in ("same", chunk_rows):
+            chunks, kv_ids = q_chunks, range(len(q_chunks))
+        else:
+            kv_chunks = _chunks(positions, cast("int | None", kv_chunk_rows))
+            chunks = q_chunks + kv_chunks
+            kv_ids = range(len(q_chunks), len(chunks))
         self.chunks = chunks
         pairs: list[tuple[int, int, int]] = []
-        for qi, qc in enumerate(chunks):
-            for ki, kc in enumerate(chunks):
+        for qi, qc in enumerate(q_chunks):
+            for ki in kv_ids:
+                kc = chunks[ki]
                 kv_runs = runs(kc.pos)
                 cost = 0
                 for lo in range(0, qc.rows, block_m):

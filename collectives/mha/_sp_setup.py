@@ -96,6 +96,7 @@ class Setup:
     threads: int
     chunk_rows: int | None
     order: str
+    kv_chunk_rows: int | None = None
 
     @property
     def group(self) -> int:
@@ -252,9 +253,13 @@ def setup(
         positions = [np.arange(starts[r], starts[r + 1]) for r in range(size)]
     q = arrays["q"]
     dim = q.shape[2]
-    chunk_rows = None
+    chunk_rows = kv_chunk_rows = None
     if schedule == "dynamic":
         chunk_rows = unit_rows or max(block_m, -(-max(counts) // CHUNKS_PER_RANK), 1)
+        # the key/value side in whole shards by default: a query chunk's partial results
+        # are then folded once per home rank, as on the ring, while the query chunks keep
+        # the units small enough to balance (an explicit unit_rows cuts both sides)
+        kv_chunk_rows = unit_rows
     cores = CPU().attributes.cores or 1
     return Setup(
         world=world,
@@ -269,6 +274,7 @@ def setup(
         threads=threads or max(1, cores // world.local_size),
         chunk_rows=chunk_rows,
         order="lpt" if schedule == "dynamic" else "ring",
+        kv_chunk_rows=kv_chunk_rows if schedule == "dynamic" else chunk_rows,
     )
 
 
@@ -331,8 +337,8 @@ def close_all(bufs: dict[str, Any]) -> None:
 
 def merge_partial(out: Any, lse: Any, o_part: Any, l_part: Any) -> None:
     """Fold a partial (O, LSE) into the running one, rows where the partial saw keys."""
-    if np.isneginf(lse).all():  # nothing yet (the first partial): a copy, bitwise the same
-        out[...] = o_part  # as the fold (weights exactly 0 and 1)
+    if lse.size == 0 or lse.max() == -np.inf:  # nothing yet (the first partial): a copy,
+        out[...] = o_part  # bitwise the same as the fold (weights exactly 0 and 1)
         lse[...] = l_part
         return
     new = np.logaddexp(lse, l_part)
@@ -340,5 +346,6 @@ def merge_partial(out: Any, lse: Any, o_part: Any, l_part: Any) -> None:
     with np.errstate(invalid="ignore"):  # -inf - -inf where neither saw a key: masked out
         w_old = np.where(seen, np.exp(np.where(seen, lse - new, 0)), 0).astype(np.float32)
         w_new = np.where(seen, np.exp(np.where(seen, l_part - new, 0)), 0).astype(np.float32)
-    out[...] = out * w_old[..., None] + o_part * w_new[..., None]
+    out *= w_old[..., None]  # in place: the same two products and sum, rounded alike
+    out += o_part * w_new[..., None]
     lse[...] = new

@@ -19,7 +19,16 @@ __all__ = ["Slots", "plan_units", "run_units", "unit_groups"]
 
 
 def plan_units(st: Setup, block_m: int) -> UnitPlan:
-    return UnitPlan(st.positions, st.chunk_rows, st.kv_heads, st.mask, st.docs, block_m, st.order)
+    return UnitPlan(
+        st.positions,
+        st.chunk_rows,
+        st.kv_heads,
+        st.mask,
+        st.docs,
+        block_m,
+        st.order,
+        st.kv_chunk_rows,
+    )
 
 
 class Slots:

@@ -60,9 +60,11 @@ class SequenceParallelOptions:
     block_m, block_n : int
         Query rows and keys per tile.
     unit_rows : int, optional
-        ``dynamic``: query and key rows per work unit (default: a quarter of the longest
-        shard, at least ``block_m``). Smaller units balance better and take more symmetric
-        memory (a home rank keeps one partial ``(O, LSE)`` per unit it owns).
+        ``dynamic``: query and key rows per work unit. By default a unit is a quarter of the
+        longest shard's queries (at least ``block_m``) against one rank's whole shard of
+        keys, so each query chunk folds one partial result per home rank, as on the ring;
+        an explicit ``unit_rows`` cuts both sides. Smaller units balance better and take
+        more symmetric memory (a home rank keeps one partial ``(O, LSE)`` per unit it owns).
     threads : int, optional
         Compute threads of this rank (default: the host's cores / ranks on this node).
     """

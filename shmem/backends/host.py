@@ -52,6 +52,7 @@ from ..config import HeapConfig
 from ..errors import ArgumentError, RemoteTimeoutError
 from ..heap import ATOMIC_DTYPES, FLOAT_ATOMIC_DTYPES
 from ..signals import poll_until
+from . import _cpu_atomics
 
 __all__ = ["HostHeap", "strided_view"]
 
@@ -263,6 +264,9 @@ class HostHeap:
                 stack.callback(self._rma_win.Unlock_all)
             stack.pop_all()
         self._base_address = int(self._slab.ctypes.data)
+        self._bases = [int(slab.ctypes.data) for slab in self._slabs]
+        # one node: every atomic of the job can be the processor's (see _cpu_atomics)
+        self._cpu = _cpu_atomics.load() if self._rma_win is None else None
         self._closed = False
         # called by progress(): contexts deliver deferred signals while this rank waits
         self.progress_hooks: list[Callable[[], None]] = []
@@ -490,6 +494,10 @@ class HostHeap:
         result = np.empty(1, dtype=dtype)
         win = self._rma_win
         if win is None:  # one node: served by the origin alone, cannot block
+            if self._cpu is not None:
+                address = self._bases[self._local_of[rank]] + offset
+                result[0] = self._cpu.fetch_op(address, value, dtype, op)
+                return None, result
             win, target, offset = self._atomic_target(rank, offset)
             win.Fetch_and_op([origin, mpi_t], [result, mpi_t], target, offset, _MPI_OPS[op])
             win.Flush(target)
@@ -528,6 +536,9 @@ class HostHeap:
         self, rank: int, offset: int, compare: int, value: int, dtype: np.dtype[Any]
     ) -> int:
         _check_atomic_dtype("atomic_compare_swap", dtype)
+        if self._cpu is not None:
+            address = self._bases[self._local_of[rank]] + offset
+            return int(self._cpu.compare_swap(address, compare, value, dtype))
         win, target, offset = self._atomic_target(rank, offset)
         self.progress()
         origin = np.array([value], dtype=dtype)

@@ -263,7 +263,9 @@ def test_straggler_work_is_taken_and_the_result_is_unchanged(world: World, comm:
         assert sum(taken) == sum(given)
         assert given[slow] > 0, (given, taken)  # the others took the slow rank's work
         assert len(st.busy_per_rank) == world.world_size and st.imbalance >= 1.0
-        assert st.wall_s >= st.busy_s > 0 and st.idle_s >= 0
+        # a rank may compute nothing (the slow one, when the others drained its queue
+        # before it took a unit: faster queue atomics made that common at 4 ranks on 2 cores)
+        assert st.wall_s >= st.busy_s >= 0 and st.idle_s >= 0 and sum(st.busy_per_rank) > 0
 
 
 def test_stats_for_every_schedule(world: World, comm: Any) -> None:

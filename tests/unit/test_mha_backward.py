@@ -137,8 +137,9 @@ def covered(plan: UnitPlan, mask: MaskSpec, docs: Any, total: int, block_m: int)
 @pytest.mark.parametrize("layout", ["contiguous", "zigzag"])
 @pytest.mark.parametrize(("name", "mask"), MASKS, ids=[m[0] for m in MASKS])
 @pytest.mark.parametrize("docs", [None, np.array([0, 20, 21, 60, 97])], ids=["one", "docs"])
+@pytest.mark.parametrize("kv_rows", ["same", None, 11], ids=["kv-same", "kv-shard", "kv-11"])
 def test_plan_covers_every_visible_pair_once(
-    size: int, layout: str, name: str, mask: MaskSpec, docs: Any
+    size: int, layout: str, name: str, mask: MaskSpec, docs: Any, kv_rows: Any
 ) -> None:
     total, block_m = 97, 8
     if layout == "contiguous":
@@ -154,7 +155,12 @@ def test_plan_covers_every_visible_pair_once(
             for r in range(size)
         ]
         chunk_rows = None
-    plan = UnitPlan(positions, chunk_rows, 2, mask, docs, block_m, "lpt")
+    plan = UnitPlan(positions, chunk_rows, 2, mask, docs, block_m, "lpt", kv_rows)
+    if kv_rows not in ("same", chunk_rows):  # key/value chunks of their own size
+        kv_chunks = {u.kv for u in plan.units}
+        assert not kv_chunks & {u.q for u in plan.units}
+        step = max(p.size for p in positions) if kv_rows is None else kv_rows
+        assert all(plan.chunks[i].rows <= step for i in kv_chunks)
     vis = visible(np.arange(total), np.arange(total), mask)
     if docs is not None:
         d = np.searchsorted(docs, np.arange(total), side="right") - 1
