@@ -17,7 +17,12 @@ import numpy as np
 
 from shmem import SHMEMBuffer
 from shmem.dtypes import dtype_name
-from shmem.errors import CollectiveArgumentError, ShmemError
+from shmem.errors import (
+    CollectiveArgumentError,
+    CollectiveMismatchError,
+    PeerFailedError,
+    ShmemError,
+)
 
 from .channel import Channel, Flag, source_tag
 from .operand import Array, Operand, agree, output_array
@@ -396,7 +401,6 @@ def _hierarchical(
     in_place: bool,
     nbytes: int,
 ) -> None:
-    from mpi4py import MPI
 
     s = ch.next_call()
     count, dtype = hi - lo, xin.dtype
@@ -404,34 +408,31 @@ def _hierarchical(
     if (
         cross is not None and not ch.uniform_nodes
     ):  # every rank reduces everything, in rank order, over MPI
-        mine = np.ascontiguousarray(xin.array[lo:hi], dtype=acc)
-        every = np.empty((ch.world_size, count), dtype=acc)
-        ch.mpi_wait(
-            cross.Iallgather([mine.view(np.uint8), MPI.BYTE], [every.view(np.uint8), MPI.BYTE]),
-            "all_reduce",
-            keep=(mine, every),
-        )
+        block = ch.signed_block(count * acc.itemsize)
+        np.copyto(block[: count * acc.itemsize].view(acc), xin.array[lo:hi], casting="unsafe")
+        every = ch.gather_signed(cross, block, "all_reduce").view(acc)
         reduce_into(dst[lo:hi], list(every), op, acc, avg_count=ch.world_size)
         ch.post(DONE, s)
         return
     parts = len(ch.local_peers)
-    ch.wait_previous(s, "all_reduce")
-    inputs = _inputs(ch, xin, lo, hi, s, nbytes)
     # intra-node reduce-scatter: my node's partial of shard `local_index` (no rounding yet)
     a, b = shard_of(count, parts, ch.local_index)
-    partial = np.empty(b - a, dtype=acc)
+    try:
+        ch.wait_previous(s, "all_reduce")
+        inputs = _inputs(ch, xin, lo, hi, s, nbytes)
+    except (CollectiveMismatchError, PeerFailedError):
+        if cross is not None:  # the other nodes wait in the exchange: tell them, at once
+            ch.abandon_exchange(cross, (b - a) * acc.itemsize, "all_reduce")
+        raise
+    block = ch.signed_block((b - a) * acc.itemsize)  # the signature rides behind the data
+    partial = block[: (b - a) * acc.itemsize].view(acc)
     partial_op = "sum" if op == "avg" else op
     reduce_into(partial, [inp[a:b] for inp in inputs], partial_op, acc)
     # between nodes: the same shard's partials from every node, reduced in node order
     if cross is None:  # one node: the partial is the whole reduction (two-shot, unrounded)
         nodes = partial[None, :]
     else:
-        nodes = np.empty((cross.Get_size(), b - a), dtype=acc)
-        ch.mpi_wait(
-            cross.Iallgather([partial.view(np.uint8), MPI.BYTE], [nodes.view(np.uint8), MPI.BYTE]),
-            "all_reduce",
-            keep=(partial, nodes),
-        )
+        nodes = ch.gather_signed(cross, block, "all_reduce").view(acc)
     base = _round_up(count * dtype.itemsize)  # my shard sits after the staging area
     mine = ch.scratch(nbytes)[base : base + (b - a) * dtype.itemsize].view(dtype)
     reduce_into(mine, list(nodes), op, acc, avg_count=ch.world_size)

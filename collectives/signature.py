@@ -52,7 +52,8 @@ def signature(record: tuple[object, ...]) -> int:
 
 
 def describe(sig: int) -> str:
-    """A signature as a call: ``all_reduce(1000 float32, op=sum)``."""
+    """A signature as a call: ``all_reduce(1000 float32, op=sum)``; any int64 (a word
+    that is not a signature reads as ``?`` fields, never an error)."""
     if sig <= 0:
         return "no collective" if sig == 0 else "an abandoned call"
     name = COLLECTIVES[(sig & 0xF) - 1] if 0 < (sig & 0xF) <= len(COLLECTIVES) else "?"
@@ -63,7 +64,7 @@ def describe(sig: int) -> str:
     count = sig >> 25
     parts = [f"{count}{'+' if count == _MAX_COUNT else ''} {dtype}"]
     if op:
-        parts.append(f"op={OPS[op - 1]}")
+        parts.append(f"op={OPS[op - 1] if op <= len(OPS) else '?'}")
     if root:
         parts.append(f"root={root - 1}")
     return f"{name}({', '.join(parts)})"

@@ -63,6 +63,30 @@ def test_mismatched_all_reduce_raises_everywhere(fast: Any, kind: str) -> None:
         assert "ranks called different collectives (rank 0: " in str(err.value)
 
 
+@pytest.mark.parametrize("kind", ["count", "op", "dtype"])
+def test_mismatched_all_reduce_across_nodes_raises_everywhere(fast: Any, kind: str) -> None:
+    """Between nodes the partials travel over MPI: their blocks carry the call signature
+    (no extra message), so rank 0 disagreeing raises on every rank instead of mixing data."""
+    world, comm = fast
+    if world.num_nodes == 1:
+        pytest.skip("needs several nodes (SHMEM_HEAP_NODE_SPLIT)")
+    odd = world.rank == 0
+    x = np.ones(1000 if (odd and kind == "count") else 2000 if kind == "count" else 1000)
+    x = x.astype(np.float64 if (odd and kind == "dtype") else np.float32)
+    with pytest.raises(MISMATCH) as err:
+        comm.all_reduce(x, op="max" if (odd and kind == "op") else "sum")
+        comm.all_reduce(np.ones(4, np.float32))  # a rank whose exchange passed learns here
+    if isinstance(err.value, CollectiveMismatchError):
+        assert "called different collectives" in str(err.value)
+
+
+def test_matching_calls_across_nodes_still_work(fast: Any) -> None:
+    world, comm = fast
+    for n in (1, 1000, 70000):
+        got = comm.all_reduce(np.full(n, world.rank + 1, np.float32))
+        assert (got == world.world_size * (world.world_size + 1) / 2).all()
+
+
 def test_mismatched_broadcast_roots_raise(fast: Any) -> None:
     world, comm = fast
     _needs_peers(world)
