@@ -141,7 +141,7 @@ class Fetched:
         return f"Fetched({dtype_name(self.dtype)}, {state})"
 
 
-@dataclass
+@dataclass(slots=True)
 class _Pending:
     req: MPI.Request
     rank: int  # world rank of the target
@@ -184,9 +184,13 @@ class Context:
         return f"Context(team={team}, pending={len(self._ops)}{', closed' if self._closed else ''})"
 
     def _heap(self, where: str) -> HostHeap:
-        if self._closed:
-            raise ShmemStateError(f"Context.{where}: the context is closed")
-        return host_heap(self._world, f"Context.{where}")
+        world = self._world
+        heap = world.heap
+        if self._closed or world.finalized or heap.device_memory:  # the errors, named
+            if self._closed:
+                raise ShmemStateError(f"Context.{where}: the context is closed")
+            return host_heap(world, f"Context.{where}")
+        return cast("HostHeap", heap)
 
     def world_rank(self, rank: int, where: str) -> int:
         """``rank`` of this context's team as a world rank (validated)."""
@@ -247,10 +251,17 @@ class Context:
         """Start writing ``src`` into ``rank``'s copy of ``buf`` at byte ``offset``
         (``shmem_put_nbi``). ``src`` must not change until :meth:`quiet`."""
         heap = self._heap("put_nbi")
-        target = self.world_rank(rank, "put_nbi")
+        if self._team is None and type(rank) is int and 0 <= rank < self._world.world_size:
+            target = rank  # the common case, checked without the call
+        else:
+            target = self.world_rank(rank, "put_nbi")
         buf._live("put_nbi")
-        data = buf._as_source("put_nbi", src, casting)
-        buf._check_span("put_nbi", offset, data.nbytes)
+        if type(src) is np.ndarray and src.dtype == buf.dtype and src.flags.c_contiguous:
+            data: np.ndarray[Any, Any] = src
+        else:
+            data = buf._as_source("put_nbi", src, casting)
+        if offset or data.nbytes > buf.nbytes or type(offset) is not int:
+            buf._check_span("put_nbi", offset, data.nbytes)
         req = heap.put_nbi(target, buf.offset + int(offset), data)
         if req is not None:
             self._ops.append(_Pending(req, target, data))
@@ -475,9 +486,14 @@ class Context:
         ops = self._ops
         if ops:
             limit = self._world.config.signal.timeout_s if timeout is None else timeout
-            deadline = time.monotonic() + limit
-            for p in ops:
-                if not poll_until(p.req.Test, deadline, heap.progress):
+            from mpi4py import MPI
+
+            reqs = [p.req for p in ops]
+            if not MPI.Request.Testall(reqs):  # usually all done: one call, no clock
+                deadline = time.monotonic() + limit
+                poll_until(lambda: MPI.Request.Testall(reqs), deadline, heap.progress)
+            for p in ops:  # completed requests test true again (null requests)
+                if not p.req.Test():
                     raise RemoteTimeoutError(
                         f"Context.quiet: rank {heap.rank}: an operation on rank {p.rank} did "
                         f"not complete within {limit:g} s (rank {p.rank} made no MPI progress)",

@@ -321,3 +321,42 @@ def test_blocking_calls_on_a_team_context(world: World) -> None:
             assert x.local()[1] == world.world_size  # 0 from world rank 0, plus one per rank
         world.barrier()
     team.destroy()
+
+
+def test_quiet_names_a_peer_that_makes_no_progress(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A get from a rank that computes without calling MPI cannot complete on the
+    ``Win.Create`` path (the target's progress engine serves it): ``quiet(timeout=)`` raises
+    ``RemoteTimeoutError`` naming that rank, the operation stays pending and completes at the
+    next ``quiet`` once the rank is back in MPI."""
+    import time
+
+    from mpi4py import MPI
+
+    import shmem
+    from shmem.backends.host import HostHeap
+    from shmem.errors import RemoteTimeoutError
+
+    if MPI.COMM_WORLD.Get_size() < 2:
+        pytest.skip("needs a peer")
+    monkeypatch.setattr(HostHeap, "_world_window", lambda *args: None)  # Win.Create path
+    monkeypatch.setenv("SHMEM_HEAP_NODE_SPLIT", "rank")
+    world = shmem.init(heap_nbytes="4MiB", signal_timeout_s=20.0)
+    try:
+        buf = world.zeros(1 << 16, "uint8")
+        buf.local()[:] = world.rank + 1
+        world.barrier()
+        if world.rank == 1:
+            time.sleep(1.0)  # pure Python: no MPI progress
+        elif world.rank == 0:
+            got = np.zeros(1 << 16, np.uint8)
+            ctx = world.create_context()
+            ctx.get_nbi(buf, 1, got)
+            with pytest.raises(RemoteTimeoutError, match="rank 1 made no MPI progress"):
+                ctx.quiet(timeout=0.2)
+            ctx.quiet()  # rank 1 is back in MPI (the barrier below) within the deadline
+            assert (got == 2).all()
+            ctx.close()
+        world.barrier()
+        buf.close()
+    finally:
+        world.finalize()
