@@ -432,7 +432,8 @@ def test_back_to_back_tiny_calls_never_read_a_reused_stage(kind: str) -> None:
             got = comm.all_reduce(sym if use_sym else mine)
             want = [i * p, p * (p + 1) // 2, i * p * (p + 1) // 2]
             assert np.asarray(got).tolist() == want, (i, np.asarray(got).tolist(), want)
-        assert comm.stats.algorithms is None or comm.stats.algorithms.get("one_shot", 0) > 0
+        if world.num_nodes == 1:  # the cached replay ran (across nodes: hierarchical)
+            assert comm.stats.algorithms is None or comm.stats.algorithms.get("one_shot", 0)
     finally:
         world.barrier()
         sym.close()

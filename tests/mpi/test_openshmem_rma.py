@@ -341,13 +341,14 @@ def test_quiet_names_a_peer_that_makes_no_progress(monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(HostHeap, "_world_window", lambda *args: None)  # Win.Create path
     monkeypatch.setenv("SHMEM_HEAP_NODE_SPLIT", "rank")
     world = shmem.init(heap_nbytes="4MiB", signal_timeout_s=20.0)
+    buf = world.zeros(1 << 16, "uint8")
     try:
-        buf = world.zeros(1 << 16, "uint8")
         buf.local()[:] = world.rank + 1
         world.barrier()
         if world.rank == 1:
-            time.sleep(1.0)  # pure Python: no MPI progress
+            time.sleep(1.5)  # pure Python: no MPI progress
         elif world.rank == 0:
+            time.sleep(0.3)  # rank 1 has left the barrier and sleeps by now
             got = np.zeros(1 << 16, np.uint8)
             ctx = world.create_context()
             ctx.get_nbi(buf, 1, got)
@@ -356,7 +357,7 @@ def test_quiet_names_a_peer_that_makes_no_progress(monkeypatch: pytest.MonkeyPat
             ctx.quiet()  # rank 1 is back in MPI (the barrier below) within the deadline
             assert (got == 2).all()
             ctx.close()
-        world.barrier()
-        buf.close()
     finally:
+        world.barrier()  # also after a failure here: the peers must not wait it out
+        buf.close()
         world.finalize()
