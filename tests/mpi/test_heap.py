@@ -80,7 +80,14 @@ def test_put_with_signal_orders_data(world: World) -> None:
         world.barrier()
 
 
-def test_atomics_across_ranks(world: World) -> None:
+@pytest.mark.parametrize("kind", ["processor", "mpi"])
+def test_atomics_across_ranks(world: World, kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both one-node atomic kinds (the processor's, and MPI's shared window where libatomic
+    is missing); multi-node jobs always use MPI's."""
+    if kind == "mpi":
+        monkeypatch.setattr(world.heap, "_cpu", None)
+    elif getattr(world.heap, "_cpu", None) is None and world.num_nodes == 1:
+        pytest.skip("libatomic is not installed")
     n = world.world_size
     with world.zeros(4, "int64") as c, world.zeros(1, "uint32") as lock:
         for r in range(n):
