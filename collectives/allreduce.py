@@ -11,7 +11,7 @@ identical on every rank, though it may differ from one-shot in the last bit for 
 from __future__ import annotations
 
 import logging
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -37,6 +37,9 @@ from .ops import (
     widen,
 )
 from .schedule import ALGORITHMS, Algorithm, shard_bounds, shard_of
+
+if TYPE_CHECKING:
+    from mpi4py import MPI
 
 __all__ = ["TinyPlan", "all_reduce", "choose", "tiny_plan"]
 
@@ -158,6 +161,8 @@ class TinyPlan:
     :func:`ops.reduce_into`'s, so results are bitwise the same as every other path.
     """
 
+    algorithm = "one_shot"
+
     def __init__(
         self, ch: Channel, count: int, dtype: np.dtype[Any], op: str, acc: np.dtype[Any]
     ) -> None:
@@ -244,9 +249,9 @@ class TinyPlan:
                 np.copyto(target, inputs[0])
         else:
             ufunc = self.ufunc
-            ufunc(inputs[0], inputs[1], target)
+            ufunc(inputs[0], inputs[1], out=target)
             for src in inputs[2:]:
-                ufunc(target, src, target)
+                ufunc(target, src, out=target)
         if self.divide is not None and not self.widen:
             if target.dtype.kind in "fc":
                 np.divide(target, self.divide, out=target)
@@ -266,20 +271,139 @@ class TinyPlan:
 
 def tiny_plan(
     ch: Channel, count: int, dtype: np.dtype[Any], op: str, acc: np.dtype[Any]
-) -> TinyPlan | None:
-    """The cached plan for this shape, or None when the call does not qualify (off-node
-    peers, too large, debug checks on)."""
-    if ch.num_nodes > 1 or count * dtype.itemsize > TINY_NBYTES or ch.check_args:
+) -> TinyPlan | NodesPlan | None:
+    """The cached plan for this shape, or None when the call does not qualify (too large,
+    debug checks on, nodes of different sizes): a :class:`TinyPlan` on one node, a
+    :class:`NodesPlan` across nodes."""
+    if count * dtype.itemsize > TINY_NBYTES or ch.check_args:
         return None
+    kind: type[TinyPlan] | type[NodesPlan] = TinyPlan
+    if ch.num_nodes > 1:
+        if not ch.uniform_nodes or ch.cross is None:
+            return None
+        kind = NodesPlan
     key = (count, dtype, op)
     plan = ch.plans.get(key)
     if plan is None or plan.scratch is not ch.scratch_buf or plan.acc != acc:
-        plan = ch.plans[key] = TinyPlan(ch, count, dtype, op, acc)
+        plan = ch.plans[key] = kind(ch, count, dtype, op, acc)
         while len(ch.plans) > MAX_PLANS:  # least recently made first
             ch.plans.popitem(last=False)
     else:
         ch.plans.move_to_end(key)
-    return cast(TinyPlan, plan)
+    return cast("TinyPlan | NodesPlan", plan)
+
+
+class NodesPlan:
+    """The cached plan of a small all-reduce across nodes (uniform nodes): every rank
+    reduces its node's inputs (as one-shot, in rank order, unrounded), exchanges that
+    partial with the ranks of the same local index on the other nodes (one MPI all-gather,
+    the call signature behind the data), and reduces the partials in node order: the same
+    operations, in the same order, as :func:`_hierarchical`, so bitwise the same result,
+    without its reduce-scatter, shard exchange and per-call argument handling."""
+
+    algorithm = "hierarchical"
+
+    def __init__(
+        self, ch: Channel, count: int, dtype: np.dtype[Any], op: str, acc: np.dtype[Any]
+    ) -> None:
+        self.count, self.dtype, self.op, self.acc = count, dtype, op, acc
+        self.nbytes = count * dtype.itemsize
+        self.signature = ch.signature
+        self.partial_op = "sum" if op == "avg" else op
+        self.stage = ch.scratch(_round_up(self.nbytes))[: self.nbytes].view(dtype)
+        self.tag = source_tag(self.signature)
+        self.stage_word = ch.scratch_buf.offset | self.tag
+        self.block = ch.signed_block(count * acc.itemsize)  # its signature is this plan's
+        self.partial = self.block[: count * acc.itemsize].view(acc)
+        self.flags = [ch.peer_flags[r] for r in ch.local_peers if r != ch.rank]
+        self.order = list(ch.local_peers)
+        self.words = [ch.my_flags if r == ch.rank else ch.peer_flags[r] for r in self.order]
+        self.offsets: list[int] = []
+        self.inputs: list[np.ndarray[Any, Any]] = []
+        self.scratch = ch.scratch_buf
+        self.auto = ch.table.choose(self.nbytes, ch.world_size, ch.num_nodes) == "hierarchical"
+
+    def run(
+        self,
+        ch: Channel,
+        x: np.ndarray[Any, Any],
+        shm: SHMEMBuffer | None,
+        dst: np.ndarray[Any, Any],
+        in_place: bool,
+    ) -> None:
+        cross = cast("MPI.Intracomm", ch.cross)
+        s = ch.seq = ch.seq + 1
+        try:
+            inputs = self._node_inputs(ch, s, x, shm)
+        except (CollectiveMismatchError, PeerFailedError):
+            ch.abandon_exchange(cross, self.partial.nbytes, "all_reduce")  # other nodes wait
+            raise
+        _fold(self.partial, inputs, self.partial_op, self.acc, None)
+        nodes = ch.gather_signed(cross, self.block, "all_reduce").view(self.acc)
+        target = np.empty_like(dst) if (in_place and shm is not None) else dst
+        _fold(target, list(nodes), self.op, self.acc, ch.world_size)
+        if self.dtype == np.dtype(np.longdouble):
+            canonical_padding(target)
+        ch.post(DONE, s)
+        ch.stats.calls += 1
+        if shm is not None:  # the caller owns x again once every node-local peer read it
+            ch.wait_peers(DONE, s, "all_reduce")
+            if target is not dst:
+                np.copyto(dst, target)
+
+    def _node_inputs(
+        self, ch: Channel, s: int, x: np.ndarray[Any, Any], shm: SHMEMBuffer | None
+    ) -> list[np.ndarray[Any, Any]]:
+        """Publish my input and return every node-local rank's (the one-shot exchange)."""
+        prev = s - 1
+        for f in self.flags:
+            if f[_DONE] < prev and not _spin(f, _DONE, prev):
+                ch.wait_peers(DONE, prev, "all_reduce")
+                break
+        if ch.sig_seq == prev:
+            ch.check_signatures(None, "all_reduce", prev)
+        mine = ch.my_flags
+        if shm is None:
+            self.stage[...] = x
+            mine[SRC] = self.stage_word
+            ch.stats.staged_bytes += self.nbytes
+        else:
+            mine[SRC] = shm.offset | self.tag
+        ch.post(READY, s)
+        for f in self.flags:
+            if f[_READY] < s and not _spin(f, _READY, s):
+                ch.wait_peers(READY, s, "all_reduce", check=False)
+                break
+        else:
+            ch.world.heap.fence()
+        offsets = [w[_SRC] for w in self.words]
+        if offsets != self.offsets:
+            mine[_SIG0 + (s & 1)] = self.signature
+            ch.check_tags(offsets, self.order, "all_reduce", s)
+            self.offsets = offsets
+            self.inputs = [ch.peer_input(r, self.count, self.dtype) for r in self.order]
+        return self.inputs
+
+
+def _fold(
+    out: np.ndarray[Any, Any],
+    sources: list[np.ndarray[Any, Any]],
+    op: str,
+    acc: np.dtype[Any],
+    avg_count: int | None,
+) -> None:
+    """:func:`reduce_into` for small calls: the same operations in the same order (so
+    bitwise the same), without its chunking, when nothing needs widening or averaging."""
+    if op == "avg" or out.dtype != acc or any(src.dtype != acc for src in sources):
+        reduce_into(out, sources, op, acc, avg_count=avg_count)
+        return
+    if len(sources) == 1:
+        np.copyto(out, sources[0])
+        return
+    ufunc = UFUNCS[op]
+    ufunc(sources[0], sources[1], out=out)
+    for src in sources[2:]:
+        ufunc(out, src, out=out)
 
 
 class _Plan:
@@ -402,8 +526,13 @@ def _hierarchical(
     nbytes: int,
 ) -> None:
 
-    s = ch.next_call()
     count, dtype = hi - lo, xin.dtype
+    if lo == 0 and hi == xin.count:
+        small = tiny_plan(ch, count, dtype, op, acc)
+        if isinstance(small, NodesPlan):
+            small.run(ch, xin.array, xin.shmem, dst, in_place)
+            return
+    s = ch.next_call()
     cross = ch.cross
     if (
         cross is not None and not ch.uniform_nodes

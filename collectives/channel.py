@@ -25,9 +25,10 @@ import time
 from collections import OrderedDict
 from collections.abc import Hashable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 import numpy as np
+from mpi4py import MPI  # the collectives need MPI anyway (the exchanges between nodes)
 
 from shmem import SHMEMBuffer, SignalPad, World
 from shmem.errors import (
@@ -41,9 +42,6 @@ from shmem.signals import poll_until, spin_seconds
 from .operand import Operand
 from .schedule import AlgorithmTable
 from .signature import describe
-
-if TYPE_CHECKING:
-    from mpi4py import MPI
 
 __all__ = ["BARRIER_SLOTS", "NUM_FLAGS", "Channel", "CommStats", "Flag"]
 
@@ -312,6 +310,8 @@ class Channel:
 
     def mpi_wait(self, req: MPI.Request, what: str, keep: object = None) -> None:
         """Wait for a non-blocking MPI exchange between nodes, within the deadline."""
+        if req.Test():  # small exchanges are often done at once: no clock, no loop
+            return
         if not poll_until(req.Test, time.monotonic() + self.timeout_s, None, self.spin_s):
             # a non-blocking collective cannot be cancelled: keep it (and its buffers, which
             # the caller's frame holds through ``keep``) alive and retire this channel
@@ -344,8 +344,6 @@ class Channel:
         """Take part in the exchange :meth:`gather_signed` would make, with a block marked
         abandoned (signature -1), after this rank failed before it: the members on other
         nodes raise ``CollectiveMismatchError`` at once instead of waiting out the deadline."""
-        from mpi4py import MPI
-
         with contextlib.suppress(MPI.Exception, SignalTimeoutError):
             self.gather_signed(comm, self._block(nbytes, -1), what, check=False)
 
@@ -357,8 +355,6 @@ class Channel:
         the data, one row per member. The signatures ride in the blocks: no extra message.
         Differing calls (count, dtype, op, collective) raise ``CollectiveMismatchError`` on
         every member, which then retracts its flags so node-local peers stop too."""
-        from mpi4py import MPI
-
         every = np.empty((comm.Get_size(), block.nbytes), np.uint8)
         try:
             self.mpi_wait(

@@ -23,7 +23,7 @@ from shmem.team import Team
 
 from .all_gather import all_gather as _all_gather
 from .all_to_all import all_to_all as _all_to_all
-from .allreduce import TinyPlan
+from .allreduce import NodesPlan, TinyPlan
 from .allreduce import all_reduce as _all_reduce
 from .allreduce import choose as _choose
 from .broadcast import broadcast as _broadcast
@@ -304,7 +304,7 @@ class Communicator:
             # replay a cached small one-shot call (only where the table picks one-shot, so
             # every rank runs the same protocol whatever kind of argument it passed)
             shm: SHMEMBuffer | None = None
-            plan: TinyPlan | None = None
+            plan: TinyPlan | NodesPlan | None = None
             count = 0
             if type(x) is np.ndarray and x.flags.c_contiguous:
                 plan = ch.plans.get((x.size, x.dtype, op))
@@ -334,10 +334,11 @@ class Communicator:
                     ch.fail()  # flags moved: peers must not complete this call
                     raise
                 algos = self.stats.algorithms
+                name = plan.algorithm
                 if algos is not None:
-                    algos["one_shot"] = algos.get("one_shot", 0) + 1
+                    algos[name] = algos.get(name, 0) + 1
                 else:
-                    self.stats.count("one_shot")
+                    self.stats.count(name)
                 return res
         if isinstance(x, Buffer) or isinstance(out, Buffer):
             return self._gpu_all_reduce(x, op, out, algorithm, stream)  # refuses them

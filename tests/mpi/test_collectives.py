@@ -439,3 +439,45 @@ def test_back_to_back_tiny_calls_never_read_a_reused_stage(kind: str) -> None:
         sym.close()
         comm.close()
         world.finalize()
+
+
+@pytest.mark.parametrize("name", ["float32", "float64", "int64", "bfloat16"])
+@pytest.mark.parametrize("op", ["sum", "avg", "max"])
+def test_small_calls_across_nodes_are_the_fixed_order(name: str, op: str) -> None:
+    """The cached plan across nodes (uniform nodes, the defaults) gives, bitwise, the fixed
+    order every path promises: each node's ranks in rank order, then the nodes in order."""
+    world = shmem.init(heap_nbytes="16MiB", signal_timeout_s=20.0)
+    comm = collectives.Communicator(world)
+    try:
+        if world.num_nodes == 1 or len({n for n, _ in world.comm.allgather((world.node, 0))}) < 2:
+            pytest.skip("needs several nodes (SHMEM_HEAP_NODE_SPLIT)")
+        dt = np.dtype(ml_dtypes.bfloat16) if name == "bfloat16" else np.dtype(name)
+        if name == "int64" and op == "avg":
+            pytest.skip("covered by the integer average tests")
+        rng = np.random.default_rng(world.rank)
+        for count in (1, 7, 1000):
+            raw = rng.standard_normal(count) * 100
+            x = raw.astype(dt)
+            got = comm.all_reduce(x, op=op)
+            every = world.comm.allgather((world.node, world.rank, x))
+            acc = np.dtype(np.float32) if name == "bfloat16" else dt
+            ufunc = {"sum": np.add, "avg": np.add, "max": np.maximum}[op]
+            partials = []
+            for node in sorted({n for n, _, _ in every}):
+                mine = [a.astype(acc) for n, _, a in sorted(every, key=lambda e: e[1]) if n == node]
+                part = mine[0].copy()
+                for a in mine[1:]:
+                    part = ufunc(part, a)
+                partials.append(part)
+            want = partials[0].copy()
+            for part in partials[1:]:
+                want = ufunc(want, part)
+            if op == "avg":
+                want = np.divide(want, acc.type(world.world_size))
+            want = want.astype(dt)
+            assert np.asarray(got).tobytes() == want.tobytes(), (count, got, want)
+        if world.config.heap.node_split == "rank" or world.num_nodes > 1:
+            assert comm.stats.algorithms and comm.stats.algorithms.get("hierarchical", 0) > 0
+    finally:
+        comm.close()
+        world.finalize()
