@@ -151,30 +151,20 @@ TINY_NBYTES = 64 << 10  # one-shot calls up to this size run from a cached plan
 MAX_PLANS = 64  # cached shapes per communicator (least recently made are dropped)
 
 
-class TinyPlan:
-    """A one-shot all-reduce of one shape, made once and replayed with nothing else.
+class _Replay:
+    """The node-local exchange a cached small all-reduce replays: wait for the previous
+    call's ``DONE``, publish the input (a copy into my staging view, or the SHMEMBuffer's
+    offset), raise ``READY``, wait for the peers' and return every node-local rank's input
+    in rank order. Made once per shape; subclasses reduce."""
 
-    The replay does only what the protocol needs: wait for the previous call's ``DONE``,
-    publish the input (a copy into my staging view, or the SHMEMBuffer's offset), raise
-    ``READY``, wait for the peers', reduce in rank order, raise ``DONE`` (and, for a zero-copy
-    input, wait for the peers' ``DONE``). The reduction is the same expression as
-    :func:`ops.reduce_into`'s, so results are bitwise the same as every other path.
-    """
-
-    algorithm = "one_shot"
+    algorithm = ""
 
     def __init__(
         self, ch: Channel, count: int, dtype: np.dtype[Any], op: str, acc: np.dtype[Any]
     ) -> None:
         self.count, self.dtype, self.op, self.acc = count, dtype, op, acc
         self.nbytes = count * dtype.itemsize
-        self.ufunc = UFUNCS[op]
-        self.divide = acc.type(ch.world_size) if op == "avg" else None
         self.signature = ch.signature  # the call that made the plan: the same every replay
-        self.widen = acc != dtype  # low precision: accumulate in float32, round once
-        self.padded = dtype == np.dtype(np.longdouble)
-        self.acc_buf = np.empty(count if self.widen else 0, acc)
-        self.tmp_buf = np.empty(count if self.widen else 0, acc)
         self.stage = ch.scratch(_round_up(self.nbytes))[: self.nbytes].view(dtype)
         self.stage_offset = ch.scratch_buf.offset
         self.tag = source_tag(self.signature)
@@ -189,17 +179,12 @@ class TinyPlan:
         # x86-64 orders loads before a later store (TSO): the release fence is a no-op there
         self.fence_needed = ch.release_fence_needed
         # the fast path may replay this plan for algorithm="auto" only if the table agrees
-        self.auto = ch.table.choose(self.nbytes, ch.world_size, ch.num_nodes) == "one_shot"
+        choice = ch.table.choose(self.nbytes, ch.world_size, ch.num_nodes)
+        self.auto = choice == self.algorithm
 
-    def run(
-        self,
-        ch: Channel,
-        x: np.ndarray[Any, Any],
-        shm: SHMEMBuffer | None,
-        dst: np.ndarray[Any, Any],
-        in_place: bool,
-    ) -> None:
-        s = ch.seq = ch.seq + 1
+    def exchange(
+        self, ch: Channel, s: int, x: np.ndarray[Any, Any], shm: SHMEMBuffer | None
+    ) -> list[np.ndarray[Any, Any]]:
         prev = s - 1
         for f in self.flags:
             if f[_DONE] < prev and not _spin(f, _DONE, prev):
@@ -233,7 +218,43 @@ class TinyPlan:
             ch.check_tags(offsets, self.order, "all_reduce", s)
             self.offsets = offsets
             self.inputs = [ch.peer_input(r, self.count, self.dtype) for r in self.order]
-        inputs = self.inputs
+        return self.inputs
+
+
+class TinyPlan(_Replay):
+    """A one-shot all-reduce of one shape, made once and replayed with nothing else.
+
+    The replay does only what the protocol needs: wait for the previous call's ``DONE``,
+    publish the input (a copy into my staging view, or the SHMEMBuffer's offset), raise
+    ``READY``, wait for the peers', reduce in rank order, raise ``DONE`` (and, for a zero-copy
+    input, wait for the peers' ``DONE``). The reduction is the same expression as
+    :func:`ops.reduce_into`'s, so results are bitwise the same as every other path.
+    """
+
+    algorithm = "one_shot"
+
+    def __init__(
+        self, ch: Channel, count: int, dtype: np.dtype[Any], op: str, acc: np.dtype[Any]
+    ) -> None:
+        super().__init__(ch, count, dtype, op, acc)
+        self.ufunc = UFUNCS[op]
+        self.divide = acc.type(ch.world_size) if op == "avg" else None
+        self.widen = acc != dtype  # low precision: accumulate in float32, round once
+        self.padded = dtype == np.dtype(np.longdouble)
+        self.acc_buf = np.empty(count if self.widen else 0, acc)
+        self.tmp_buf = np.empty(count if self.widen else 0, acc)
+
+    def run(
+        self,
+        ch: Channel,
+        x: np.ndarray[Any, Any],
+        shm: SHMEMBuffer | None,
+        dst: np.ndarray[Any, Any],
+        in_place: bool,
+    ) -> None:
+        s = ch.seq = ch.seq + 1
+        inputs = self.exchange(ch, s, x, shm)
+        mine = ch.my_flags
         target = np.empty_like(dst) if (in_place and shm is not None) else dst
         if self.widen:
             a = widen(inputs[0], self.acc_buf)
@@ -293,12 +314,12 @@ def tiny_plan(
     return cast("TinyPlan | NodesPlan", plan)
 
 
-class NodesPlan:
+class NodesPlan(_Replay):
     """The cached plan of a small all-reduce across nodes (uniform nodes): every rank
-    reduces its node's inputs (as one-shot, in rank order, unrounded), exchanges that
-    partial with the ranks of the same local index on the other nodes (one MPI all-gather,
-    the call signature behind the data), and reduces the partials in node order: the same
-    operations, in the same order, as :func:`_hierarchical`, so bitwise the same result,
+    reduces its node's inputs (the one-shot exchange, in rank order, unrounded), exchanges
+    that partial with the ranks of the same local index on the other nodes (one MPI
+    all-gather, the call signature behind the data), and reduces the partials in node order:
+    the operations of :func:`_hierarchical`, in its order, so bitwise the same result,
     without its reduce-scatter, shard exchange and per-call argument handling."""
 
     algorithm = "hierarchical"
@@ -306,22 +327,10 @@ class NodesPlan:
     def __init__(
         self, ch: Channel, count: int, dtype: np.dtype[Any], op: str, acc: np.dtype[Any]
     ) -> None:
-        self.count, self.dtype, self.op, self.acc = count, dtype, op, acc
-        self.nbytes = count * dtype.itemsize
-        self.signature = ch.signature
+        super().__init__(ch, count, dtype, op, acc)
         self.partial_op = "sum" if op == "avg" else op
-        self.stage = ch.scratch(_round_up(self.nbytes))[: self.nbytes].view(dtype)
-        self.tag = source_tag(self.signature)
-        self.stage_word = ch.scratch_buf.offset | self.tag
         self.block = ch.signed_block(count * acc.itemsize)  # its signature is this plan's
         self.partial = self.block[: count * acc.itemsize].view(acc)
-        self.flags = [ch.peer_flags[r] for r in ch.local_peers if r != ch.rank]
-        self.order = list(ch.local_peers)
-        self.words = [ch.my_flags if r == ch.rank else ch.peer_flags[r] for r in self.order]
-        self.offsets: list[int] = []
-        self.inputs: list[np.ndarray[Any, Any]] = []
-        self.scratch = ch.scratch_buf
-        self.auto = ch.table.choose(self.nbytes, ch.world_size, ch.num_nodes) == "hierarchical"
 
     def run(
         self,
@@ -334,7 +343,7 @@ class NodesPlan:
         cross = cast("MPI.Intracomm", ch.cross)
         s = ch.seq = ch.seq + 1
         try:
-            inputs = self._node_inputs(ch, s, x, shm)
+            inputs = self.exchange(ch, s, x, shm)
         except (CollectiveMismatchError, PeerFailedError):
             ch.abandon_exchange(cross, self.partial.nbytes, "all_reduce")  # other nodes wait
             raise
@@ -350,39 +359,6 @@ class NodesPlan:
             ch.wait_peers(DONE, s, "all_reduce")
             if target is not dst:
                 np.copyto(dst, target)
-
-    def _node_inputs(
-        self, ch: Channel, s: int, x: np.ndarray[Any, Any], shm: SHMEMBuffer | None
-    ) -> list[np.ndarray[Any, Any]]:
-        """Publish my input and return every node-local rank's (the one-shot exchange)."""
-        prev = s - 1
-        for f in self.flags:
-            if f[_DONE] < prev and not _spin(f, _DONE, prev):
-                ch.wait_peers(DONE, prev, "all_reduce")
-                break
-        if ch.sig_seq == prev:
-            ch.check_signatures(None, "all_reduce", prev)
-        mine = ch.my_flags
-        if shm is None:
-            self.stage[...] = x
-            mine[SRC] = self.stage_word
-            ch.stats.staged_bytes += self.nbytes
-        else:
-            mine[SRC] = shm.offset | self.tag
-        ch.post(READY, s)
-        for f in self.flags:
-            if f[_READY] < s and not _spin(f, _READY, s):
-                ch.wait_peers(READY, s, "all_reduce", check=False)
-                break
-        else:
-            ch.world.heap.fence()
-        offsets = [w[_SRC] for w in self.words]
-        if offsets != self.offsets:
-            mine[_SIG0 + (s & 1)] = self.signature
-            ch.check_tags(offsets, self.order, "all_reduce", s)
-            self.offsets = offsets
-            self.inputs = [ch.peer_input(r, self.count, self.dtype) for r in self.order]
-        return self.inputs
 
 
 def _fold(
