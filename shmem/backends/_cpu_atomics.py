@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import struct
 from typing import Any
 
@@ -87,10 +88,14 @@ def _from_bits(bits: int, dtype: np.dtype[Any]) -> Any:
     return dtype.type(bits)
 
 
+@functools.cache
 def load() -> CpuAtomics | None:
-    """The processor's atomics, or None where libatomic is missing (or lacks a symbol)."""
-    name = ctypes.util.find_library("atomic") or "libatomic.so.1"
-    try:
-        return CpuAtomics(ctypes.PyDLL(name))
-    except (OSError, AttributeError):
-        return None
+    """The processor's atomics, or None where libatomic is missing (or lacks a symbol).
+    Loaded once per process (``find_library`` runs ``ldconfig``: only if the usual name
+    does not load)."""
+    for name in ("libatomic.so.1", None):
+        try:
+            return CpuAtomics(ctypes.PyDLL(name or ctypes.util.find_library("atomic") or ""))
+        except (OSError, AttributeError):
+            continue
+    return None
