@@ -347,39 +347,16 @@ class NodesPlan(_Replay):
         except (CollectiveMismatchError, PeerFailedError):
             ch.abandon_exchange(cross, self.partial.nbytes, "all_reduce")  # other nodes wait
             raise
-        _fold(self.partial, inputs, self.partial_op, self.acc, None)
+        reduce_into(self.partial, inputs, self.partial_op, self.acc)
         nodes = ch.gather_signed(cross, self.block, "all_reduce").view(self.acc)
         target = np.empty_like(dst) if (in_place and shm is not None) else dst
-        _fold(target, list(nodes), self.op, self.acc, ch.world_size)
-        if self.dtype == np.dtype(np.longdouble):
-            canonical_padding(target)
+        reduce_into(target, list(nodes), self.op, self.acc, avg_count=ch.world_size)
         ch.post(DONE, s)
         ch.stats.calls += 1
         if shm is not None:  # the caller owns x again once every node-local peer read it
             ch.wait_peers(DONE, s, "all_reduce")
             if target is not dst:
                 np.copyto(dst, target)
-
-
-def _fold(
-    out: np.ndarray[Any, Any],
-    sources: list[np.ndarray[Any, Any]],
-    op: str,
-    acc: np.dtype[Any],
-    avg_count: int | None,
-) -> None:
-    """:func:`reduce_into` for small calls: the same operations in the same order (so
-    bitwise the same), without its chunking, when nothing needs widening or averaging."""
-    if op == "avg" or out.dtype != acc or any(src.dtype != acc for src in sources):
-        reduce_into(out, sources, op, acc, avg_count=avg_count)
-        return
-    if len(sources) == 1:
-        np.copyto(out, sources[0])
-        return
-    ufunc = UFUNCS[op]
-    ufunc(sources[0], sources[1], out=out)
-    for src in sources[2:]:
-        ufunc(out, src, out=out)
 
 
 class _Plan:

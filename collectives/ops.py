@@ -162,14 +162,15 @@ def reduce_into(
     if n == 0:
         return
     ufunc = UFUNCS[op]
-    if (
-        len(sources) == 2
-        and out.dtype == acc_dtype
-        and n * acc_dtype.itemsize <= CHUNK_BYTES
-        and sources[0].dtype == acc_dtype
-        and sources[1].dtype == acc_dtype
-    ):
-        ufunc(sources[0], sources[1], out=out)  # the common small case, in one call
+    direct = out.dtype == acc_dtype and all(s.dtype == acc_dtype for s in sources)
+    if direct and n * acc_dtype.itemsize <= CHUNK_BYTES:  # the common small case, unchunked
+        if len(sources) == 1:
+            if not np.shares_memory(out, sources[0]):
+                np.copyto(out, sources[0])
+        else:
+            ufunc(sources[0], sources[1], out=out)
+            for src in sources[2:]:
+                ufunc(out, src, out=out)
         if op == "avg" and avg_count is not None:
             if out.dtype.kind in "fc":
                 np.divide(out, acc_dtype.type(avg_count), out=out)
@@ -177,7 +178,6 @@ def reduce_into(
                 int_avg(out, avg_count)
         canonical_padding(out)
         return
-    direct = out.dtype == acc_dtype and all(s.dtype == acc_dtype for s in sources)
     step = max(1, CHUNK_BYTES // max(acc_dtype.itemsize, 1))
     acc = None if direct else np.empty(min(step, n), dtype=acc_dtype)
     tmp = np.empty(0 if direct else min(step, n), dtype=acc_dtype)

@@ -27,7 +27,6 @@ if TYPE_CHECKING:
 __all__ = ["SHMEMBuffer"]
 
 _KDLCPU = 1
-_UNSEEN: Any = object()  # not in a cache yet
 
 
 Casting = Literal["no", "equiv", "safe", "same_kind", "unsafe"]
@@ -280,9 +279,7 @@ class SHMEMBuffer(OpenShmemMethods):
         if heap.device_memory:
             self._put_device(rank, src, int(offset), casting)
         else:
-            flat = self._flat.get(rank, _UNSEEN)
-            if flat is _UNSEEN:
-                flat = self._flat_view(rank)
+            flat = self._flat_view(rank)
             if flat is not None:
                 start = offset // self._dtype.itemsize
                 flat[start : start + data.size] = data.reshape(-1)

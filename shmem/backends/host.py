@@ -298,10 +298,6 @@ class HostHeap:
         log.info("host heap: MPI cannot share Win_allocate memory; using Win_create")
         return None
 
-    def _disp(self, rank: int, offset: int) -> int:
-        """The displacement of heap byte ``offset`` in ``rank``'s RMA window."""
-        return self._rma_base[rank] + offset
-
     # -- reachability and views -------------------------------------------------------------
 
     def is_local(self, rank: int) -> bool:
@@ -381,7 +377,7 @@ class HostHeap:
         self.progress()
         vec = _strided_type(isz, block, nblocks, stride)
         try:
-            where = (self._disp(rank, offset), 1, vec)
+            where = (self._rma_base[rank] + offset, 1, vec)
             win.Put([src.reshape(-1).view(np.uint8), MPI.BYTE], rank, where)
             win.Flush(rank)
         finally:
@@ -409,7 +405,7 @@ class HostHeap:
         self.progress()
         vec = _strided_type(isz, block, nblocks, stride)
         try:
-            where = (self._disp(rank, offset), 1, vec)
+            where = (self._rma_base[rank] + offset, 1, vec)
             req = win.Rget([dst.reshape(-1).view(np.uint8), MPI.BYTE], rank, where)
             self._wait_request(req, "iget", rank)
         finally:
@@ -451,7 +447,7 @@ class HostHeap:
         if self._rma_win is None:
             lr = self._local_of[rank]
             return self._shm_win, lr, self._pads[lr] + offset
-        return self._rma_win, rank, self._disp(rank, offset)
+        return self._rma_win, rank, self._rma_base[rank] + offset
 
     def atomic_fetch_op(
         self,
