@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import numpy as np
-from mpi4py import MPI
 
 from shmem import SHMEMBuffer
 
+from . import signed
 from .channel import Channel
 from .family import exchange, over_mpi
 from .operand import Array, prepare
@@ -23,15 +23,8 @@ def all_gather(
     m = xin.count
     if not ch.fits_scratch(xin):
         # across nodes, or too large for the scratch: MPI (non-blocking, within the deadline)
-        send = np.ascontiguousarray(xin.array)
-        over_mpi(
-            ch,
-            where,
-            lambda: ch.comm.Iallgather(
-                [send.view(np.uint8), MPI.BYTE], [dst.view(np.uint8), MPI.BYTE]
-            ),
-            keep=(send, dst),
-        )
+        send = np.ascontiguousarray(xin.array).view(np.uint8)
+        over_mpi(ch, where, lambda: signed.allgather(ch, ch.comm, send, dst.view(np.uint8), where))
         return ret
     ch.stats.count("all_gather")
 

@@ -4,11 +4,11 @@
 from __future__ import annotations
 
 import numpy as np
-from mpi4py import MPI
 
 from shmem import SHMEMBuffer
 from shmem.errors import CollectiveArgumentError
 
+from . import signed
 from .channel import Channel
 from .family import exchange, over_mpi
 from .operand import Array, Operand, prepare
@@ -33,15 +33,8 @@ def all_to_all(
     m = xin.count // size
     if not ch.fits_scratch(xin):
         # across nodes, or too large for the scratch: MPI (non-blocking, within the deadline)
-        send = np.array(xin.array, copy=True)  # in place is allowed: MPI needs two buffers
-        over_mpi(
-            ch,
-            where,
-            lambda: ch.comm.Ialltoall(
-                [send.view(np.uint8), MPI.BYTE], [dst.view(np.uint8), MPI.BYTE]
-            ),
-            keep=(send, dst),
-        )
+        send = np.array(xin.array, copy=True).view(np.uint8)  # in place: MPI needs two buffers
+        over_mpi(ch, where, lambda: signed.alltoall(ch, ch.comm, send, dst.view(np.uint8), where))
         return ret
     ch.stats.count("all_to_all")
 

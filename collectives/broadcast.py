@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import numpy as np
-from mpi4py import MPI
 
 from shmem import SHMEMBuffer
 from shmem.errors import CollectiveArgumentError
 
+from . import signed
 from .channel import Channel
 from .family import exchange, over_mpi
 from .operand import Array, Operand, prepare
@@ -46,8 +46,8 @@ def broadcast(
         # across nodes, or too large for the scratch: MPI (non-blocking, within the deadline)
         if ch.rank == root and not np.shares_memory(dst, xin.array):
             np.copyto(dst, xin.array)
-        buf = dst  # the root's data is in dst now (it is x itself by default)
-        over_mpi(ch, where, lambda: ch.comm.Ibcast([buf.view(np.uint8), MPI.BYTE], root=root), buf)
+        buf = dst.view(np.uint8)  # the root's data is in dst now (it is x itself by default)
+        over_mpi(ch, where, lambda: signed.bcast(ch, ch.comm, buf, root, where))
         return ret
     ch.stats.count("broadcast")
 

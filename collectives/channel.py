@@ -39,6 +39,7 @@ from shmem.errors import (
 )
 from shmem.signals import poll_until, spin_seconds
 
+from . import signed
 from .operand import Operand
 from .schedule import AlgorithmTable
 from .signature import describe
@@ -332,51 +333,22 @@ class Channel:
     def signed_block(self, nbytes: int) -> np.ndarray[Any, np.dtype[np.uint8]]:
         """A send block for :meth:`gather_signed`: ``nbytes`` of data (fill ``[:nbytes]``),
         then this call's signature in 8 trailing bytes."""
-        return self._block(nbytes, self.signature)
-
-    @staticmethod
-    def _block(nbytes: int, signature: int) -> np.ndarray[Any, np.dtype[np.uint8]]:
-        block = np.empty(nbytes + 8, np.uint8)
-        block[nbytes:].view(np.int64)[0] = signature
-        return block
+        return signed.signed_block(nbytes, self.signature)
 
     def abandon_exchange(self, comm: MPI.Intracomm, nbytes: int, what: str) -> None:
         """Take part in the exchange :meth:`gather_signed` would make, with a block marked
         abandoned (signature -1), after this rank failed before it: the members on other
         nodes raise ``CollectiveMismatchError`` at once instead of waiting out the deadline."""
-        with contextlib.suppress(MPI.Exception, SignalTimeoutError):
-            self.gather_signed(comm, self._block(nbytes, -1), what, check=False)
+        with contextlib.suppress(MPI.Exception, SignalTimeoutError, CollectiveMismatchError):
+            signed.gather_rows(self, comm, signed.signed_block(nbytes, -1), what, "member", False)
 
     def gather_signed(
-        self, comm: MPI.Intracomm, block: np.ndarray[Any, Any], what: str, check: bool = True
+        self, comm: MPI.Intracomm, block: np.ndarray[Any, Any], what: str
     ) -> np.ndarray[Any, np.dtype[np.uint8]]:
         """All-gather every member's :meth:`signed_block` over ``comm`` (the ranks on other
         nodes) within the deadline, compare their signatures with this rank's and return
-        the data, one row per member. The signatures ride in the blocks: no extra message.
-        Differing calls (count, dtype, op, collective) raise ``CollectiveMismatchError`` on
-        every member, which then retracts its flags so node-local peers stop too."""
-        every = np.empty((comm.Get_size(), block.nbytes), np.uint8)
-        try:
-            self.mpi_wait(
-                comm.Iallgather([block, MPI.BYTE], [every, MPI.BYTE]), what, keep=(block, every)
-            )
-        except MPI.Exception as exc:  # a longer block than this rank's: MPI truncates
-            if exc.Get_error_class() != MPI.ERR_TRUNCATE or not check:
-                raise
-            self.fail()
-            raise CollectiveMismatchError(
-                f"{what}: ranks on different nodes called different collectives (a peer's "
-                f"block is longer than rank {self.rank}'s {describe(self.signature)}: {exc})"
-            ) from None
-        if check and every[:, -8:].tobytes() != block[-8:].tobytes() * len(every):
-            sigs = every[:, -8:].copy().view(np.int64)[:, 0]
-            listing = "; ".join(f"member {i}: {describe(int(t))}" for i, t in enumerate(sigs))
-            self.fail()
-            raise CollectiveMismatchError(
-                f"{what}: ranks on different nodes called different collectives (rank "
-                f"{self.rank}'s exchange between nodes: {listing})"
-            )
-        return every[:, :-8]
+        the data, one row per member (:func:`collectives.signed.gather_rows`)."""
+        return signed.gather_rows(self, comm, block, what, "member")
 
     # -- inputs --------------------------------------------------------------------------------
 

@@ -10,15 +10,11 @@ MPI (non-blocking, within the deadline): multi-node scale comes from MPI.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .channel import Channel, Flag
 from .operand import Array, Operand
-
-if TYPE_CHECKING:
-    from mpi4py import MPI
 
 __all__ = ["exchange", "over_mpi"]
 
@@ -54,10 +50,11 @@ def exchange(
             np.copyto(dst, target)
 
 
-def over_mpi(ch: Channel, where: str, start: Callable[[], MPI.Request], keep: object) -> None:
-    """A family call across nodes (or too large for the scratch) through MPI: start the
-    non-blocking exchange, wait for it within the deadline, and raise ``DONE`` so node-local
-    peers may reuse their scratch."""
+def over_mpi(ch: Channel, where: str, run: Callable[[], None]) -> None:
+    """A family call across nodes (or too large for the scratch) through MPI: ``run`` the
+    signed exchange (:mod:`collectives.signed`: every member's call signature is compared,
+    waited for within the deadline), then raise ``DONE`` so node-local peers may reuse their
+    scratch."""
     s = ch.next_call()
-    ch.mpi_wait(start(), where, keep=keep)
+    run()
     ch.post(Flag.DONE, s)

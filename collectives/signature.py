@@ -7,7 +7,8 @@ before it reads anything of the peer's, and raises :class:`CollectiveMismatchErr
 each node-local rank's call (then retracts its flags, so the peers stop too). The check costs
 a load and a compare per peer: no message, no barrier.
 
-Layout (low bit first): collective 4 bits, dtype 5, op 4, root + 1 12 (0: no root), count 38
+Layout (low bit first): collective 4 bits (``alltoalls`` counts ``nelems``, ``collect`` no
+count, as its ranks' counts may differ), dtype 5, op 4, root + 1 12 (0: no root), count 38
 (counts beyond 2**38 - 1 share the top value). Bit 63 stays clear: a signature is positive.
 """
 
@@ -19,7 +20,16 @@ from .ops import OPS
 
 __all__ = ["COLLECTIVES", "describe", "signature"]
 
-COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "all_to_all")
+COLLECTIVES = (
+    "all_reduce",
+    "reduce_scatter",
+    "all_gather",
+    "broadcast",
+    "all_to_all",
+    "collect",
+    "alltoalls",
+)
+_NO_COUNT = ("collect",)  # counts may differ between ranks: not part of the call
 _DTYPES = tuple(sorted(SUPPORTED_DTYPES))
 _MAX_ROOT = (1 << 12) - 2
 _MAX_COUNT = (1 << 38) - 1
@@ -35,6 +45,11 @@ def signature(record: tuple[object, ...]) -> int:
     if name not in COLLECTIVES or not isinstance(count, int) or dtype not in _DTYPES:
         return 0
     op = root = 0
+    if name == "alltoalls":  # (where, count of x, dtype, nelems, strides...): x's size is local
+        count = record[3] if len(record) > 3 and isinstance(record[3], int) else 0
+        record = record[:3]
+    elif name in _NO_COUNT:
+        count = 0
     for extra in record[3:]:
         if isinstance(extra, str) and extra in OPS:
             op = OPS.index(extra) + 1
@@ -62,7 +77,7 @@ def describe(sig: int) -> str:
     op = (sig >> 9) & 0xF
     root = (sig >> 13) & 0xFFF
     count = sig >> 25
-    parts = [f"{count}{'+' if count == _MAX_COUNT else ''} {dtype}"]
+    parts = [dtype if name in _NO_COUNT else f"{count}{'+' if count == _MAX_COUNT else ''} {dtype}"]
     if op:
         parts.append(f"op={OPS[op - 1] if op <= len(OPS) else '?'}")
     if root:

@@ -26,20 +26,23 @@ from shmem.dtypes import dtype_name
 from shmem.errors import CollectiveArgumentError, ShmemError, SignalTimeoutError
 from shmem.signals import poll_until
 
+from . import signed
 from .operand import Array, Operand, agree, prepare
 from .ops import ReduceOp, accumulate_dtype, check_op, reduce_into
 from .schedule import shard_of
+from .signature import signature
 
 if TYPE_CHECKING:
     from shmem.team import Team
 
 __all__ = ["TeamCollectives"]
 
-_BYTE = MPI.BYTE
+
+_WHO = "team rank"
 
 
-def _bytes(a: np.ndarray[Any, Any]) -> list[Any]:
-    return [a.reshape(-1).view(np.uint8), _BYTE]
+def _u8(a: np.ndarray[Any, Any]) -> np.ndarray[Any, np.dtype[np.uint8]]:
+    return a.reshape(-1).view(np.uint8)
 
 
 class TeamCollectives:
@@ -51,7 +54,7 @@ class TeamCollectives:
         self.rank, self.size = team.my_pe, team.n_pes
         self.check_args = check_args
         self.calls = 0
-        self.signature = 0  # set by agree(); MPI checks sizes itself on this path
+        self.signature = 0  # set by agree(); compared in every exchange (collectives.signed)
         self.timeout_s = timeout_s
         self.acc32 = acc32
         self.progress = team.world.heap.progress
@@ -61,7 +64,11 @@ class TeamCollectives:
         if not self.team.world.finalized:
             self.comm.Free()
 
-    def _wait(self, req: MPI.Request, where: str, keep: object) -> None:
+    def fail(self) -> None:
+        """A call failed after the exchange began (a mismatch): refuse later calls."""
+        self.broken = True
+
+    def mpi_wait(self, req: MPI.Request, where: str, keep: object = None) -> None:
         if poll_until(req.Test, time.monotonic() + self.timeout_s, self.progress):
             return
         self.broken = True
@@ -123,7 +130,7 @@ class TeamCollectives:
         n = xin.count
         send = np.ascontiguousarray(xin.array)
         every = np.empty((self.size, n), dtype=xin.dtype)
-        self._wait(self.comm.Iallgather(_bytes(send), _bytes(every)), where, (send, every))
+        signed.allgather(self, self.comm, _u8(send), _u8(every), where, _WHO)
         acc = accumulate_dtype(xin.dtype, self.acc32)
         reduce_into(dst, [row[a:b] for row in every], op, acc, avg_count=self.size)
 
@@ -147,7 +154,7 @@ class TeamCollectives:
         )
         if self.rank == root and not np.shares_memory(dst, xin.array):
             np.copyto(dst, xin.array)
-        self._wait(self.comm.Ibcast(_bytes(dst), root=int(root)), where, dst)
+        signed.bcast(self, self.comm, _u8(dst), int(root), where, _WHO)
         return ret
 
     def all_gather(
@@ -158,7 +165,7 @@ class TeamCollectives:
         size = self.size
         xin, ret, dst = prepare(self, where, x, out, lambda n: n * size)
         send = np.ascontiguousarray(xin.array)
-        self._wait(self.comm.Iallgather(_bytes(send), _bytes(dst)), where, (send, dst))
+        signed.allgather(self, self.comm, _u8(send), _u8(dst), where, _WHO)
         return ret
 
     def collect(self, x: SHMEMBuffer | Array) -> Array:
@@ -175,16 +182,26 @@ class TeamCollectives:
             error = exc
         agree(self, where, record, error)
         xin = cast("Operand", xin)
-        counts = np.empty(self.size, dtype=np.int64)
-        mine = np.array([xin.count], dtype=np.int64)
-        self._wait(self.comm.Iallgather(mine, counts), where, (mine, counts))
+        self.signature = signature((where, 0, dtype_name(xin.dtype)))
+        # the counts travel with the signatures: one exchange checks the call and sizes it
+        mine = np.array([xin.count, self.signature], dtype=np.int64)
+        every = np.zeros((self.size, 2), dtype=np.int64)
+        signed.run(self, self.comm, lambda: self.comm.Iallgather(mine, every), where, (mine, every))
+        signed.compare(self, every[:, 1], where, _WHO)
+        counts = every[:, 0]
         isz = xin.dtype.itemsize
         out = np.empty(int(counts.sum()), dtype=xin.dtype)
         send = np.ascontiguousarray(xin.array)
         nbytes = [int(c) * isz for c in counts]
         displs = np.concatenate([[0], np.cumsum(nbytes)[:-1]]).astype(int).tolist()
-        recv = [out.view(np.uint8), (nbytes, displs), _BYTE]
-        self._wait(self.comm.Iallgatherv(_bytes(send), recv), where, (send, out))
+        recv = [out.view(np.uint8), (nbytes, displs), MPI.BYTE]
+        signed.run(
+            self,
+            self.comm,
+            lambda: self.comm.Iallgatherv([_u8(send), MPI.BYTE], recv),
+            where,
+            (send, out),
+        )
         return out
 
     def all_to_all(
@@ -202,7 +219,7 @@ class TeamCollectives:
 
         xin, ret, dst = prepare(self, where, x, out, lambda n: n, (), validate)
         send = np.ascontiguousarray(xin.array)
-        self._wait(self.comm.Ialltoall(_bytes(send), _bytes(dst)), where, (send, dst))
+        signed.alltoall(self, self.comm, _u8(send), _u8(dst), where, _WHO)
         return ret
 
     def alltoalls(
@@ -248,7 +265,7 @@ class TeamCollectives:
             )
         send = np.ascontiguousarray(xin.array[:need_src:src_stride][: size * nelems])
         recv = np.empty(size * nelems, dtype=xin.dtype)
-        self._wait(self.comm.Ialltoall(_bytes(send), _bytes(recv)), where, (send, recv))
+        signed.alltoall(self, self.comm, _u8(send), _u8(recv), where, _WHO)
         if nelems:
             dst[:need_dst:dst_stride] = recv
         return ret

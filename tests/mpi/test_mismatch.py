@@ -116,3 +116,140 @@ def test_mismatched_allocations_raise_everywhere(fast: Any) -> None:
         world.barrier()
         assert ok.local().tolist() == [(world.rank - 1) % world.world_size] * 8
         world.barrier()
+
+
+@pytest.fixture
+def small_scratch() -> Iterator[Any]:
+    """Defaults, but a scratch capped at 64 KiB: larger family calls go through MPI even on
+    one node (as every family call does across nodes)."""
+    world = shmem.init(
+        heap_nbytes="32MiB",
+        signal_timeout_s=5.0,
+        collectives_scratch_nbytes="64KiB",
+        collectives_scratch_max_nbytes="64KiB",
+    )
+    comm = collectives.Communicator(world)
+    try:
+        yield world, comm
+    finally:
+        comm._closed = True
+        world._abandon()
+        from mpi4py import MPI
+
+        MPI.COMM_WORLD.Barrier()
+
+
+# (collective of rank 0, what differs): every other rank calls the collective as agreed
+FAMILY_CASES = [
+    ("all_gather", "count"),
+    ("all_gather", "dtype"),
+    ("all_to_all", "count"),
+    ("broadcast", "count"),
+    ("broadcast", "root"),
+    ("all_gather", "collective"),
+]
+
+
+def _family_call(comm: Any, world: Any, name: str, kind: str, n: int) -> Any:
+    odd = world.rank == 0
+    p = world.world_size
+    count = n * p
+    if odd and kind == "count":
+        count += p
+    x = np.full(count, world.rank + 1, np.float64 if (odd and kind == "dtype") else np.float32)
+    if odd and kind == "collective":
+        return comm.all_to_all(x)
+    if name == "broadcast":
+        return comm.broadcast(x, root=1 if (odd and kind == "root") else 0)
+    return getattr(comm, name)(x)
+
+
+@pytest.mark.parametrize("n", [4, 20000], ids=["signed-block", "signatures-first"])
+@pytest.mark.parametrize(("name", "kind"), FAMILY_CASES)
+def test_mismatched_family_over_mpi_raises_everywhere(
+    small_scratch: Any, name: str, kind: str, n: int
+) -> None:
+    """Across nodes, or beyond the scratch, the family is one MPI exchange: the call
+    signatures travel with it (behind each small block, or all-gathered before a large
+    one), so a differing call raises on every rank instead of MPI's truncation or stale
+    bytes. The small size runs over MPI only across nodes."""
+    world, comm = small_scratch
+    if world.world_size == 1:
+        pytest.skip("needs two ranks to disagree")
+    if world.num_nodes == 1 and n * world.world_size * 4 <= comm.scratch_capacity:
+        pytest.skip("one node: a call this small is node-local (the flags' signatures)")
+    with pytest.raises(MISMATCH) as err:
+        _family_call(comm, world, name, kind, n)
+        comm.all_reduce(np.ones(4, np.float32))  # a rank that was not told learns here
+    if isinstance(err.value, CollectiveMismatchError):
+        assert "called different collectives" in str(err.value)
+
+
+@pytest.mark.parametrize("n", [4, 20000])
+@pytest.mark.parametrize("name", ["all_gather", "all_to_all", "broadcast"])
+def test_matching_family_over_mpi_still_works(small_scratch: Any, name: str, n: int) -> None:
+    world, comm = small_scratch
+    p = world.world_size
+    for _ in range(2):
+        x = np.arange(n * p, dtype=np.float32) + 1000 * world.rank
+        got = np.asarray(
+            comm.broadcast(x.copy(), root=p - 1) if name == "broadcast" else getattr(comm, name)(x)
+        )
+        if name == "all_gather":
+            want = np.concatenate([np.arange(n * p, dtype=np.float32) + 1000 * r for r in range(p)])
+        elif name == "all_to_all":
+            want = np.concatenate(
+                [
+                    (np.arange(n * p, dtype=np.float32) + 1000 * r)[
+                        world.rank * n : (world.rank + 1) * n
+                    ]
+                    for r in range(p)
+                ]
+            )
+        else:
+            want = np.arange(n * p, dtype=np.float32) + 1000 * (p - 1)
+        np.testing.assert_array_equal(got, want)
+
+
+TEAM_CASES = [
+    ("all_reduce", "count"),
+    ("all_reduce", "op"),
+    ("all_gather", "dtype"),
+    ("all_to_all", "count"),
+    ("broadcast", "root"),
+    ("collect", "dtype"),
+    ("alltoalls", "count"),
+    ("all_gather", "collective"),
+]
+
+
+@pytest.mark.parametrize(("name", "kind"), TEAM_CASES)
+def test_mismatched_team_collectives_raise_everywhere(fast: Any, name: str, kind: str) -> None:
+    """A team's collectives are MPI exchanges on the team's communicator: with the defaults
+    they compare the members' call signatures too (before, a differing count was MPI's
+    truncation or stale data, and a differing op went unseen)."""
+    world, _ = fast
+    if world.world_size < 2:
+        pytest.skip("needs two ranks to disagree")
+    # the members in reverse: a team other than the world runs the team collectives
+    team = world.team_world.split_strided(world.world_size - 1, -1, world.world_size)
+    comm = collectives.Communicator(team)
+    odd = team.my_pe == 0
+    x = np.ones(4 * team.n_pes + (team.n_pes if odd and kind == "count" else 0), np.float32)
+    if odd and kind == "dtype":
+        x = x.astype(np.float64)
+    try:
+        with pytest.raises(MISMATCH) as err:
+            if odd and kind == "collective":
+                comm.all_to_all(x)
+            elif name == "all_reduce":
+                comm.all_reduce(x, op="max" if (odd and kind == "op") else "sum")
+            elif name == "broadcast":
+                comm.broadcast(x, root=1 if (odd and kind == "root") else 0)
+            elif name == "alltoalls":
+                comm.alltoalls(x, 2 if (odd and kind == "count") else 1)
+            else:
+                getattr(comm, name)(x)
+        assert "called different collectives" in str(err.value)
+    finally:
+        comm._closed = True

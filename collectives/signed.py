@@ -1,0 +1,241 @@
+"""Signed MPI exchanges: the family's calls through MPI compare call signatures too.
+
+Where a collective runs as one MPI exchange (across nodes, beyond the scratch, on a team),
+every member's call signature (:mod:`collectives.signature`) travels with the data, and
+every member compares all of them before it uses any data: differing calls (collective,
+count, dtype, op, root) raise :class:`CollectiveMismatchError` on every member, naming each
+one's call, instead of MPI's undefined behaviour (a longer block is truncated, a shorter one
+leaves stale bytes unseen).
+
+Every such call begins with an all-gather on the communicator whose block ends in the
+signature, whatever the collective: ranks in different collectives still meet in that first
+exchange (MPI itself would hang or mix data when one rank's ``Ialltoall`` met another's
+``Iallgather``). A member whose block is longer than this member's makes MPI report
+truncation; a shorter one leaves this member's zeroed signature slot at "no collective":
+both are reported as a mismatch. Then:
+
+* a small call is that first exchange itself, the signature riding in 8 bytes behind each
+  block (a copy in and out, no extra message): an all-gather of up to :data:`SMALL_BLOCK`
+  bytes per member; an all-to-all or broadcast whose every member's whole input fits
+  :data:`SMALL_BLOCK` in all (each member sends its whole input, and keeps what is its);
+* a larger call all-gathers the 8-byte signatures first and moves the data zero-copy (one
+  more small message next to a large transfer).
+
+The host (a :class:`~collectives.channel.Channel` or a team's collectives) waits
+within its deadline (``mpi_wait``) and, on a mismatch, abandons the call (``fail``) before
+the error is raised, so node-local peers stop as well.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NoReturn, Protocol
+
+import numpy as np
+from mpi4py import MPI
+
+from shmem.errors import CollectiveMismatchError
+
+from .signature import describe
+
+__all__ = [
+    "SMALL_BLOCK",
+    "SignedHost",
+    "allgather",
+    "alltoall",
+    "bcast",
+    "compare",
+    "gather_rows",
+    "run",
+    "signed_block",
+]
+
+SMALL_BLOCK = 1 << 16
+"""Bytes per member up to which the signature rides behind the data (above: sent first)."""
+
+_U8 = np.dtype(np.uint8)
+Bytes = np.ndarray[Any, np.dtype[np.uint8]]
+
+
+class SignedHost(Protocol):
+    """What a signed exchange needs of its caller."""
+
+    signature: int
+
+    def mpi_wait(self, req: MPI.Request, what: str, keep: object = None) -> None: ...
+
+    def fail(self) -> None: ...
+
+
+def signed_block(nbytes: int, signature: int) -> Bytes:
+    """A send block: ``nbytes`` of data (fill ``[:nbytes]``), then ``signature`` in 8 bytes."""
+    block = np.empty(nbytes + 8, np.uint8)
+    block[nbytes:].view(np.int64)[0] = signature
+    return block
+
+
+def _mismatch(host: SignedHost, what: str, detail: str) -> NoReturn:
+    host.fail()
+    raise CollectiveMismatchError(f"{what}: ranks called different collectives ({detail})")
+
+
+def run(
+    host: SignedHost, comm: MPI.Intracomm, start: Callable[[], MPI.Request], what: str, keep: object
+) -> None:
+    """Start and wait for one exchange; MPI's truncation (a member sent more than this one
+    expects: a different call) is a mismatch."""
+    try:
+        host.mpi_wait(start(), what, keep=keep)
+    except MPI.Exception as exc:
+        if exc.Get_error_class() != MPI.ERR_TRUNCATE:
+            raise
+        _mismatch(
+            host,
+            what,
+            f"a block from another member is longer than member {comm.Get_rank()}'s "
+            f"{describe(host.signature)}: {exc.Get_error_string()}",
+        )
+
+
+def compare(host: SignedHost, sigs: np.ndarray[Any, Any], what: str, who: str) -> None:
+    """Raise unless every member's signature (``sigs``, int64 in member order) is mine."""
+    if bool((sigs == host.signature).all()):
+        return
+    _mismatch(host, what, "; ".join(f"{who} {i}: {describe(int(t))}" for i, t in enumerate(sigs)))
+
+
+def _trailers(rows: Bytes) -> np.ndarray[Any, np.dtype[np.int64]]:
+    """The int64 signatures in the last 8 bytes of each row of ``rows``."""
+    return rows[:, -8:].copy().view(np.int64)[:, 0]
+
+
+_rows: dict[tuple[int, int], tuple[Bytes, Bytes, Bytes]] = {}
+_blocks: dict[tuple[int, int], Bytes] = {}
+
+
+def _send_block(nbytes: int, signature: int) -> Bytes:
+    """:func:`signed_block`, reused across calls of the same shape and signature (the
+    caller fills ``[:nbytes]`` each time)."""
+    block = _blocks.get((nbytes, signature))
+    if block is None:
+        if len(_blocks) > 64:
+            _blocks.clear()
+        block = _blocks[(nbytes, signature)] = signed_block(nbytes, signature)
+    return block
+
+
+def _rows_of(size: int, nbytes: int) -> tuple[Bytes, Bytes, Bytes]:
+    """``(rows, signature slots, data)``: a receive array of ``size`` rows of ``nbytes``
+    reused across calls (an exchange is consumed before the next one starts) and two views
+    of it. The signature slots are zeroed, so a short block from a differing call reads as
+    "no collective", never as the last call's signature."""
+    got = _rows.get((size, nbytes))
+    if got is None:
+        if len(_rows) > 64:
+            _rows.clear()
+        rows = np.empty((size, nbytes), np.uint8)
+        got = _rows[(size, nbytes)] = (rows, rows[:, -8:], rows[:, :-8])
+    got[1].fill(0)
+    return got
+
+
+def agree_first(host: SignedHost, comm: MPI.Intracomm, what: str, who: str) -> None:
+    """The check before a zero-copy exchange: all-gather the 8-byte signatures, compare."""
+    gather_rows(host, comm, _send_block(0, host.signature), what, who)
+
+
+def gather_rows(
+    host: SignedHost,
+    comm: MPI.Intracomm,
+    block: Bytes,
+    what: str,
+    who: str = "rank",
+    check: bool = True,
+) -> Bytes:
+    """All-gather every member's :func:`signed_block` and compare the signatures: the data,
+    one row per member (a view, valid until the next exchange of the same shape)."""
+    key = (comm.Get_size(), block.nbytes)
+    every, sigs, data = _rows_of(*key)
+    try:
+        run(
+            host,
+            comm,
+            lambda: comm.Iallgather([block, MPI.BYTE], [every, MPI.BYTE]),
+            what,
+            (block, every),
+        )
+    except BaseException:
+        _rows.pop(key, None)  # an exchange left pending may still write into it
+        raise
+    if check and sigs.tobytes() != block[-8:].tobytes() * len(every):
+        compare(host, _trailers(every), what, who)
+    return data
+
+
+def allgather(
+    host: SignedHost, comm: MPI.Intracomm, send: Bytes, recv: Bytes, what: str, who: str = "rank"
+) -> None:
+    """``recv`` (members x ``send.nbytes`` bytes, contiguous) = every member's ``send``."""
+    m = send.nbytes
+    if m > SMALL_BLOCK:
+        agree_first(host, comm, what, who)
+        run(
+            host,
+            comm,
+            lambda: comm.Iallgather([send, MPI.BYTE], [recv, MPI.BYTE]),
+            what,
+            (send, recv),
+        )
+        return
+    block = _send_block(m, host.signature)
+    block[:m] = send
+    recv.reshape(comm.Get_size(), m)[...] = gather_rows(host, comm, block, what, who)
+
+
+def alltoall(
+    host: SignedHost, comm: MPI.Intracomm, send: Bytes, recv: Bytes, what: str, who: str = "rank"
+) -> None:
+    """Chunk ``j`` of ``send`` goes to member ``j``; chunk ``i`` of ``recv`` comes from ``i``
+    (both contiguous bytes, members x chunk). Small: every member's whole ``send`` in one
+    signed all-gather (each keeps its chunks); else the signatures first, then the data."""
+    size = comm.Get_size()
+    if size * (send.nbytes + 8) <= SMALL_BLOCK:
+        c = send.nbytes // size
+        me = comm.Get_rank()
+        block = _send_block(send.nbytes, host.signature)
+        block[: send.nbytes] = send
+        rows = gather_rows(host, comm, block, what, who)
+        recv.reshape(size, c)[...] = rows[:, me * c : (me + 1) * c]
+        return
+    agree_first(host, comm, what, who)
+    run(
+        host,
+        comm,
+        lambda: comm.Ialltoall([send, MPI.BYTE], [recv, MPI.BYTE]),
+        what,
+        (send, recv),
+    )
+
+
+def bcast(
+    host: SignedHost,
+    comm: MPI.Intracomm,
+    buf: Bytes,
+    root: int,
+    what: str,
+    who: str = "rank",
+) -> None:
+    """``buf`` = the root's ``buf`` on every member. Small: one signed all-gather in which
+    every member sends a block of the size (the root's row is the data); else the
+    signatures first, then the data."""
+    m = buf.nbytes
+    size = comm.Get_size()
+    if size * (m + 8) <= SMALL_BLOCK:
+        block = _send_block(m, host.signature)
+        block[:m] = buf  # a non-root's own bytes: nothing uninitialised leaves the process
+        rows = gather_rows(host, comm, block, what, who)
+        if comm.Get_rank() != root:
+            buf[...] = rows[root]
+        return
+    agree_first(host, comm, what, who)
+    run(host, comm, lambda: comm.Ibcast([buf, MPI.BYTE], root=root), what, buf)
