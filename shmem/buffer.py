@@ -59,6 +59,10 @@ class SHMEMBuffer(OpenShmemMethods):
         self._closed = False
         # flat typed views of each rank's copy, made on first use (None: not reachable)
         self._flat: dict[int, np.ndarray[Any, Any] | None] = {}
+        # (Win.Put, Win.Flush, displacement) of each rank copy a put reaches through MPI
+        # RMA, made on first use; only for dtypes MPI knows (the put fast path), emptied by
+        # close() and finalize()
+        self._remote: dict[int, tuple[Any, Any, int]] = {}
         # the arrays every view given out is made from (by rank copy), held weakly: alive
         # exactly while a view is, so close() knows (shmem.quarantine)
         self._anchors: dict[int, ViewRef] = {}
@@ -242,9 +246,13 @@ class SHMEMBuffer(OpenShmemMethods):
         try:
             return self._flat[rank]
         except KeyError:
-            raw = self._world.heap.peer_view(rank, self._offset, self._nbytes)
+            heap = self._world.heap
+            raw = heap.peer_view(rank, self._offset, self._nbytes)
             flat = None if raw is None else raw.view(self._dtype)
             self._flat[rank] = flat
+            target = heap.rma_target(rank, self._offset) if flat is None else None
+            if target is not None and self._dtype.isbuiltin:
+                self._remote[rank] = (target[0].Put, target[0].Flush, target[1])
             return flat
 
     def put(
@@ -264,6 +272,25 @@ class SHMEMBuffer(OpenShmemMethods):
         ``"same_kind"`` refuses values the buffer's dtype cannot hold instead of wrapping
         them, ``"unsafe"`` allows any cast with numpy's C semantics.
         """
+        if type(src) is np.ndarray and type(rank) is int and signal is None:
+            remote = self._remote.get(rank)  # a rank off this node, already checked once
+            if (
+                remote is not None
+                and src.dtype is self._dtype
+                and src.ndim == 1  # MPI takes it as it is when contiguous (else BufferError)
+                and type(offset) is int
+                and 0 <= offset <= self._nbytes - src.nbytes
+                and not offset % src.itemsize
+            ):
+                # the RMA fast path (these checks are all the general path makes here);
+                # close() and finalize() empty _remote, so a live buffer is implied
+                try:
+                    remote[0](src, rank, remote[2] + offset)  # Win.Put
+                except BufferError:  # a strided 1-D view: the general path copies it
+                    pass
+                else:
+                    remote[1](rank)  # Win.Flush
+                    return
         if self._closed or self._world._finalized:
             self._live("put")
         if type(rank) is not int or not 0 <= rank < self._world.world_size:
@@ -632,6 +659,7 @@ class SHMEMBuffer(OpenShmemMethods):
         self._world._free(self)
         self._closed = True
         self._flat.clear()
+        self._remote.clear()
         self._sources.clear()
 
     def __enter__(self) -> SHMEMBuffer:

@@ -56,6 +56,12 @@ class SymmetricHeap(Protocol):
         self, rank: int, offset: int, nbytes: int
     ) -> np.ndarray[Any, np.dtype[np.uint8]] | None: ...
 
+    def rma_target(self, rank: int, offset: int) -> tuple[Any, int] | None:
+        """``(MPI window, displacement)`` of heap byte ``offset`` on ``rank`` where a blocking
+        put may go straight to MPI (``Put`` + ``Flush``: a rank off this node on the host
+        backend), else None (load/store reachable, or device memory)."""
+        ...
+
     def address(self, offset: int) -> int:
         """The virtual address of byte ``offset`` of this rank's slab."""
         ...

@@ -83,6 +83,7 @@ _SYMBOLS = {"eq": "==", "ne": "!=", "gt": ">", "ge": ">=", "lt": "<", "le": "<="
 SIGNAL_OPS = ("set", "add")
 SLOT_DTYPE = np.dtype(np.int64)
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
+_INLINE_SPINS = 64  # loads a wait makes before its clocked poll loop (tens of microseconds)
 _BARRIER_ROUNDS = 64  # dissemination rounds: enough for 2**64 ranks
 
 # Backoff: spin (cheap polls) briefly, then yield the core, then sleep with growing pauses.
@@ -282,7 +283,8 @@ class SignalPad:
             raise ArgumentError(
                 f"wait_until: invalid comparison (got {cmp!r}; expected one of {list(COMPARISONS)})"
             )
-        value = int_operand("wait_until", "value", value, SLOT_DTYPE)
+        if type(value) is not int or not _INT64_MIN <= value <= _INT64_MAX:
+            value = int_operand("wait_until", "value", value, SLOT_DTYPE)
         if timeout is not None:
             timeout = check_timeout("wait_until", timeout)
         return self._raw_wait("wait_until", int(slot), cmp, value, timeout, peers)
@@ -302,6 +304,16 @@ class SignalPad:
         # fast path: already there
         seen = flags[slot]
         if not test(seen, value):
+            # a short inline spin first (the peer is usually a few microseconds away): no
+            # clock, no closure, the transport's progress between loads
+            start = time.monotonic()
+            progress = self._heap.progress
+            for _ in range(_INLINE_SPINS):
+                progress()
+                seen = flags[slot]
+                if test(seen, value):
+                    self._heap.fence()  # acquire
+                    return seen
             timeout_s = self.timeout_s if timeout is None else check_timeout(operation, timeout)
             last = [seen]
 
@@ -309,8 +321,8 @@ class SignalPad:
                 last[0] = flags[slot]
                 return test(last[0], value)
 
-            deadline = time.monotonic() + timeout_s
-            if not poll_until(probe, deadline, self._heap.progress, self._spin_s):
+            deadline = start + timeout_s
+            if not poll_until(probe, deadline, progress, self._spin_s):
                 self._timeout(operation, slot, cmp, value, last[0], timeout_s, peers, context)
             seen = last[0]
         self._heap.fence()  # acquire: later loads see what was written before the signal

@@ -355,7 +355,8 @@ class World:
 
     def signal(self, rank: int, slot: int, value: int, op: SignalOp | str = "set") -> None:
         """Set or add to ``slot`` of ``rank``'s world pad; see :meth:`SignalPad.signal`."""
-        self._check_open("World.signal")
+        if self._finalized:
+            self._check_open("World.signal")
         self.signals.signal(rank, slot, value, op)
 
     def wait_until(
@@ -368,7 +369,8 @@ class World:
         peers: tuple[int, ...] = (),
     ) -> int:
         """Wait on this rank's ``slot``; see :meth:`SignalPad.wait_until`."""
-        self._check_open("World.wait_until")
+        if self._finalized:
+            self._check_open("World.wait_until")
         return self.signals.wait_until(slot, cmp, value, timeout, peers=peers)
 
     def barrier(self, timeout: float | None = None) -> None:
@@ -463,6 +465,7 @@ class World:
             log.debug("finalize: %d buffer(s) still open are released", len(self._live))
         for buf in list(self._live.values()):
             buf._closed = True
+            buf._remote.clear()  # the put fast path's windows go with the heap
         self._live.clear()
         try:
             self.ctx.close()
@@ -484,6 +487,7 @@ class World:
                 _current = None
         for buf in list(self._live.values()):
             buf._closed = True
+            buf._remote.clear()  # the put fast path's windows go with the heap
         self._live.clear()
         with contextlib.suppress(Exception):
             self.ctx.close()

@@ -211,6 +211,9 @@ class HostHeap:
         self.timeout_s = timeout_s
         self._comm = comm
         self._pending: list[MPI.Request] = []  # remote atomics that passed their deadline
+        # origin/result arrays of blocking atomics on the world window, by dtype: taken
+        # out while in use (a second thread, or a request left pending, makes new ones)
+        self._atomic_arrays: dict[np.dtype[Any], tuple[Any, Any, Any, Any, Any]] = {}
         # node index = order of each node's leader among world ranks
         leaders = comm.allgather(self.rank if self.local_rank == 0 else -1)
         leader_ranks = sorted(r for r in leaders if r >= 0)
@@ -313,6 +316,11 @@ class HostHeap:
         if lr < 0:
             return None
         return self._slabs[lr][offset : offset + nbytes]
+
+    def rma_target(self, rank: int, offset: int) -> tuple[MPI.Win, int] | None:
+        if self._local_of[rank] >= 0:
+            return None
+        return self._remote_window(), self._rma_base[rank] + offset
 
     def address(self, offset: int) -> int:
         return self._base_address + offset
@@ -464,9 +472,31 @@ class HostHeap:
         completes only once the target applied it) and polled against the deadline, so a peer
         that makes no MPI progress raises :class:`RemoteTimeoutError` instead of blocking.
         """
-        req, result = self.atomic_fetch_op_nbi(rank, offset, value, dtype, op)
-        if req is None or req.Test():  # most complete at once: no clock, no poll loop
-            return int(result[0])
+        win = self._rma_win
+        if win is None or dtype not in _MPI_ATOMIC_TYPES or dtype.kind == "f":
+            req, result = self.atomic_fetch_op_nbi(rank, offset, value, dtype, op)
+            if req is None or req.Test():  # most complete at once: no clock, no poll loop
+                return int(result[0])
+        else:
+            # the world window (request-based: it completes once applied at the target),
+            # with reused origin/result arrays (two allocations cost as much as the MPI call)
+            arrays = self._atomic_arrays.pop(dtype, None)
+            if arrays is None:
+                mpi_t = _MPI_ATOMIC_TYPES[dtype]
+                origin, result = np.empty(1, dtype), np.empty(1, dtype)
+                arrays = (origin, result, [origin, mpi_t], [result, mpi_t], mpi_t)
+            arrays[0][0] = value
+            result = arrays[1]
+            req = win.Rget_accumulate(
+                arrays[2],
+                arrays[3],
+                rank,
+                (self._rma_base[rank] + offset, 1, arrays[4]),
+                _MPI_OPS[op],
+            )
+            if req.Test():
+                self._atomic_arrays[dtype] = arrays
+                return int(result.item())
         limit = self.timeout_s if timeout_s is None else timeout_s
         if not poll_until(req.Test, time.monotonic() + limit, self.progress):
             self._pending.append(req)  # completes later, when the peer progresses

@@ -206,6 +206,9 @@ class NvshmemHeap:
     def peer_view(self, rank: int, offset: int, nbytes: int) -> None:
         return None  # never host-addressable
 
+    def rma_target(self, rank: int, offset: int) -> None:
+        return None  # device memory: nvshmem moves it
+
     # -- data movement -----------------------------------------------------------------------
 
     def _cc_buffer(self, ptr: int, nbytes: int) -> Any:
