@@ -11,6 +11,7 @@ identical on every rank, though it may differ from one-shot in the last bit for 
 from __future__ import annotations
 
 import logging
+import operator
 from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
@@ -46,6 +47,7 @@ __all__ = ["TinyPlan", "all_reduce", "choose", "tiny_plan"]
 log = logging.getLogger(__name__)
 DONE, READY, SHARD, SRC, SIG = Flag.DONE, Flag.READY, Flag.SHARD, Flag.SRC, Flag.SIG
 _DONE, _READY, _SIG0, _SRC = int(DONE), int(READY), int(SIG), int(SRC)  # the hot path's
+_SRC_WORD = operator.itemgetter(_SRC)
 _SPIN = 64  # flag loads a replay makes itself before the bounded wait (a few microseconds)
 
 
@@ -175,6 +177,8 @@ class _Replay:
         self.words = [ch.my_flags if r == ch.rank else ch.peer_flags[r] for r in self.order]
         self.offsets: list[int] = []
         self.inputs: list[np.ndarray[Any, Any]] = []
+        self.shm: SHMEMBuffer | None = None  # the last zero-copy input, and its SRC word
+        self.shm_word = 0
         self.scratch = ch.scratch_buf
         # x86-64 orders loads before a later store (TSO): the release fence is a no-op there
         self.fence_needed = ch.release_fence_needed
@@ -200,8 +204,11 @@ class _Replay:
             self.stage[...] = x  # the plan's dtype: no cast (cheaper than np.copyto here)
             mine[SRC] = self.stage_word
             ch.stats.staged_bytes += self.nbytes
+        elif shm is self.shm:  # the same buffer as last time: its offset is known
+            mine[SRC] = self.shm_word
         else:
-            mine[SRC] = shm.offset | self.tag
+            mine[SRC] = self.shm_word = shm.offset | self.tag
+            self.shm = shm
         if self.fence_needed:  # release (Channel.post, inlined)
             ch.world.heap.fence()
         mine[_READY] = s
@@ -212,7 +219,7 @@ class _Replay:
         else:
             if self.fence_needed:  # acquire (free on x86-64: loads keep their order)
                 ch.world.heap.fence()
-        offsets = [w[_SRC] for w in self.words]
+        offsets = list(map(_SRC_WORD, self.words))  # (a comprehension costs a frame here)
         if offsets != self.offsets:
             mine[_SIG0 + (s & 1)] = self.signature  # for the listing, should it differ
             ch.check_tags(offsets, self.order, "all_reduce", s)
@@ -285,7 +292,10 @@ class TinyPlan(_Replay):
         mine[DONE] = s
         ch.stats.calls += 1
         if shm is not None:  # the caller owns x again once every peer has read it
-            ch.wait_peers(DONE, s, "all_reduce")
+            for f in self.flags:
+                if f[_DONE] < s and not _spin(f, _DONE, s):
+                    ch.wait_peers(DONE, s, "all_reduce")
+                    break
             if target is not dst:
                 np.copyto(dst, target)
 

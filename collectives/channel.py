@@ -64,6 +64,13 @@ class Flag(enum.IntEnum):
     # when the call starts: peers compare it after READY (before reading) and after DONE
 
 
+class Counts(dict[str, int]):
+    """A dict of counts whose missing keys read as 0 (``counts[k] += 1`` in one step)."""
+
+    def __missing__(self, key: str) -> int:
+        return 0
+
+
 @dataclass
 class CommStats:
     """Counters: calls made, bytes of inputs copied into scratch (0 on the zero-copy path),
@@ -76,8 +83,8 @@ class CommStats:
 
     def count(self, algorithm: str) -> None:
         if self.algorithms is None:
-            self.algorithms = {}
-        self.algorithms[algorithm] = self.algorithms.get(algorithm, 0) + 1
+            self.algorithms = Counts()
+        self.algorithms[algorithm] += 1
 
 
 _READY = int(Flag.READY)

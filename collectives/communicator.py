@@ -83,6 +83,8 @@ class Communicator:
         self._tc: TeamCollectives | None = None  # collect/alltoalls (and everything on a team)
         self._gpu: GpuAllReduce | None = None
         self._ch: Channel | None = None
+        self._last_plan: TinyPlan | NodesPlan | None = None  # the all-reduce fast path's
+        self._last_out: Array | None = None
         self.table = AlgorithmTable()
         if self.team.members != world.team_world.members:
             self.rank, self.world_size = self.team.my_pe, self.team.n_pes
@@ -304,42 +306,51 @@ class Communicator:
             # replay a cached small one-shot call (only where the table picks one-shot, so
             # every rank runs the same protocol whatever kind of argument it passed)
             shm: SHMEMBuffer | None = None
-            plan: TinyPlan | NodesPlan | None = None
-            count = 0
-            if type(x) is np.ndarray and x.flags.c_contiguous:
-                plan = ch.plans.get((x.size, x.dtype, op))
-                count = x.size
+            src: Array | None = None
+            plan = self._last_plan  # the last shape replayed: no key to build or hash
+            if type(x) is np.ndarray:
+                src, count, dtype = x, x.size, x.dtype  # any layout: the plan copies it
             elif type(x) is SHMEMBuffer and not x.closed:
-                plan = ch.plans.get((x.count, x.dtype, op))
-                shm, count = x, x.count
-            if (
-                plan is not None
-                and plan.auto
-                and plan.scratch is ch.scratch_buf
-                and not ch.broken
-                and (out is None or _fits(out, x.dtype, count))
-            ):
-                if self.world.finalized:
-                    self._live("all_reduce")
-                res = np.empty(x.shape, x.dtype) if out is None else out
-                flat = res if res.ndim == 1 else res.reshape(-1)
-                if shm is not None:
-                    src = flat
+                shm = x
+                if plan is not None and x is plan.shm:  # its shape and dtype are known
+                    count, dtype = plan.count, plan.dtype
                 else:
-                    arr = cast("Array", x)
-                    src = arr if arr.ndim == 1 else arr.reshape(-1)
-                try:
-                    plan.run(ch, src, shm, flat, False)
-                except BaseException:
-                    ch.fail()  # flags moved: peers must not complete this call
-                    raise
-                algos = self.stats.algorithms
-                name = plan.algorithm
-                if algos is not None:
-                    algos[name] = algos.get(name, 0) + 1
-                else:
-                    self.stats.count(name)
-                return res
+                    count, dtype = x.count, x.dtype
+            if shm is not None or src is not None:
+                if plan is None or plan.count != count or plan.dtype is not dtype or plan.op != op:
+                    plan = ch.plans.get((count, dtype, op))
+                    self._last_plan = plan
+                if (
+                    plan is not None
+                    and plan.auto
+                    and plan.scratch is ch.scratch_buf
+                    and not ch.broken
+                    and (out is None or out is self._last_out or _fits(out, dtype, count))
+                ):
+                    if self.world.finalized:
+                        self._live("all_reduce")
+                    if out is None:
+                        res = np.empty(x.shape, dtype)
+                    else:
+                        # checked once per out array (a later writeable=False on it would
+                        # fail mid-call: the peers then stop with PeerFailedError)
+                        res = self._last_out = out
+                    flat = res if res.ndim == 1 else res.reshape(-1)
+                    if src is None:
+                        src = flat
+                    elif src.ndim != 1:
+                        src = src.reshape(-1)
+                    try:
+                        plan.run(ch, src, shm, flat, False)
+                    except BaseException:
+                        ch.fail()  # flags moved: peers must not complete this call
+                        raise
+                    algos = self.stats.algorithms
+                    if algos is not None:
+                        algos[plan.algorithm] += 1
+                    else:
+                        self.stats.count(plan.algorithm)
+                    return res
         if isinstance(x, Buffer) or isinstance(out, Buffer):
             return self._gpu_all_reduce(x, op, out, algorithm, stream)  # refuses them
         self._live("all_reduce")

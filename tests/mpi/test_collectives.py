@@ -19,7 +19,12 @@ import collectives
 import shmem
 from collectives.schedule import shard_of
 from shmem import SUPPORTED_DTYPES, World
-from shmem.errors import CollectiveMismatchError, SignalTimeoutError
+from shmem.errors import (
+    ArgumentError,
+    CollectiveMismatchError,
+    ShmemError,
+    SignalTimeoutError,
+)
 
 pytestmark = pytest.mark.mpi
 
@@ -481,3 +486,38 @@ def test_small_calls_across_nodes_are_the_fixed_order(name: str, op: str) -> Non
     finally:
         comm.close()
         world.finalize()
+
+
+def test_fast_path_switches_shapes_buffers_and_outs(world: World, comm: Any) -> None:
+    """The fast path remembers the last plan, zero-copy buffer and out it saw: every switch
+    (count, dtype, op, buffer, out, a closed buffer, a wrong out) must still be honoured."""
+    p, r = world.world_size, world.rank
+    tri = p * (p + 1) // 2
+    a = world.zeros(4, "float32")
+    b = world.zeros(4, "float32")
+    a.local()[...] = r + 1
+    b.local()[...] = 10 * (r + 1)
+    out4 = np.empty(4, np.float32)
+    other = np.empty(4, np.float32)
+    for _ in range(3):
+        assert (comm.all_reduce(a, out=out4) == tri).all()
+        assert (comm.all_reduce(b, out=out4) == 10 * tri).all()
+        assert (comm.all_reduce(a, out=other) == tri).all()
+        # the same count in float64, with bits float32 would drop: not the float32 plan
+        wide = comm.all_reduce(np.full(4, r + 1 + 2.0**-30, np.float64))
+        assert wide.dtype == np.float64 and (wide == tri + p * 2.0**-30).all()
+        assert (comm.all_reduce(np.full(4, r + 1, np.float32), op="max") == p).all()
+        assert (comm.all_reduce(np.full(5, r + 1, np.float32)) == tri).all()
+        got = comm.all_reduce(np.full((2, 2), r + 1, np.float32), out=out4.reshape(2, 2))
+        assert got.shape == (2, 2) and (got == tri).all()
+    with pytest.raises(ArgumentError):
+        comm.all_reduce(a, out=np.empty(3, np.float32))  # refused before any flag
+    ro = np.empty(4, np.float32)
+    ro.flags.writeable = False
+    with pytest.raises(ArgumentError):
+        comm.all_reduce(a, out=ro)
+    a.close()
+    with pytest.raises(ShmemError):
+        comm.all_reduce(a, out=out4)  # the remembered buffer is closed now
+    assert (comm.all_reduce(b, out=out4) == 10 * tri).all()  # and the communicator works
+    b.close()
