@@ -38,6 +38,7 @@ from .ops import (
     widen,
 )
 from .schedule import ALGORITHMS, Algorithm, shard_bounds, shard_of
+from .signed import PersistentGather
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -186,6 +187,9 @@ class _Replay:
         choice = ch.table.choose(self.nbytes, ch.world_size, ch.num_nodes)
         self.auto = choice == self.algorithm
 
+    def close(self) -> None:
+        """Release what the plan holds beyond memory (nothing here)."""
+
     def exchange(
         self, ch: Channel, s: int, x: np.ndarray[Any, Any], shm: SHMEMBuffer | None
     ) -> list[np.ndarray[Any, Any]]:
@@ -316,9 +320,11 @@ def tiny_plan(
     key = (count, dtype, op)
     plan = ch.plans.get(key)
     if plan is None or plan.scratch is not ch.scratch_buf or plan.acc != acc:
+        if plan is not None:
+            ch.drop_plan(key)
         plan = ch.plans[key] = kind(ch, count, dtype, op, acc)
         while len(ch.plans) > MAX_PLANS:  # least recently made first
-            ch.plans.popitem(last=False)
+            ch.drop_plan(next(iter(ch.plans)))
     else:
         ch.plans.move_to_end(key)
     return cast("TinyPlan | NodesPlan", plan)
@@ -339,8 +345,22 @@ class NodesPlan(_Replay):
     ) -> None:
         super().__init__(ch, count, dtype, op, acc)
         self.partial_op = "sum" if op == "avg" else op
-        self.block = ch.signed_block(count * acc.itemsize)  # its signature is this plan's
-        self.partial = self.block[: count * acc.itemsize].view(acc)
+        cross = cast("MPI.Intracomm", ch.cross)
+        # the partials' exchange, set up once (a persistent all-gather; its signature is
+        # this plan's)
+        self.gather = PersistentGather(cross, count * acc.itemsize, self.signature)
+        self.partial = self.gather.data_out.view(acc)
+        self.nodes = list(self.gather.data.view(acc))  # one row per node, in node order
+        self.ufunc = UFUNCS[op]
+        self.partial_ufunc = UFUNCS[self.partial_op]
+        # the common case (the input's dtype is the accumulation dtype): the reductions are
+        # ufunc chains in order, the operations reduce_into makes, without its checks
+        self.direct = dtype == acc and dtype != np.dtype(np.longdouble)
+        self.divide = acc.type(ch.world_size) if op == "avg" else None
+
+    def close(self) -> None:
+        self.auto = False  # a remembered plan is not replayed once dropped
+        self.gather.close()
 
     def run(
         self,
@@ -350,18 +370,38 @@ class NodesPlan(_Replay):
         dst: np.ndarray[Any, Any],
         in_place: bool,
     ) -> None:
-        cross = cast("MPI.Intracomm", ch.cross)
         s = ch.seq = ch.seq + 1
         try:
             inputs = self.exchange(ch, s, x, shm)
         except (CollectiveMismatchError, PeerFailedError):
-            ch.abandon_exchange(cross, self.partial.nbytes, "all_reduce")  # other nodes wait
+            self.gather.abandon(ch, "all_reduce")  # other nodes wait: tell them at once
             raise
-        reduce_into(self.partial, inputs, self.partial_op, self.acc)
-        nodes = ch.gather_signed(cross, self.block, "all_reduce").view(self.acc)
+        partial = self.partial
         target = np.empty_like(dst) if (in_place and shm is not None) else dst
-        reduce_into(target, list(nodes), self.op, self.acc, avg_count=ch.world_size)
-        ch.post(DONE, s)
+        if self.direct:
+            if len(inputs) == 1:
+                np.copyto(partial, inputs[0])
+            else:
+                self.partial_ufunc(inputs[0], inputs[1], out=partial)
+                for src in inputs[2:]:
+                    self.partial_ufunc(partial, src, out=partial)
+            self.gather.run(ch, "all_reduce")
+            nodes, ufunc = self.nodes, self.ufunc
+            ufunc(nodes[0], nodes[1], out=target)  # a plan across nodes has 2 or more
+            for src in nodes[2:]:
+                ufunc(target, src, out=target)
+            if self.divide is not None:
+                if target.dtype.kind in "fc":
+                    np.divide(target, self.divide, out=target)
+                else:
+                    int_avg(target, int(self.divide))
+        else:
+            reduce_into(partial, inputs, self.partial_op, self.acc)
+            self.gather.run(ch, "all_reduce")
+            reduce_into(target, self.nodes, self.op, self.acc, avg_count=ch.world_size)
+        if self.fence_needed:  # release (Channel.post, inlined)
+            ch.world.heap.fence()
+        ch.my_flags[_DONE] = s
         ch.stats.calls += 1
         if shm is not None:  # the caller owns x again once every node-local peer read it
             ch.wait_peers(DONE, s, "all_reduce")
@@ -413,6 +453,8 @@ def _one_shot(
     plan = ch.plans.get(key)
     if plan is None:
         plan = ch.plans[key] = _Plan(ch, count, xin.dtype)
+        while len(ch.plans) > MAX_PLANS:  # least recently made first
+            ch.drop_plan(next(iter(ch.plans)))
     ch.wait_previous(s, "all_reduce")  # peers finished reading my scratch
     ch.publish(s, xin, nbytes, lo, hi)
     if any(f[READY] < s for f in plan.flags):

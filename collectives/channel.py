@@ -185,7 +185,7 @@ class Channel:
                 self.wait_peers(Flag.DONE, self.seq, "close")
         # drop every view of the buffers first: a view that outlived close() would keep
         # its block allocated (shmem.quarantine)
-        self.plans.clear()
+        self.drop_plans()
         self.scratch_views.clear()
         self.stage_views.clear()
         self.input_views.clear()
@@ -196,6 +196,18 @@ class Channel:
         if self.cross is not None:
             self.cross.Free()
             self.cross = None
+
+    def drop_plan(self, key: Hashable) -> None:
+        """Forget one cached plan, releasing what it holds (a persistent MPI request)."""
+        plan = self.plans.pop(key)
+        close = getattr(plan, "close", None)
+        if close is not None:
+            close()
+
+    def drop_plans(self) -> None:
+        """Forget every cached plan (the scratch moved, or the channel closes)."""
+        for key in list(self.plans):
+            self.drop_plan(key)
 
     # -- flags ---------------------------------------------------------------------------------
 
@@ -427,7 +439,7 @@ class Channel:
             self.scratch_views.clear()
             self.stage_views.clear()
             self.input_views.clear()  # offsets inside the old scratch are stale
-            self.plans.clear()
+            self.drop_plans()
             self.scratch_buf.close()
             self.scratch_buf = grown
             self.stats.scratch_growths += 1

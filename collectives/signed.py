@@ -28,18 +28,20 @@ the error is raised, so node-local peers stop as well.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any, NoReturn, Protocol
 
 import numpy as np
 from mpi4py import MPI
 
-from shmem.errors import CollectiveMismatchError
+from shmem.errors import CollectiveMismatchError, ShmemError
 
 from .signature import describe
 
 __all__ = [
     "SMALL_BLOCK",
+    "PersistentGather",
     "SignedHost",
     "allgather",
     "alltoall",
@@ -239,3 +241,62 @@ def bcast(
         return
     agree_first(host, comm, what, who)
     run(host, comm, lambda: comm.Ibcast([buf, MPI.BYTE], root=root), what, buf)
+
+
+class PersistentGather:
+    """A signed all-gather of one block size, set up once (``MPI_Allgather_init``) and
+    started per call: the cached small all-reduce across nodes exchanges its partials this
+    way (a persistent collective skips MPI's per-call schedule: 0.6 us against 1.4 us for
+    ``Iallgather`` at 2 ranks on the development machine).
+
+    Collective over ``comm`` to make (every member makes its plans in the same calls).
+    Persistent collectives match only persistent ones: every member of ``comm`` must run
+    the same plan's gather, which holds as every member makes the same plans.
+    """
+
+    def __init__(self, comm: MPI.Intracomm, nbytes: int, signature: int) -> None:
+        self.comm = comm
+        self.block = signed_block(nbytes, signature)
+        self.data_out = self.block[:nbytes]  # fill before run()
+        size = comm.Get_size()
+        self.rows = np.empty((size, nbytes + 8), np.uint8)
+        self._sigs = self.rows[:, -8:]
+        self.data = self.rows[:, :-8]
+        self._expected = self.block[-8:].tobytes() * size
+        self._req: MPI.Prequest | None = comm.Allgather_init(
+            [self.block, MPI.BYTE], [self.rows, MPI.BYTE]
+        )
+        self.busy = False  # started and not completed (a timeout): never start it again
+
+    def run(self, host: SignedHost, what: str, who: str = "member", check: bool = True) -> Bytes:
+        """Start the exchange, wait within the deadline, compare the signatures: the data,
+        one row per member (views, valid until the next run)."""
+        req = self._req
+        if req is None or self.busy:
+            raise RuntimeError(f"{what}: internal error: a persistent gather reused after close")
+        self._sigs.fill(0)
+        self.busy = True
+        req.Start()
+        run(host, self.comm, lambda: req, what, self)
+        self.busy = False
+        if check and self._sigs.tobytes() != self._expected:
+            compare(host, _trailers(self.rows), what, who)
+        return self.data
+
+    def abandon(self, host: SignedHost, what: str) -> None:
+        """Take part with the signature -1 (this member failed before the exchange): the
+        other members raise at once instead of at the deadline."""
+        sig = self.block[-8:].copy()
+        self.block[-8:].view(np.int64)[0] = -1
+        try:
+            with contextlib.suppress(MPI.Exception, ShmemError):
+                self.run(host, what, check=False)
+        finally:
+            self.block[-8:] = sig
+
+    def close(self) -> None:
+        """Free the persistent request (kept, with its buffers, while it is still busy)."""
+        if self._req is not None and not self.busy:
+            with contextlib.suppress(MPI.Exception):
+                self._req.Free()
+        self._req = None

@@ -9,6 +9,7 @@ reference within a tolerance, and bitwise across ranks.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import ml_dtypes
@@ -488,9 +489,21 @@ def test_small_calls_across_nodes_are_the_fixed_order(name: str, op: str) -> Non
         world.finalize()
 
 
-def test_fast_path_switches_shapes_buffers_and_outs(world: World, comm: Any) -> None:
+@pytest.fixture(params=[False, True], ids=["defaults", "check_args"])
+def plain(request: pytest.FixtureRequest) -> Iterator[tuple[World, Any]]:
+    """A World and Communicator with the default settings (the cached replays run), and
+    with check_args on (as configs/ci.toml: they do not)."""
+    w = shmem.init(heap_nbytes="16MiB", signal_timeout_s=20.0, collectives_check_args=request.param)
+    c = collectives.Communicator(w)
+    yield w, c
+    c.close()
+    w.finalize()
+
+
+def test_fast_path_switches_shapes_buffers_and_outs(plain: tuple[World, Any]) -> None:
     """The fast path remembers the last plan, zero-copy buffer and out it saw: every switch
     (count, dtype, op, buffer, out, a closed buffer, a wrong out) must still be honoured."""
+    world, comm = plain
     p, r = world.world_size, world.rank
     tri = p * (p + 1) // 2
     a = world.zeros(4, "float32")
@@ -521,3 +534,21 @@ def test_fast_path_switches_shapes_buffers_and_outs(world: World, comm: Any) -> 
         comm.all_reduce(a, out=out4)  # the remembered buffer is closed now
     assert (comm.all_reduce(b, out=out4) == 10 * tri).all()  # and the communicator works
     b.close()
+
+
+def test_more_shapes_than_the_plan_cache_holds(plain: tuple[World, Any]) -> None:
+    """Plans beyond the cache's size are dropped (across nodes: their persistent MPI
+    requests freed) and made again: every result stays right, the remembered plan too."""
+    world, comm = plain
+    from collectives.allreduce import MAX_PLANS
+
+    p, r = world.world_size, world.rank
+    tri = p * (p + 1) // 2
+    counts = list(range(1, MAX_PLANS + 10))
+    for _ in range(2):
+        for n in counts + counts[:3]:
+            got = comm.all_reduce(np.full(n, r + 1, np.float32))
+            assert got.shape == (n,) and (got == tri).all()
+            again = comm.all_reduce(np.full(n, r + 1, np.int64), op="max")
+            assert (again == p).all()
+    assert len(comm._ch.plans) <= MAX_PLANS
