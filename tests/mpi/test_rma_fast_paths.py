@@ -28,7 +28,7 @@ def world() -> Iterator[Any]:
 
 
 def _right(w: Any) -> int:
-    return (w.rank + 1) % w.world_size
+    return int((w.rank + 1) % w.world_size)
 
 
 def test_put_shortcut_moves_what_the_general_path_moves(world: Any) -> None:
