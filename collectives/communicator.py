@@ -175,6 +175,10 @@ class Communicator:
         """Release scratch, flags and pad (collective)."""
         if self._closed:
             return
+        # the remembered plan and out view scratch and flags: drop them before those close
+        # (a view kept across close() would keep its block held, shmem.quarantine)
+        self._last_plan = None
+        self._last_out = None
         if self.world.finalized:  # the heap is gone with the World: nothing left to free
             self._closed = True
             return

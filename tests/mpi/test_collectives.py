@@ -552,3 +552,20 @@ def test_more_shapes_than_the_plan_cache_holds(plain: tuple[World, Any]) -> None
             again = comm.all_reduce(np.full(n, r + 1, np.int64), op="max")
             assert (again == p).all()
     assert len(comm._ch.plans) <= MAX_PLANS
+
+
+def test_closing_a_communicator_releases_everything_it_held(plain: tuple[World, Any]) -> None:
+    """After the fast path ran (it remembers its plan, whose views reach the scratch and
+    the flags), close() must leave the heap as it found it: nothing held, nothing used."""
+    world, comm = plain
+    comm.close()
+    before = world.heap_stats()
+    other = collectives.Communicator(world)
+    for n in (1, 2, 100):
+        other.all_reduce(np.ones(n, np.float32))
+        sym = world.zeros(n, "float32")
+        other.all_reduce(sym)
+        sym.close()
+    other.close()
+    after = world.heap_stats()
+    assert after.held == 0 and after.used == before.used, (before, after)
