@@ -168,8 +168,15 @@ class _Replay:
         self.count, self.dtype, self.op, self.acc = count, dtype, op, acc
         self.nbytes = count * dtype.itemsize
         self.signature = ch.signature  # the call that made the plan: the same every replay
-        self.stage = ch.scratch(_round_up(self.nbytes))[: self.nbytes].view(dtype)
-        self.stage_offset = ch.scratch_buf.offset
+        if self.nbytes <= 8:
+            # inline: the input rides in my flags' cache line, which a peer loads anyway
+            # for READY (one cache-line transfer less per call than a scratch stage)
+            word = ch.flags_buf.local()[Flag.INLINE : Flag.INLINE + 1]
+            self.stage = word.view(np.uint8)[: self.nbytes].view(dtype)
+            self.stage_offset = ch.flags_buf.offset + Flag.INLINE * 8
+        else:
+            self.stage = ch.scratch(_round_up(self.nbytes))[: self.nbytes].view(dtype)
+            self.stage_offset = ch.scratch_buf.offset
         self.tag = source_tag(self.signature)
         self.stage_word = self.stage_offset | self.tag
         self.flags = [ch.peer_flags[r] for r in ch.local_peers if r != ch.rank]
