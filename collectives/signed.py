@@ -174,24 +174,35 @@ def gather_rows(
     return data
 
 
+def _signatures_then(
+    host: SignedHost,
+    comm: MPI.Intracomm,
+    start: Callable[[], MPI.Request],
+    what: str,
+    who: str,
+    keep: object,
+) -> None:
+    """The large form: the signatures first, then the zero-copy exchange ``start`` makes."""
+    agree_first(host, comm, what, who)
+    run(host, comm, start, what, keep)
+
+
+def _gather_whole(host: SignedHost, comm: MPI.Intracomm, data: Bytes, what: str, who: str) -> Bytes:
+    """The small form: every member's ``data`` with its signature behind, one row each."""
+    block = _send_block(data.nbytes, host.signature)
+    block[: data.nbytes] = data
+    return gather_rows(host, comm, block, what, who)
+
+
 def allgather(
     host: SignedHost, comm: MPI.Intracomm, send: Bytes, recv: Bytes, what: str, who: str = "rank"
 ) -> None:
     """``recv`` (members x ``send.nbytes`` bytes, contiguous) = every member's ``send``."""
-    m = send.nbytes
-    if m > SMALL_BLOCK:
-        agree_first(host, comm, what, who)
-        run(
-            host,
-            comm,
-            lambda: comm.Iallgather([send, MPI.BYTE], [recv, MPI.BYTE]),
-            what,
-            (send, recv),
-        )
+    if send.nbytes > SMALL_BLOCK:
+        start = lambda: comm.Iallgather([send, MPI.BYTE], [recv, MPI.BYTE])  # noqa: E731
+        _signatures_then(host, comm, start, what, who, (send, recv))
         return
-    block = _send_block(m, host.signature)
-    block[:m] = send
-    recv.reshape(comm.Get_size(), m)[...] = gather_rows(host, comm, block, what, who)
+    recv.reshape(comm.Get_size(), send.nbytes)[...] = _gather_whole(host, comm, send, what, who)
 
 
 def alltoall(
@@ -201,22 +212,13 @@ def alltoall(
     (both contiguous bytes, members x chunk). Small: every member's whole ``send`` in one
     signed all-gather (each keeps its chunks); else the signatures first, then the data."""
     size = comm.Get_size()
-    if size * (send.nbytes + 8) <= SMALL_BLOCK:
-        c = send.nbytes // size
-        me = comm.Get_rank()
-        block = _send_block(send.nbytes, host.signature)
-        block[: send.nbytes] = send
-        rows = gather_rows(host, comm, block, what, who)
-        recv.reshape(size, c)[...] = rows[:, me * c : (me + 1) * c]
+    if size * (send.nbytes + 8) > SMALL_BLOCK:
+        start = lambda: comm.Ialltoall([send, MPI.BYTE], [recv, MPI.BYTE])  # noqa: E731
+        _signatures_then(host, comm, start, what, who, (send, recv))
         return
-    agree_first(host, comm, what, who)
-    run(
-        host,
-        comm,
-        lambda: comm.Ialltoall([send, MPI.BYTE], [recv, MPI.BYTE]),
-        what,
-        (send, recv),
-    )
+    c, me = send.nbytes // size, comm.Get_rank()
+    rows = _gather_whole(host, comm, send, what, who)
+    recv.reshape(size, c)[...] = rows[:, me * c : (me + 1) * c]
 
 
 def bcast(
@@ -228,19 +230,15 @@ def bcast(
     who: str = "rank",
 ) -> None:
     """``buf`` = the root's ``buf`` on every member. Small: one signed all-gather in which
-    every member sends a block of the size (the root's row is the data); else the
-    signatures first, then the data."""
-    m = buf.nbytes
-    size = comm.Get_size()
-    if size * (m + 8) <= SMALL_BLOCK:
-        block = _send_block(m, host.signature)
-        block[:m] = buf  # a non-root's own bytes: nothing uninitialised leaves the process
-        rows = gather_rows(host, comm, block, what, who)
-        if comm.Get_rank() != root:
-            buf[...] = rows[root]
+    every member sends a block of the size (the root's row is the data; a non-root sends its
+    own bytes, nothing uninitialised); else the signatures first, then the data."""
+    if comm.Get_size() * (buf.nbytes + 8) > SMALL_BLOCK:
+        start = lambda: comm.Ibcast([buf, MPI.BYTE], root=root)  # noqa: E731
+        _signatures_then(host, comm, start, what, who, buf)
         return
-    agree_first(host, comm, what, who)
-    run(host, comm, lambda: comm.Ibcast([buf, MPI.BYTE], root=root), what, buf)
+    rows = _gather_whole(host, comm, buf, what, who)
+    if comm.Get_rank() != root:
+        buf[...] = rows[root]
 
 
 class PersistentGather:
