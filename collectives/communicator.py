@@ -72,6 +72,10 @@ class Communicator:
         if isinstance(world, Team):
             team = world
             world = team.world
+        if team is not None and (not isinstance(team, Team) or team.destroyed):
+            raise (ShmemStateError if isinstance(team, Team) else CollectiveArgumentError)(
+                f"Communicator: invalid team (got {team!r}; expected a Team that is not destroyed)"
+            )
         self.world = world
         cfg = world.config.collectives
         self.rank, self.world_size = world.rank, world.world_size

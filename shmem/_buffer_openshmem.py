@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from . import sync
+from .errors import ArgumentError
 from .rma import AtomicOp, Context, Fetched, host_heap, signal_offset
 from .signals import Cmp
 
@@ -30,7 +31,14 @@ class OpenShmemMethods:
         def _live(self, where: str) -> None: ...
 
     def _ctx(self, ctx: Context | None) -> Context:
-        return self._world.default_context if ctx is None else ctx
+        if ctx is None:
+            return self._world.default_context
+        if not isinstance(ctx, Context):
+            raise ArgumentError(
+                f"SHMEMBuffer: invalid ctx (got {ctx!r} of type {type(ctx).__name__}; expected "
+                "a Context from World.create_context or Team.create_ctx, or None)"
+            )
+        return ctx
 
     def _me(self) -> Any:
         return self

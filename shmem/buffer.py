@@ -12,7 +12,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ._buffer_openshmem import OpenShmemMethods
-from .dtypes import dtype_name, int_operand
+from .dtypes import dtype_name, float_operand, int_operand
 from .errors import ArgumentError, ShmemStateError
 from .heap import ATOMIC_DTYPES, FLOAT_ATOMIC_DTYPES
 from .memory import Buffer
@@ -229,9 +229,12 @@ class SHMEMBuffer(OpenShmemMethods):
         ``"unsafe"`` keeps numpy's C semantics."""
         arr = np.asarray(src)
         if arr.dtype != self._dtype:
+            rule = casting
+            if casting == "same_kind" and arr.dtype.kind in "iu" and self._dtype.kind in "iu":
+                rule = "unsafe"  # signed <-> unsigned: allowed when every value fits (below)
             try:
                 with np.errstate(over="ignore", invalid="ignore"):  # checked just below
-                    cast_arr = arr.astype(self._dtype, casting=casting)
+                    cast_arr = arr.astype(self._dtype, casting=rule)
             except TypeError:
                 raise ArgumentError(
                     f"SHMEMBuffer.{where}: cannot cast the source (got dtype {arr.dtype}; "
@@ -495,12 +498,9 @@ class SHMEMBuffer(OpenShmemMethods):
         from .rma import host_heap
 
         rank, off = self._atomic_args(where, rank, index, float_ok=True)
-        if isinstance(value, bool) or not isinstance(value, int | float | np.integer | np.floating):
-            raise ArgumentError(
-                f"SHMEMBuffer.{where}: invalid value (got {value!r}; expected a real number)"
-            )
+        v = float_operand(f"SHMEMBuffer.{where}", "value", value, self._dtype)
         heap = host_heap(self._world, f"SHMEMBuffer.{where}")
-        return heap.atomic_value(rank, off, float(value), self._dtype, op)
+        return heap.atomic_value(rank, off, v, self._dtype, op)
 
     def atomic_fetch_add(self, rank: int, index: int, value: int) -> int:
         """Atomically add ``value`` to element ``index`` (flat) of ``rank``'s copy; return
@@ -684,7 +684,7 @@ def _check_lossless(
     where: str, src: np.ndarray[Any, Any], cast: np.ndarray[Any, Any], dtype: np.dtype[Any]
 ) -> None:
     """Raise unless every value of ``src`` survived the cast to ``dtype`` (integers in range,
-    finite floats still finite; float rounding is not a loss)."""
+    finite values still finite; float rounding is not a loss)."""
     if dtype.kind in "iub" and src.dtype.kind in "iub":
         info = np.iinfo(dtype) if dtype.kind != "b" else None
         if info is not None and src.size and (src.min() < info.min or src.max() > info.max):
@@ -695,7 +695,9 @@ def _check_lossless(
                 "casting='unsafe' to wrap them as C does)"
             )
     elif dtype.kind == "f" or dtype in _LOW_FLOATS:
-        grew = np.isinf(cast.astype(np.float64)) & np.isfinite(src.astype(np.float64))
+        # a finite value that did not stay finite: inf, or NaN where the format has no
+        # infinity (float8_e4m3fn saturates to NaN)
+        grew = ~np.isfinite(cast.astype(np.float64)) & np.isfinite(src.astype(np.float64))
         if grew.any():
             bad = src.reshape(-1)[int(np.argmax(grew.reshape(-1)))]
             raise ArgumentError(

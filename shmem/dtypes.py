@@ -5,6 +5,7 @@ numpy has no bfloat16 or float8: those come from ``ml_dtypes``.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import ml_dtypes
@@ -96,6 +97,29 @@ def as_dtype(dtype: Any, where: str = "as_dtype") -> np.dtype[Any]:
 def dtype_name(dtype: np.dtype[Any]) -> str:
     """The canonical name of a supported dtype (``"bfloat16"``, ``"float8_e4m3"``...)."""
     return _BY_DTYPE[dtype]
+
+
+def float_operand(where: str, name: str, value: object, dtype: np.dtype[Any]) -> float:
+    """``value`` as a Python float that ``dtype`` (float32 or float64) holds without turning a
+    finite value into an infinity; ``inf`` and ``nan`` themselves pass. Raises
+    :class:`~shmem.errors.ArgumentError` naming ``where`` for anything else (the same on
+    every path: no ``OverflowError`` from packing, no silent ``inf``)."""
+    if isinstance(value, bool) or not isinstance(value, int | float | np.integer | np.floating):
+        raise ArgumentError(
+            f"{where}: invalid {name} (got {value!r} of type {type(value).__name__}; expected "
+            f"a real number for {dtype_name(dtype)})"
+        )
+    try:
+        v = float(value)
+    except OverflowError:
+        v = math.inf  # an int beyond float64: out of range below
+    finite_in = math.isfinite(v) if isinstance(value, float | np.floating) else True
+    if finite_in and not (math.isfinite(v) and abs(v) <= float(np.finfo(dtype).max)):
+        raise ArgumentError(
+            f"{where}: {name} out of range (got {value!r}; expected |{name}| <= "
+            f"{float(np.finfo(dtype).max):g} for {dtype_name(dtype)})"
+        )
+    return v
 
 
 def int_operand(

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
-from .dtypes import dtype_name, int_operand
+from .dtypes import dtype_name, float_operand, int_operand
 from .errors import ArgumentError, NvshmemUnsupportedError, RemoteTimeoutError, ShmemStateError
 from .heap import ATOMIC_DTYPES, FLOAT_ATOMIC_DTYPES
 from .signals import COMPARISONS, poll_until
@@ -443,6 +443,11 @@ class Context:
         where = "atomic_nbi"
         heap = self._heap(where)
         target = self.world_rank(rank, where)
+        if op != "compare_swap" and op not in _HEAP_OPS:
+            raise ArgumentError(
+                f"Context.atomic_nbi: invalid op (got {op!r}; expected one of "
+                f"{[o.value for o in AtomicOp]})"
+            )
         off = buf._atomic_offset(where, index, float_ok=op in ("fetch", "swap"))
         if op == "compare_swap":
             if compare is None:
@@ -451,15 +456,10 @@ class Context:
             v = int_operand("Context.atomic_nbi", "value", value, buf.dtype)
             old = heap.atomic_compare_swap(target, off, c, v, buf.dtype)  # served at once
             return Fetched(None, np.array([old], dtype=buf.dtype))
-        if op not in _HEAP_OPS:
-            raise ArgumentError(
-                f"Context.atomic_nbi: invalid op (got {op!r}; expected one of "
-                f"{[o.value for o in AtomicOp]})"
-            )
         heap_op = _HEAP_OPS[str(op)]
         operand: float = 1 if op == "fetch_inc" else value
         if buf.dtype in FLOAT_ATOMIC_DTYPES:
-            operand = float(operand)
+            operand = float_operand("Context.atomic_nbi", "value", operand, buf.dtype)
         elif op != "fetch":
             operand = int_operand(
                 "Context.atomic_nbi", "value", operand, buf.dtype, wrap_negative=True

@@ -57,13 +57,7 @@ def _targets(
 
         host_heap(buf.world, f"SHMEMBuffer.{where}")  # raises: device memory is not polled yet
     flat = heap.local_view(buf.offset, buf.nbytes).view(buf.dtype)
-    idx = list(range(buf.count)) if indices is None else [int(i) for i in indices]
-    for i in idx:
-        if not 0 <= i < buf.count:
-            raise ArgumentError(
-                f"SHMEMBuffer.{where}: index out of range (got {i}; expected 0 <= index < "
-                f"{buf.count})"
-            )
+    idx = list(range(buf.count)) if indices is None else _indices(buf, where, indices)
     if isinstance(value, Sequence | np.ndarray) and not isinstance(value, str | bytes):
         values = list(value)  # the _vector forms: one value per watched element
         if len(values) != len(idx):
@@ -75,7 +69,18 @@ def _targets(
         values = [value] * len(idx)
     checked = [int_operand(f"SHMEMBuffer.{where}", "value", v, buf.dtype) for v in values]
     if status is not None:
+        if not isinstance(status, Sequence | np.ndarray) or isinstance(status, str | bytes):
+            raise ArgumentError(
+                f"SHMEMBuffer.{where}: invalid status (got {status!r}; expected a sequence "
+                "of 0/1 flags, one per element)"
+            )
         mask = list(status)
+        bad = [m for m in mask if not isinstance(m, int | np.integer)]  # bools are ints
+        if bad:
+            raise ArgumentError(
+                f"SHMEMBuffer.{where}: invalid status entry (got {bad[0]!r}; expected 0 or "
+                "1: nonzero leaves the element out)"
+            )
         if len(mask) != len(idx):
             raise ArgumentError(
                 f"SHMEMBuffer.{where}: one status entry per element (got {len(mask)} for "
@@ -85,6 +90,29 @@ def _targets(
         idx = [idx[k] for k in keep]
         checked = [checked[k] for k in keep]
     return flat, idx, checked
+
+
+def _indices(buf: SHMEMBuffer, where: str, indices: object) -> list[int]:
+    """The watched element indices, each an integer in range (no truncation of 1.5)."""
+    if not isinstance(indices, Sequence | np.ndarray) or isinstance(indices, str | bytes):
+        raise ArgumentError(
+            f"SHMEMBuffer.{where}: invalid indices (got {indices!r}; expected a sequence of "
+            "element indices)"
+        )
+    idx: list[int] = []
+    for i in indices:
+        if isinstance(i, bool) or not isinstance(i, int | np.integer):
+            raise ArgumentError(
+                f"SHMEMBuffer.{where}: invalid index (got {i!r} of type {type(i).__name__}; "
+                "expected an integer)"
+            )
+        if not 0 <= i < buf.count:
+            raise ArgumentError(
+                f"SHMEMBuffer.{where}: index out of range (got {i}; expected 0 <= index < "
+                f"{buf.count})"
+            )
+        idx.append(int(i))
+    return idx
 
 
 def _satisfied(flat: np.ndarray[Any, Any], idx: list[int], vals: list[int], cmp: str) -> list[int]:

@@ -100,6 +100,11 @@ class Team:
         """Rank ``pe`` of this team as a rank of ``dest``, or -1 when it is not a member
         (``shmem_team_translate_pe``)."""
         self._check("translate_pe")
+        if not isinstance(dest, Team):
+            raise ArgumentError(
+                f"Team.translate_pe: invalid dest (got {dest!r} of type {type(dest).__name__}; "
+                "expected a Team)"
+            )
         dest._check("translate_pe")
         world_rank = self.world_rank(pe, "Team.translate_pe")
         return dest._index.get(world_rank, -1)
@@ -144,6 +149,7 @@ class Team:
         error: Exception | None = None
         picked: tuple[int, ...] = ()
         try:
+            _check_config(where, "config", config)
             for name, v in (("start", start), ("stride", stride), ("size", size)):
                 if isinstance(v, bool) or not isinstance(v, int | np.integer):
                     raise ArgumentError(f"{where}: invalid {name} (got {v!r}; expected an int)")
@@ -180,6 +186,11 @@ class Team:
         error: Exception | None = None
         if isinstance(xrange, bool) or not isinstance(xrange, int | np.integer) or xrange < 1:
             error = ArgumentError(f"{where}: invalid xrange (got {xrange!r}; expected >= 1)")
+        try:
+            _check_config(where, "xconfig", xconfig)
+            _check_config(where, "yconfig", yconfig)
+        except ArgumentError as exc:
+            error = error or exc
         self._agree(where, ("split_2d", xrange), error)
         xr = min(int(xrange), self.n_pes)
         me = self.my_pe
@@ -285,3 +296,11 @@ class Team:
     def __exit__(self, exc_type: object, *rest: object) -> None:
         if exc_type is None and self._owned:
             self.destroy()
+
+
+def _check_config(where: str, name: str, config: object) -> None:
+    if config is not None and not isinstance(config, TeamConfig):
+        raise ArgumentError(
+            f"{where}: invalid {name} (got {config!r} of type {type(config).__name__}; "
+            "expected a TeamConfig or None)"
+        )

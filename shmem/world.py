@@ -396,6 +396,13 @@ class World:
         ``team``'s ranks when given (``shmem_team_create_ctx``). Close it when done."""
         self._check_open("World.create_context")
         if team is not None:
+            from .team import Team
+
+            if not isinstance(team, Team):
+                raise ArgumentError(
+                    f"World.create_context: invalid team (got {team!r} of type "
+                    f"{type(team).__name__}; expected a Team or None)"
+                )
             return team.create_ctx()
         from .rma import Context
 
@@ -419,7 +426,11 @@ class World:
 
     def pe_accessible(self, rank: int) -> bool:
         """Whether ``rank`` is a rank of this job (``shmem_pe_accessible``)."""
-        return isinstance(rank, int | np.integer) and 0 <= rank < self.world_size
+        return (
+            not isinstance(rank, bool)
+            and isinstance(rank, int | np.integer)
+            and 0 <= rank < self.world_size
+        )
 
     def addr_accessible(self, buf: SHMEMBuffer, rank: int) -> bool:
         """Whether ``buf`` is an open symmetric buffer of this World that ``rank`` can be

@@ -27,12 +27,17 @@ def test_every_example_is_listed() -> None:
     assert {p.name for p in EXAMPLES} == set(EXPECT)
 
 
+# the stencil also at 4 ranks: a 2 x 2 grid, where the strided column halos, east/west
+# neighbours and row teams of more than one rank run (3 ranks make one column)
+CASES = [(p, 3) for p in EXAMPLES] + [(ROOT / "examples" / "05_stencil_2d.py", 4)]
+
+
 @pytest.mark.parametrize("split", ["node", "rank"])
-@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
-def test_example_runs(path: Path, split: str) -> None:
+@pytest.mark.parametrize(("path", "ranks"), CASES, ids=lambda v: getattr(v, "name", str(v)))
+def test_example_runs(path: Path, ranks: int, split: str) -> None:
     env = {**os.environ, "SHMEM_HEAP_NODE_SPLIT": split, "SHMEM_HEAP_NBYTES": "64MiB"}
     proc = subprocess.run(
-        [sys.executable, "-m", "launch", "-n", "3", "--timeout", "120", str(path)],
+        [sys.executable, "-m", "launch", "-n", str(ranks), "--timeout", "120", str(path)],
         capture_output=True,
         text=True,
         timeout=180,

@@ -17,7 +17,7 @@ import collectives
 import shmem
 import shmem._cuda_device as _c
 import shmem.backends as _backends
-from shmem.errors import NvshmemUnsupportedError, SignalTimeoutError
+from shmem.errors import NvshmemError, NvshmemUnsupportedError, SignalTimeoutError
 
 RESULTS: list[tuple[str, bool]] = []
 
@@ -41,6 +41,15 @@ def error_of(fn: Callable[[], Any]) -> str:
     except Exception as exc:
         return f"{type(exc).__name__}: {exc}"[:150]
     raise AssertionError("no error raised")
+
+
+def nvshmem_error(fn: Callable[[], Any]) -> str:
+    """The call raises a clear NvshmemError (docs/openshmem.md: refused)."""
+    try:
+        fn()
+    except NvshmemError as exc:
+        return str(exc)[:120]
+    raise AssertionError("no NvshmemError raised")
 
 
 def times_out(fn: Callable[[], Any]) -> str:
@@ -76,6 +85,26 @@ def openshmem_refusals(w: Any, buf: Any, i32: Any) -> None:
     check("test_any refused", lambda: refused(lambda: i32.test_any("ge", 0)))
     check("float atomic refused", lambda: refused(lambda: buf.atomic_fetch(0, 0)))
     check("atomic_nbi refused", lambda: refused(lambda: i32.atomic_nbi(0, 0, "fetch_add", 1)))
+    ctr = w.zeros(2, "int64")
+    check("bitwise atomic refused", lambda: nvshmem_error(lambda: ctr.atomic_fetch_and(0, 0, 1)))
+    check("bitwise atomic refused (xor)", lambda: nvshmem_error(lambda: ctr.atomic_xor(0, 0, 1)))
+
+    # locks are built on the integer atomics the backend has: they run (one rank here)
+    def lock_cycle() -> tuple[bool, ...]:
+        ctr.set_lock(0, timeout=1.0)
+        held = ctr.test_lock(0)  # taken: False
+        ctr.clear_lock(0)
+        again = ctr.test_lock(0)  # free: True, and now held
+        ctr.clear_lock(0)
+        with ctr.lock(0, timeout=1.0):
+            inside = ctr.test_lock(0)
+        got = (held, again, inside, ctr.test_lock(0))
+        assert got == (False, True, False, True), got
+        ctr.clear_lock(0)
+        return got
+
+    check("lock: set, test while held, clear, test, with", lock_cycle)
+    ctr.close()
     check("quiet and fence", lambda: (w.quiet(), w.fence()))
     check("queries", lambda: (w.pe_accessible(0), w.addr_accessible(buf, 0), w.info_get_version()))
     team = check("split a team", lambda: w.team_world.split_strided(0, 1, 1))

@@ -1,0 +1,233 @@
+"""Bad input and edge cases of the OpenSHMEM calls (issue 14, found by an audit): every one
+gets a clear ``ArgumentError``/``ShmemStateError`` the same on the shared and RMA paths, and
+nothing is lost or silently changed; and the context operations the other tests leave out."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import collectives
+import shmem
+from shmem.errors import ArgumentError, ShmemStateError
+
+pytestmark = pytest.mark.mpi
+
+
+@pytest.fixture
+def world() -> Iterator[Any]:
+    w = shmem.init(heap_nbytes="8MiB", signal_timeout_s=10.0)
+    try:
+        yield w
+    finally:
+        w.finalize()
+
+
+def _right(w: Any) -> int:
+    return int((w.rank + 1) % w.world_size)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize(
+    "value",
+    [1e300, 2**1100, -(2**1100), "x", True, None],
+    ids=["1e300", "2**1100", "-2**1100", "str", "bool", "None"],
+)
+def test_float_atomics_refuse_values_the_dtype_cannot_hold(
+    world: Any, dtype: str, value: Any
+) -> None:
+    w = world
+    buf = w.zeros(2, dtype)
+    if dtype == "float64" and value == 1e300:
+        pytest.skip("1e300 is a float64")
+    to = _right(w)
+    calls: list[Callable[[], object]] = [
+        lambda: buf.atomic_set(to, 0, value),
+        lambda: buf.atomic_swap(to, 0, value),
+        lambda: buf.atomic_nbi(to, 0, "swap", value),
+    ]
+    for call in calls:
+        with pytest.raises(ArgumentError, match="value"):
+            call()
+    w.quiet()
+    w.barrier()
+    assert buf.local().tolist() == [0.0, 0.0]  # nothing landed
+    w.barrier()
+    buf.close()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_float_atomics_still_take_inf_nan_and_the_largest_finite(world: Any, dtype: str) -> None:
+    w = world
+    buf = w.zeros(3, dtype)
+    big = float(np.finfo(dtype).max)
+    w.barrier()
+    buf.atomic_set(_right(w), 0, np.inf)
+    buf.atomic_set(_right(w), 1, big)
+    old = buf.atomic_swap(_right(w), 2, float("nan"))
+    assert old == 0.0
+    w.barrier()
+    got = buf.local()
+    assert got[0] == np.inf and got[1] == big and np.isnan(got[2])
+    w.barrier()
+    buf.close()
+
+
+def test_put_refuses_float8_overflow_that_becomes_nan(world: Any) -> None:
+    """float8_e4m3fn has no infinity: an overflowing value turns into NaN, a loss."""
+    w = world
+    e4 = w.zeros(4, np.dtype(ml_dtypes.float8_e4m3fn))
+    to = _right(w)
+    for src in (np.array([1000.0]), np.array([1000], np.int64)):
+        with pytest.raises(ArgumentError, match="overflows float8_e4m3"):
+            e4.put(to, src)
+        with pytest.raises(ArgumentError, match="overflows"):
+            e4.p(to, 0, 1000.0)
+    e4.put(to, np.array([448.0, 1.0]))  # the largest finite value fits
+    w.barrier()
+    assert e4.local()[:2].astype(np.float32).tolist() == [448.0, 1.0]
+    w.barrier()
+    e4.put(to, np.array([1000.0]), offset=2, casting="unsafe")  # C semantics on request
+    w.barrier()
+    assert np.isnan(e4.local()[2].astype(np.float32))
+    w.barrier()
+    e4.close()
+
+
+def test_put_casts_between_signed_and_unsigned_when_every_value_fits(world: Any) -> None:
+    w = world
+    u = w.zeros(3, "uint64")
+    i = w.zeros(2, "int32")
+    to = _right(w)
+    u.put(to, [1, 2, 3])  # a Python list is int64 to numpy: it fits
+    i.put(to, np.array([7, 2**31 - 1], np.uint64))
+    with pytest.raises(ArgumentError, match="does not fit"):
+        u.put(to, [-1])
+    with pytest.raises(ArgumentError, match="does not fit"):
+        i.put(to, np.array([2**31], np.uint64))
+    w.barrier()
+    assert u.local().tolist() == [1, 2, 3] and i.local().tolist() == [7, 2**31 - 1]
+    w.barrier()
+    u.close()
+    i.close()
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda x: x.test("eq", 7, index=1.5),
+        lambda x: x.test("eq", 7, index=True),
+        lambda x: x.test_all("eq", 7, indices=[1.9]),
+        lambda x: x.test_any("eq", 7, indices=["a"]),
+        lambda x: x.test_some("eq", 7, indices=5),
+        lambda x: x.test_all("eq", 7, indices="01"),
+        lambda x: x.wait_until("eq", 7, index=1.5, timeout=0.01),
+        lambda x: x.wait_until_all("eq", 7, indices=[0, 1], status=["x", 0], timeout=0.01),
+        lambda x: x.test_all("eq", 7, indices=[0, 1], status=1),
+        lambda x: x.test("eq", 7, index=4),
+    ],
+    ids=[
+        "index-float",
+        "index-bool",
+        "indices-float",
+        "indices-str-entry",
+        "indices-int",
+        "indices-str",
+        "wait-index-float",
+        "status-entry",
+        "status-int",
+        "index-range",
+    ],
+)
+def test_waits_and_tests_refuse_bad_indices(world: Any, call: Any) -> None:
+    x = world.zeros(4, "int64")
+    with pytest.raises(ArgumentError, match=r"index|indices|status"):
+        call(x)
+    world.barrier()
+    x.close()
+
+
+def test_communicator_on_a_destroyed_team(world: Any) -> None:
+    w = world
+    team = w.team_world.split_strided(w.world_size - 1, -1, w.world_size)
+    same = w.team_world.split_strided(0, 1, w.world_size)
+    team.destroy()
+    same.destroy()
+    for t in (team, same):
+        with pytest.raises(ShmemStateError, match="destroyed"):
+            collectives.Communicator(t)
+        with pytest.raises(ShmemStateError, match="destroyed"):
+            collectives.Communicator(w, team=t)
+    with pytest.raises(ArgumentError, match="team"):
+        collectives.Communicator(w, team="x")  # type: ignore[arg-type]
+    w.barrier()
+
+
+def test_objects_of_the_wrong_kind_are_refused(world: Any) -> None:
+    w = world
+    x = w.zeros(4, "int64")
+    with pytest.raises(ArgumentError, match="ctx"):
+        x.put_nbi(_right(w), np.ones(4, np.int64), ctx="x")
+    with pytest.raises(ArgumentError, match="team"):
+        w.create_context(team="x")
+    with pytest.raises(ArgumentError, match="dest"):
+        w.team_world.translate_pe(0, "x")
+    with pytest.raises(ArgumentError, match="config"):  # on every rank (agreed)
+        w.team_world.split_strided(0, 1, w.world_size, config="x")
+    with pytest.raises(ArgumentError, match="config"):
+        w.team_world.split_2d(1, xconfig="x")
+    assert not w.pe_accessible(True)
+    assert w.pe_accessible(0) and not w.pe_accessible(w.world_size)
+    w.quiet()
+    w.barrier()
+    assert not x.local().any()  # nothing moved
+    w.barrier()
+    x.close()
+
+
+def test_every_context_operation_on_a_team_context(world: Any) -> None:
+    """put_signal[_nbi], ibput/ibget, atomic_nbi and get_nbi on a context made from a
+    reversed team: ranks are team ranks, completion is the context's quiet."""
+    w = world
+    r, n = w.rank, w.world_size
+    team = w.team_world.split_strided(n - 1, -1, n)
+    me = team.my_pe
+    tr = (me + 1) % team.n_pes
+    wl = team.members[(me - 1) % team.n_pes]  # the world rank that writes into me
+    x = w.zeros((4, 8), "int64")
+    sig = w.zeros(2, "uint64")
+    c = w.zeros(2, "uint32")
+    with team.create_ctx() as ctx:
+        ctx.put_signal_nbi(x, tr, np.full(8, r, np.int64), sig, 5, "add", sig_index=1, offset=64)
+        ctx.quiet()
+        sig.signal_wait_until("ge", 5, index=1)
+        assert x.local()[1].tolist() == [wl] * 8
+        w.barrier()
+        ctx.put_signal(x, tr, np.full(8, 100 + r, np.int64), sig, 1, "set", offset=0)
+        sig.signal_wait_until("eq", 1, index=0)
+        assert x.local()[0].tolist() == [100 + wl] * 8
+        w.barrier()
+        ctx.ibput(x, tr, np.arange(4, dtype=np.int64) + 1000 * r, block=1, stride=8, index=7)
+        w.barrier()
+        assert x.local()[:, 7].tolist() == (np.arange(4) + 1000 * wl).tolist()
+        got = ctx.ibget(x, tr, block=1, stride=8, nblocks=4, index=7)
+        assert got.tolist() == (np.arange(4) + 1000 * r).tolist()
+        w.barrier()
+        fetched = [ctx.atomic_nbi(c, 0, 0, "fetch_inc") for _ in range(2)]
+        ctx.quiet()
+        every = sorted(v for vs in w.comm.allgather([f.value for f in fetched]) for v in vs)
+        assert every == list(range(2 * n))  # team rank 0 is world rank n - 1
+        w.barrier()
+        if r == n - 1:
+            assert c.local()[0] == 2 * n
+        d = ctx.get_nbi(x, tr, np.empty((4, 8), np.int64))
+        ctx.quiet()
+        assert d[1][:7].tolist() == [r] * 7 and d[1][7] == 1000 * r + 1
+    w.barrier()
+    team.destroy()
+    for b in (x, sig, c):
+        b.close()
