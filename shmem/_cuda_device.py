@@ -45,15 +45,35 @@ def _driver_present() -> bool:
     return os.path.exists("/dev/nvidiactl") or os.path.exists("/dev/nvidia0")
 
 
+def gpu_required() -> bool:
+    """``SHMEM_REQUIRE_GPU=1``: a GPU run, where "no GPU" can only be a failure."""
+    from .config import env_value
+
+    return env_value("SHMEM_REQUIRE_GPU") == "1"
+
+
 @functools.cache
 def device_count() -> int:
-    """CUDA devices visible to this process; 0 without a driver or cuda.core."""
+    """CUDA devices visible to this process; 0 without a driver or cuda.core (with
+    ``SHMEM_REQUIRE_GPU=1``: :class:`DeviceUnavailableError` naming the cause instead)."""
     if not _driver_present():
+        if gpu_required():
+            raise DeviceUnavailableError(
+                "SHMEM_REQUIRE_GPU=1: no NVIDIA driver here (/dev/nvidiactl and /dev/nvidia0 "
+                "are missing)"
+            )
         return 0
     try:
-        return len(_cc().Device.get_all_devices())
-    except Exception:  # no cuda.core, no driver, a broken install: no GPU
+        count = len(_cc().Device.get_all_devices())
+    except Exception as exc:  # no cuda.core, no driver, a broken install: no GPU
+        if gpu_required():
+            raise DeviceUnavailableError(
+                f"SHMEM_REQUIRE_GPU=1: the CUDA probe failed ({type(exc).__name__}: {exc})"
+            ) from exc
         return 0
+    if count == 0 and gpu_required():
+        raise DeviceUnavailableError("SHMEM_REQUIRE_GPU=1: the driver reports no CUDA device")
+    return count
 
 
 def kernel_sources() -> dict[str, str]:

@@ -56,6 +56,9 @@ ENV_VARIABLES: dict[str, str] = {
     "SHMEM_LAUNCH_GPU": "set by python -m launch: the GPU a rank is bound to",
     "SHMEM_VENV": "./dev: the virtualenv directory (read by the script, not by Python)",
     "SHMEM_REQUIRE_NVRTC": "tests: fail instead of skipping NVRTC checks when NVRTC is missing",
+    "SHMEM_REQUIRE_GPU": (
+        "1: a failed CUDA or nvshmem probe is an error, not 'no GPU' (./dev gpu sets it)"
+    ),
     "SHMEM_TEST_VERDICT_TIMEOUT_S": "tests: how long a rank waits for the agreed verdict",
     "SHMEM_TEST_FAILED_RANK_TIMEOUT_S": "tests: the same, for a rank that failed itself",
 }

@@ -73,6 +73,10 @@ def resolve_backend(name: Backend | str) -> tuple[str, str]:
         why = _nvshmem_status()
         if why is None:
             return "nvshmem", "auto: a CUDA device and nvshmem4py are usable"
+        if env_value("SHMEM_REQUIRE_GPU") == "1":
+            raise BackendUnavailableError(
+                f"init: SHMEM_REQUIRE_GPU=1 but the nvshmem backend is unavailable ({why})"
+            )
         return "host", f"auto: {why}"
     raise BackendUnavailableError(
         f"init: unknown backend (got {name!r}; expected one of {['auto', *BACKENDS]})"

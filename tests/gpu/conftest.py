@@ -7,6 +7,7 @@ lookup), so a child process answers whether a CUDA device is usable.
 from __future__ import annotations
 
 import functools
+import os
 import subprocess
 import sys
 
@@ -16,19 +17,33 @@ _PROBE = "import shmem; print(shmem.Device.count('cuda'))"
 
 
 @functools.cache
-def gpu_count() -> int:
+def probe() -> tuple[int, str]:
+    """``(CUDA devices, what the probe said)``, from a child process."""
     try:
         out = subprocess.run(
             [sys.executable, "-c", _PROBE], capture_output=True, text=True, timeout=60, check=False
         )
-        return int(out.stdout.strip() or 0) if out.returncode == 0 else 0
-    except (subprocess.TimeoutExpired, ValueError, OSError):
-        return 0
+    except (subprocess.TimeoutExpired, OSError) as exc:
+        return 0, f"the probe did not finish: {exc}"
+    said = (out.stdout + out.stderr).strip()[-2000:]
+    try:
+        return (int(out.stdout.strip() or 0) if out.returncode == 0 else 0), said
+    except ValueError:
+        return 0, said
+
+
+def gpu_count() -> int:
+    return probe()[0]
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     gpu_items = [it for it in items if "tests/gpu/" in str(it.path).replace("\\", "/")]
-    if gpu_items and gpu_count() == 0:
-        skip = pytest.mark.skip(reason="no CUDA device (probed once in a subprocess)")
-        for it in gpu_items:
-            it.add_marker(skip)
+    if not gpu_items or gpu_count() > 0:
+        return
+    if os.environ.get("SHMEM_REQUIRE_GPU") == "1":  # a GPU run: no GPU is a failure
+        raise pytest.UsageError(
+            f"SHMEM_REQUIRE_GPU=1 but the CUDA probe found no usable device: {probe()[1]}"
+        )
+    skip = pytest.mark.skip(reason="no CUDA device (probed once in a subprocess)")
+    for it in gpu_items:
+        it.add_marker(skip)
