@@ -35,8 +35,9 @@ import numpy as np
 
 from shmem import Buffer, DeviceContext, SHMEMBuffer
 from shmem import cuda as shmem_cuda
+from shmem.agreement import compare_across_ranks
 from shmem.dtypes import dtype_name
-from shmem.errors import GpuCollectiveError, SignalTimeoutError
+from shmem.errors import GpuCollectiveError, ShmemError, SignalTimeoutError
 from shmem.heap import DeviceSymmetricHeap
 
 if TYPE_CHECKING:
@@ -70,6 +71,8 @@ class GpuAllReduce:
         self.world = world
         self.heap = cast(DeviceSymmetricHeap, world.heap)
         self.rank, self.size = world.rank, world.world_size
+        self.check_args = world.config.collectives.check_args
+        self.calls = 0  # calls compared across ranks (check_args)
         unreachable = [r for r in range(self.size) if not self.heap.is_local(r)]
         self._unreachable = unreachable
         cfg = world.config.collectives
@@ -148,6 +151,54 @@ class GpuAllReduce:
         numpy, else a GPU Buffer). ``stream``: a GPU DeviceContext of this rank's device the
         call is ordered on (see the module docstring)."""
         where = "Communicator.all_reduce"
+        error: Exception | None = None
+        checked: tuple[Buffer, Buffer, str, bool, Any] | None = None
+        try:
+            checked = self._validate(x, op, out, algorithm, stream, where)
+        except (ValueError, TypeError, ShmemError) as exc:
+            error = exc
+        if self.check_args:  # [collectives] check_args: every rank compares the call first
+            self.calls += 1
+            record: tuple[object, ...] = ("all_reduce", "invalid")
+            if checked is not None:
+                src0 = checked[0]
+                record = ("all_reduce", src0.num_elements, dtype_name(src0.dtype), op, checked[2])
+            compare_across_ranks(
+                self.world.comm,
+                where,
+                self.calls,
+                record,
+                error,
+                self.world.config.signal.timeout_s,
+                self.heap.progress,
+            )
+        if error is not None or checked is None:
+            raise error if error is not None else GpuCollectiveError(f"{where}: invalid arguments")
+        src, dst, algo, host_out, cu_stream = checked
+        n, item = src.num_elements, src.element_size
+        step = self.capacity // item
+        for lo in range(0, n, step):
+            count = min(step, n - lo)
+            self._launch(algo, src, dst, lo * item, count, op, cu_stream)
+        self.comm.stats.count(algo)
+        if isinstance(out, np.ndarray):
+            np.copyto(out.reshape(-1), dst.to_numpy().reshape(-1))
+            return out
+        if host_out:
+            return dst.to_numpy().reshape(np.shape(x))
+        return out if out is not None else dst
+
+    def _validate(
+        self,
+        x: Any,
+        op: str,
+        out: Any,
+        algorithm: str,
+        stream: DeviceContext | None,
+        where: str,
+    ) -> tuple[Buffer, Buffer, str, bool, Any]:
+        """``(source, destination, algorithm, result goes to the host, stream)`` after the
+        checks every rank makes alike."""
         if stream is not None and (stream.device != self.heap.device or stream.api != "cuda"):
             raise GpuCollectiveError(
                 f"{where}: stream must be a DeviceContext of this rank's GPU (got one on "
@@ -185,17 +236,7 @@ class GpuAllReduce:
                 f"{where}: unknown algorithm (got {algorithm!r}; expected auto, one_shot or "
                 "two_shot on the GPU)"
             )
-        step = self.capacity // item
-        for lo in range(0, n, step):
-            count = min(step, n - lo)
-            self._launch(algo, src, dst, lo * item, count, op, cu_stream)
-        self.comm.stats.count(algo)
-        if isinstance(out, np.ndarray):
-            np.copyto(out.reshape(-1), dst.to_numpy().reshape(-1))
-            return out
-        if host_out:
-            return dst.to_numpy().reshape(np.shape(x))
-        return out if out is not None else dst
+        return src, dst, algo, host_out, cu_stream
 
     def _launch(
         self,

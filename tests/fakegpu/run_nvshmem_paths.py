@@ -186,6 +186,20 @@ def main() -> None:
         )
         check("all_reduce of a device Buffer", lambda: comm.all_reduce(buf.local()).to_numpy()[0])
         check("int32 refused", lambda: error_of(lambda: comm.all_reduce(np.zeros(4, np.int32))))
+
+        def with_check_args() -> tuple[int, str]:
+            gpu = comm._gpu
+            gpu.check_args, before = True, gpu.calls
+            try:
+                assert (comm.all_reduce(np.ones(8, np.float32)) == 1).all()
+                bad = error_of(lambda: comm.all_reduce(np.zeros(4, np.int32)))
+                assert gpu.calls == before + 2, (gpu.calls, before)  # both compared
+                assert "int32" in bad, bad
+                return gpu.calls - before, bad
+            finally:
+                gpu.check_args = False
+
+        check("all_reduce honours check_args", with_check_args)
         check(
             "all_gather refused",
             lambda: error_of(lambda: comm.all_gather(np.zeros(4, np.float32))),
