@@ -18,7 +18,7 @@ def main() -> None:
             # one-sided write into the right neighbour's copy, then raise its slot 0
             x.put(right, np.full((4, 1024), world.rank, dtype=x.dtype), signal=(0, 1))
             world.wait_until(0, "ge", 1)  # our left neighbour's data has landed
-            got = x.local()
+            got = np.asarray(x.local())  # numpy on the host backend, a copy from a GPU
             assert (got == left).all(), f"rank {world.rank}: expected {left}"
             world.barrier()
             if world.rank == 0:
