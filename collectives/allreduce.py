@@ -549,6 +549,11 @@ def _hierarchical(
     if (
         cross is not None and not ch.uniform_nodes
     ):  # every rank reduces everything, in rank order, over MPI
+        try:
+            ch.wait_previous(s, "all_reduce")  # node-local peers are done with the last call
+        except (CollectiveMismatchError, PeerFailedError):
+            ch.abandon_exchange(cross, count * acc.itemsize, "all_reduce")  # others stop too
+            raise
         block = ch.signed_block(count * acc.itemsize)
         np.copyto(block[: count * acc.itemsize].view(acc), xin.array[lo:hi], casting="unsafe")
         every = ch.gather_signed(cross, block, "all_reduce").view(acc)

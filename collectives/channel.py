@@ -213,11 +213,11 @@ class Channel:
     # -- flags ---------------------------------------------------------------------------------
 
     def next_call(self) -> int:
-        """Start a call that exchanges flags: its sequence number."""
+        """Start a call that exchanges flags: its sequence number. Its signature is written
+        by :meth:`wait_previous`, once no peer can still be comparing call ``s - 2``'s in
+        the same slot."""
         self.seq += 1
         self.stats.calls += 1
-        self.my_flags[Flag.SIG + self.seq % 2] = self.signature
-        self.sig_seq = self.seq  # the last call whose SIG word every rank wrote
         return self.seq
 
     def fail(self) -> None:
@@ -288,6 +288,10 @@ class Channel:
         self.wait_peers(Flag.DONE, s - 1, what)
         if s > 1:
             self.check_signatures(None, what, s - 1)
+        # the SIG slot of call s is call s - 2's: every peer finished that call's checks
+        # (they come before its DONE of s - 1, which every peer has now posted)
+        self.my_flags[Flag.SIG + s % 2] = self.signature
+        self.sig_seq = s  # the last call whose SIG word every rank wrote
 
     def check_signatures(self, peers: list[int] | None, what: str, s: int) -> None:
         """Raise ``CollectiveMismatchError`` unless every peer in ``peers`` (default: the

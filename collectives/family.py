@@ -9,9 +9,13 @@ MPI (non-blocking, within the deadline): multi-node scale comes from MPI.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 
 import numpy as np
+from mpi4py import MPI
+
+from shmem.errors import CollectiveMismatchError, PeerFailedError, ShmemError
 
 from .channel import Channel, Flag
 from .operand import Array, Operand
@@ -56,5 +60,12 @@ def over_mpi(ch: Channel, where: str, run: Callable[[], None]) -> None:
     waited for within the deadline), then raise ``DONE`` so node-local peers may reuse their
     scratch."""
     s = ch.next_call()
+    try:
+        ch.wait_previous(s, where)  # node-local peers are done with the previous call
+    except (CollectiveMismatchError, PeerFailedError):
+        ch.signature = -1  # take part as abandoned: the other members stop at once
+        with contextlib.suppress(MPI.Exception, ShmemError):
+            run()
+        raise
     run()
     ch.post(Flag.DONE, s)
