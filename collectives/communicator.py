@@ -69,6 +69,11 @@ class Communicator:
     """
 
     def __init__(self, world: World | Team, *, team: Team | None = None) -> None:
+        if not isinstance(world, World | Team):
+            raise CollectiveArgumentError(
+                f"Communicator: invalid world (got {world!r}; expected a World or a Team; a "
+                "rank outside a split team gets None from the split and takes no part)"
+            )
         if isinstance(world, Team):
             team = world
             world = team.world

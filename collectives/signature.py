@@ -71,7 +71,10 @@ def describe(sig: int) -> str:
     that is not a signature reads as ``?`` fields, never an error)."""
     if sig <= 0:
         return "no collective" if sig == 0 else "an abandoned call"
-    name = COLLECTIVES[(sig & 0xF) - 1] if 0 < (sig & 0xF) <= len(COLLECTIVES) else "?"
+    if not 0 < (sig & 0xF) <= len(COLLECTIVES) or (sig >> 4) & 0x1F >= len(_DTYPES):
+        # bytes that are not a signature: a member whose block had another size
+        return "another call (its exchange had another size)"
+    name = COLLECTIVES[(sig & 0xF) - 1]
     dtype_idx = (sig >> 4) & 0x1F
     dtype = _DTYPES[dtype_idx] if dtype_idx < len(_DTYPES) else "?"
     op = (sig >> 9) & 0xF

@@ -247,6 +247,11 @@ class TeamCollectives:
                 raise CollectiveArgumentError(
                     f"{where}: x too small (got {xin.count} elements; expected >= {need_src})"
                 )
+            if out is not None and _count(out) < need_dst:  # before the ranks agree
+                raise CollectiveArgumentError(
+                    f"{where}: out too small (got {_count(out)} elements; expected >= "
+                    f"{need_dst})"
+                )
 
         xin, ret, dst = prepare(
             self,

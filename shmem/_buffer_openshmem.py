@@ -122,8 +122,8 @@ class OpenShmemMethods:
     ) -> None:
         """Write ``src[::src_stride]`` (``count`` elements, default all) to elements
         ``index, index + stride, ...`` of ``rank``'s copy (``shmem_iput``)."""
-        self._world.default_context.ibput(
-            self._me(), rank, src, stride=stride, src_stride=src_stride, nblocks=count, index=index
+        self._world.default_context._strided_put(
+            "iput", self._me(), rank, src, 1, stride, src_stride, count, index
         )
 
     def iget(
@@ -138,14 +138,8 @@ class OpenShmemMethods:
     ) -> np.ndarray[Any, Any]:
         """Read elements ``index, index + stride, ...`` (``count`` of them) of ``rank``'s
         copy into ``dst[::dst_stride]`` or a new array (``shmem_iget``); returns it."""
-        return self._world.default_context.ibget(
-            self._me(),
-            rank,
-            stride=stride,
-            nblocks=count,
-            index=index,
-            dst=dst,
-            dst_stride=dst_stride,
+        return self._world.default_context._strided_get(
+            "iget", self._me(), rank, 1, stride, count, index, dst, dst_stride
         )
 
     def ibput(

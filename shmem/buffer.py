@@ -63,6 +63,7 @@ class SHMEMBuffer(OpenShmemMethods):
         # RMA, made on first use; only for dtypes MPI knows (the put fast path), emptied by
         # close() and finalize()
         self._remote: dict[int, tuple[Any, Any, int]] = {}
+        self._locks_held: set[int] = set()  # lock elements this rank holds (shmem.sync)
         # the arrays every view given out is made from (by rank copy), held weakly: alive
         # exactly while a view is, so close() knows (shmem.quarantine)
         self._anchors: dict[int, ViewRef] = {}
@@ -167,8 +168,11 @@ class SHMEMBuffer(OpenShmemMethods):
         """Rank ``rank``'s copy, zero-copy (a numpy array; a GPU Buffer on the nvshmem
         backend), or None when not load/store reachable (a peer on another node): use
         :meth:`put` / :meth:`get` then."""
-        self._live("peer")
-        rank = self._check_rank("peer", rank)
+        return self._peer("peer", rank)
+
+    def _peer(self, where: str, rank: int) -> Any:
+        self._live(where)
+        rank = self._check_rank(where, rank)
         heap: Any = self._world.heap
         if heap.device_memory:
             ptr = heap.peer_address(rank, self._offset)
@@ -348,6 +352,16 @@ class SHMEMBuffer(OpenShmemMethods):
             raise ArgumentError(
                 f"SHMEMBuffer.put: invalid signal slot (got {slot!r}; expected an int slot of "
                 "the World's signal pad)"
+            )
+        slots = self._world.signals.slots
+        if not 0 <= slot < slots:
+            raise ArgumentError(
+                f"SHMEMBuffer.put: invalid signal slot (got {slot}; expected 0 <= slot < "
+                f"{slots}, the World's signal pad)"
+            )
+        if not isinstance(op, str) or op not in ("set", "add"):
+            raise ArgumentError(
+                f"SHMEMBuffer.put: invalid signal op (got {op!r}; expected 'set' or 'add')"
             )
         value = int_operand("SHMEMBuffer.put", "signal value", signal[1], SLOT_DTYPE)
         return int(slot), value, str(op)
@@ -694,10 +708,13 @@ def _check_lossless(
                 f"{src.dtype} source; expected values in [{info.min}, {info.max}], or pass "
                 "casting='unsafe' to wrap them as C does)"
             )
-    elif dtype.kind == "f" or dtype in _LOW_FLOATS:
+    elif dtype.kind in "fc" or dtype in _LOW_FLOATS:
         # a finite value that did not stay finite: inf, or NaN where the format has no
-        # infinity (float8_e4m3fn saturates to NaN)
-        grew = ~np.isfinite(cast.astype(np.float64)) & np.isfinite(src.astype(np.float64))
+        # infinity (float8_e4m3fn saturates to NaN); complex: either part
+        if dtype.kind == "c" or src.dtype.kind == "c":
+            grew = ~np.isfinite(cast) & np.isfinite(src)
+        else:
+            grew = ~np.isfinite(cast.astype(np.float64)) & np.isfinite(src.astype(np.float64))
         if grew.any():
             bad = src.reshape(-1)[int(np.argmax(grew.reshape(-1)))]
             raise ArgumentError(

@@ -97,7 +97,7 @@ def signal_word(
 
 
 def check_signal_op(where: str, op: object) -> str:
-    if op not in ("set", "add"):
+    if not isinstance(op, str) or op not in ("set", "add"):
         raise ArgumentError(f"{where}: invalid signal op (got {op!r}; expected 'set' or 'add')")
     return str(op)
 
@@ -192,9 +192,19 @@ class Context:
             return host_heap(world, f"Context.{where}")
         return cast("HostHeap", heap)
 
-    def world_rank(self, rank: int, where: str) -> int:
-        """``rank`` of this context's team as a world rank (validated)."""
+    def world_rank(self, rank: int, where: str, buf: object = None) -> int:
+        """``rank`` of this context's team as a world rank (validated; and ``buf``, when
+        given, must be a SHMEMBuffer)."""
+        if buf is not None and not _is_buffer(buf):
+            raise ArgumentError(
+                f"Context.{where}: invalid buffer (got {type(buf).__name__}; expected a "
+                "SHMEMBuffer of this World)"
+            )
         if self._team is not None:
+            if self._team.destroyed:
+                raise ShmemStateError(
+                    f"Context.{where}: the context's team {self._team.name} is destroyed"
+                )
             return self._team.world_rank(rank, f"Context.{where}")
         size = self._world.world_size
         if isinstance(rank, bool) or not isinstance(rank, int | np.integer) or not 0 <= rank < size:
@@ -208,7 +218,7 @@ class Context:
     def put(self, buf: SHMEMBuffer, rank: int, src: Any, offset: int = 0) -> None:
         """``shmem_ctx_put``: :meth:`SHMEMBuffer.put` with a rank of this context's team."""
         self._heap("put")
-        buf.put(self.world_rank(rank, "put"), src, offset)
+        buf.put(self.world_rank(rank, "put", buf), src, offset)
 
     def get(
         self,
@@ -219,7 +229,7 @@ class Context:
     ) -> np.ndarray[Any, Any]:
         """``shmem_ctx_get``: :meth:`SHMEMBuffer.get` with a rank of this context's team."""
         self._heap("get")
-        return buf.get(self.world_rank(rank, "get"), dst, offset)
+        return buf.get(self.world_rank(rank, "get", buf), dst, offset)
 
     def atomic(
         self,
@@ -251,10 +261,16 @@ class Context:
         """Start writing ``src`` into ``rank``'s copy of ``buf`` at byte ``offset``
         (``shmem_put_nbi``). ``src`` must not change until :meth:`quiet`."""
         heap = self._heap("put_nbi")
-        if self._team is None and type(rank) is int and 0 <= rank < self._world.world_size:
+        if (
+            self._team is None
+            and type(rank) is int
+            and 0 <= rank < self._world.world_size
+            and _BUFFER_TYPE
+            and type(buf) is _BUFFER_TYPE[0]
+        ):
             target = rank  # the common case, checked without the call
         else:
-            target = self.world_rank(rank, "put_nbi")
+            target = self.world_rank(rank, "put_nbi", buf)
         buf._live("put_nbi")
         if type(src) is np.ndarray and src.dtype == buf.dtype and src.flags.c_contiguous:
             data: np.ndarray[Any, Any] = src
@@ -273,7 +289,7 @@ class Context:
         writeable C-contiguous array of ``buf``'s dtype; ``shmem_get_nbi``): ``dst`` holds the
         data after :meth:`quiet`. Returns ``dst``."""
         heap = self._heap("get_nbi")
-        target = self.world_rank(rank, "get_nbi")
+        target = self.world_rank(rank, "get_nbi", buf)
         buf._live("get_nbi")
         if (
             not isinstance(dst, np.ndarray)
@@ -339,7 +355,7 @@ class Context:
         blocking: bool,
     ) -> None:
         heap = self._heap(where)
-        target = self.world_rank(rank, where)
+        target = self.world_rank(rank, where, buf)
         buf._live(where)
         sig_offset = signal_offset(sig, sig_index, f"Context.{where}")
         v = int_operand(f"Context.{where}", "signal value", value, SIGNAL_DTYPE)
@@ -379,13 +395,28 @@ class Context:
         ``src_stride`` elements apart, default ``block``) into ``rank``'s copy of ``buf`` from
         flat element ``index``, block starts ``stride`` apart (``shmem_ibput``; ``block=1``
         is ``shmem_iput``). Complete on return."""
-        heap = self._heap("ibput")
-        target = self.world_rank(rank, "ibput")
-        buf._live("ibput")
-        flat = buf._as_source("ibput", src).reshape(-1)
+        self._strided_put("ibput", buf, rank, src, block, stride, src_stride, nblocks, index)
+
+    def _strided_put(
+        self,
+        where: str,
+        buf: SHMEMBuffer,
+        rank: int,
+        src: Any,
+        block: int,
+        stride: int,
+        src_stride: int | None,
+        nblocks: int | None,
+        index: int,
+    ) -> None:
+        """:meth:`ibput`, its errors naming ``where`` (``ibput`` or ``iput``)."""
+        heap = self._heap(where)
+        target = self.world_rank(rank, where, buf)
+        buf._live(where)
+        flat = buf._as_source(where, src).reshape(-1)
         sst = block if src_stride is None else src_stride
-        n = _strided_count("ibput", flat.size, block, sst, nblocks)
-        _check_strided("ibput", buf, index, block, n, stride)
+        n = _strided_count(f"Context.{where}", flat.size, block, sst, nblocks, "src_stride")
+        _check_strided(f"Context.{where}", buf, index, block, n, stride)
         from .backends.host import strided_view
 
         data = np.ascontiguousarray(strided_view(flat, block, n, sst)) if n else flat[:0]
@@ -407,18 +438,33 @@ class Context:
         element ``index``, starts ``stride`` apart) into ``dst`` (flat, starts ``dst_stride``
         apart, default ``block``), or into a new contiguous array (``shmem_ibget``;
         ``block=1`` is ``shmem_iget``). Returns the array."""
-        heap = self._heap("ibget")
-        target = self.world_rank(rank, "ibget")
-        buf._live("ibget")
-        n = _strided_count("ibget", None, block, block, nblocks)
-        _check_strided("ibget", buf, index, block, n, stride)
+        return self._strided_get("ibget", buf, rank, block, stride, nblocks, index, dst, dst_stride)
+
+    def _strided_get(
+        self,
+        where: str,
+        buf: SHMEMBuffer,
+        rank: int,
+        block: int,
+        stride: int,
+        nblocks: int,
+        index: int,
+        dst: np.ndarray[Any, Any] | None,
+        dst_stride: int | None,
+    ) -> np.ndarray[Any, Any]:
+        """:meth:`ibget`, its errors naming ``where`` (``ibget`` or ``iget``)."""
+        heap = self._heap(where)
+        target = self.world_rank(rank, where, buf)
+        buf._live(where)
+        n = _strided_count(f"Context.{where}", None, block, block, nblocks)
+        _check_strided(f"Context.{where}", buf, index, block, n, stride)
         data = np.empty(n * block, dtype=buf.dtype)
         heap.get_strided(target, buf.offset + index * buf.dtype.itemsize, data, block, n, stride)
         if dst is None:
             return data
-        dst_flat = _strided_destination(dst, buf.dtype)
+        dst_flat = _strided_destination(dst, buf.dtype, f"Context.{where}")
         dst_st = block if dst_stride is None else dst_stride
-        _strided_count("ibget", dst_flat.size, block, dst_st, n)
+        _strided_count(f"Context.{where}", dst_flat.size, block, dst_st, n, "dst_stride")
         if n:
             from .backends.host import strided_view
 
@@ -442,8 +488,8 @@ class Context:
         ``.value`` of the returned :class:`Fetched` after :meth:`quiet`."""
         where = "atomic_nbi"
         heap = self._heap(where)
-        target = self.world_rank(rank, where)
-        if op != "compare_swap" and op not in _HEAP_OPS:
+        target = self.world_rank(rank, where, buf)
+        if not isinstance(op, str) or (op != "compare_swap" and op not in _HEAP_OPS):
             raise ArgumentError(
                 f"Context.atomic_nbi: invalid op (got {op!r}; expected one of "
                 f"{[o.value for o in AtomicOp]})"
@@ -567,15 +613,21 @@ def _positive(where: str, name: str, value: object, minimum: int = 1) -> int:
 
 
 def _strided_count(
-    where: str, size: int | None, block: int, stride: int, nblocks: int | None
+    where: str,
+    size: int | None,
+    block: int,
+    stride: int,
+    nblocks: int | None,
+    stride_name: str = "stride",
 ) -> int:
-    """Blocks to move: ``nblocks``, or as many as a flat array of ``size`` holds."""
+    """Blocks to move: ``nblocks``, or as many as a flat array of ``size`` holds (whose block
+    starts are ``stride`` apart: the argument ``stride_name``)."""
     block = _positive(where, "block", block)
-    stride = _positive(where, "stride", stride)
+    stride = _positive(where, stride_name, stride)
     if stride < block:
         raise ArgumentError(
-            f"{where}: blocks overlap (got stride {stride} < block {block}; expected stride >= "
-            "block)"
+            f"{where}: blocks overlap (got {stride_name} {stride} < block {block}; expected "
+            f"{stride_name} >= block)"
         )
     if nblocks is None:
         if size is None:
@@ -608,7 +660,9 @@ def _check_strided(
         )
 
 
-def _strided_destination(dst: object, dtype: np.dtype[Any]) -> np.ndarray[Any, Any]:
+def _strided_destination(
+    dst: object, dtype: np.dtype[Any], where: str = "ibget"
+) -> np.ndarray[Any, Any]:
     if (
         not isinstance(dst, np.ndarray)
         or dst.dtype != dtype
@@ -616,14 +670,29 @@ def _strided_destination(dst: object, dtype: np.dtype[Any]) -> np.ndarray[Any, A
         or not dst.flags.writeable
     ):
         raise ArgumentError(
-            f"ibget: invalid dst (got {type(dst).__name__}; expected a writeable C-contiguous "
+            f"{where}: invalid dst (got {type(dst).__name__}; expected a writeable C-contiguous "
             f"{dtype_name(dtype)} numpy array)"
         )
     return dst.reshape(-1)
 
 
+_BUFFER_TYPE: list[type] = []  # SHMEMBuffer, once known (buffer imports this module)
+
+
+def _is_buffer(obj: object) -> bool:
+    if not _BUFFER_TYPE:
+        from .buffer import SHMEMBuffer
+
+        _BUFFER_TYPE.append(SHMEMBuffer)
+    return isinstance(obj, _BUFFER_TYPE[0])
+
+
 def signal_offset(sig: SHMEMBuffer, index: int, where: str) -> int:
     """Heap byte offset of signal word ``sig[index]`` (a uint64 SHMEMBuffer)."""
+    if not _is_buffer(sig):
+        raise ArgumentError(
+            f"{where}: invalid signal (got {type(sig).__name__}; expected a uint64 SHMEMBuffer)"
+        )
     sig._live(where.rsplit(".", 1)[-1])
     if sig.dtype != SIGNAL_DTYPE:
         raise ArgumentError(
@@ -640,7 +709,7 @@ def signal_offset(sig: SHMEMBuffer, index: int, where: str) -> int:
 
 
 def check_comparison(where: str, cmp: object) -> str:
-    if cmp not in COMPARISONS:
+    if not isinstance(cmp, str) or cmp not in COMPARISONS:
         raise ArgumentError(
             f"{where}: invalid comparison (got {cmp!r}; expected one of {list(COMPARISONS)})"
         )

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from .dtypes import dtype_name, int_operand
-from .errors import ArgumentError, LockTimeoutError, SignalTimeoutError
+from .errors import ArgumentError, LockTimeoutError, ShmemStateError, SignalTimeoutError
 from .rma import check_comparison
 from .signals import _SYMBOLS, COMPARISONS, check_timeout, poll_until, spin_seconds
 
@@ -222,7 +222,20 @@ def _word(buf: SHMEMBuffer, value: int) -> int:
 def set_lock(buf: SHMEMBuffer, index: int, timeout: float | None) -> None:
     """Draw a ticket and wait for its turn (``shmem_set_lock``), within the deadline."""
     off = _lock_offset(buf, "set_lock", index)
-    heap = buf.world.heap
+    world = buf.world
+    # every argument checked before the ticket is drawn: a ticket never served would leave
+    # the lock unusable for every rank
+    limit = (
+        world.config.signal.timeout_s
+        if timeout is None
+        else check_timeout("SHMEMBuffer.set_lock", timeout)
+    )
+    if index in buf._locks_held:
+        raise ShmemStateError(
+            f"SHMEMBuffer.set_lock: rank {world.rank} already holds lock element {index} "
+            "(OpenSHMEM locks are not recursive: this would wait for itself)"
+        )
+    heap = world.heap
     old = heap.atomic_fetch_op(0, off, _word(buf, _TICKET), buf.dtype, "add")
     ticket = (old >> 32) & _LOW
     seen = [old & _LOW]
@@ -231,24 +244,18 @@ def set_lock(buf: SHMEMBuffer, index: int, timeout: float | None) -> None:
         seen[0] = heap.atomic_fetch_op(0, off, 0, buf.dtype, "fetch") & _LOW
         return seen[0] == ticket
 
-    if seen[0] != ticket:
-        world = buf.world
-        limit = (
-            world.config.signal.timeout_s
-            if timeout is None
-            else check_timeout("SHMEMBuffer.set_lock", timeout)
+    if seen[0] != ticket and not poll_until(my_turn, time.monotonic() + limit, heap.progress):
+        raise LockTimeoutError(
+            f"SHMEMBuffer.set_lock: rank {world.rank} timed out after {limit:g} s waiting "
+            f"for lock element {index} (ticket {ticket}, now serving {seen[0]}; its holder "
+            "did not call clear_lock); the lock is unusable from now on",
+            operation="set_lock",
+            slot=int(index),
+            expected=f"== {ticket}",
+            last_value=int(seen[0]),
+            peers=(),
         )
-        if not poll_until(my_turn, time.monotonic() + limit, heap.progress):
-            raise LockTimeoutError(
-                f"SHMEMBuffer.set_lock: rank {world.rank} timed out after {limit:g} s waiting "
-                f"for lock element {index} (ticket {ticket}, now serving {seen[0]}; its holder "
-                "did not call clear_lock); the lock is unusable from now on",
-                operation="set_lock",
-                slot=int(index),
-                expected=f"== {ticket}",
-                last_value=int(seen[0]),
-                peers=(),
-            )
+    buf._locks_held.add(index)
     heap.fence()  # acquire
 
 
@@ -257,11 +264,14 @@ def test_lock(buf: SHMEMBuffer, index: int) -> bool:
     returns 0 then)."""
     off = _lock_offset(buf, "test_lock", index)
     heap = buf.world.heap
+    if index in buf._locks_held:
+        return False  # held by this rank (test_lock never waits, nor deadlocks)
     word = heap.atomic_fetch_op(0, off, 0, buf.dtype, "fetch")
     if (word >> 32) & _LOW != word & _LOW:
         return False  # held, or others are queued: fairness says wait your turn
     if heap.atomic_compare_swap(0, off, word, _word(buf, word + _TICKET), buf.dtype) != word:
         return False
+    buf._locks_held.add(index)
     heap.fence()
     return True
 
@@ -270,6 +280,12 @@ def clear_lock(buf: SHMEMBuffer, index: int) -> None:
     """Complete this rank's outstanding puts, then pass the lock on (``shmem_clear_lock``)."""
     off = _lock_offset(buf, "clear_lock", index)
     world = buf.world
+    if index not in buf._locks_held:
+        raise ShmemStateError(
+            f"SHMEMBuffer.clear_lock: rank {world.rank} does not hold lock element {index} "
+            "(only the rank that set it may clear it; the lock is unchanged)"
+        )
+    buf._locks_held.discard(index)
     world.quiet()
     heap = world.heap
     word = heap.atomic_fetch_op(0, off, 0, buf.dtype, "fetch")

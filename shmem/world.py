@@ -445,7 +445,11 @@ class World:
     def ptr(self, buf: SHMEMBuffer, rank: int) -> Any:
         """``rank``'s copy of ``buf`` for direct loads and stores (a numpy view; a device
         Buffer on nvshmem), or None when it is not reachable so (``shmem_ptr``)."""
-        return buf.peer(rank)
+        if not isinstance(buf, SHMEMBuffer):
+            raise ArgumentError(
+                f"World.ptr: invalid buffer (got {type(buf).__name__}; expected a SHMEMBuffer)"
+            )
+        return buf._peer("ptr", rank)
 
     @staticmethod
     def info_get_version() -> tuple[int, int]:

@@ -231,3 +231,141 @@ def test_every_context_operation_on_a_team_context(world: Any) -> None:
     team.destroy()
     for b in (x, sig, c):
         b.close()
+
+
+def test_a_bad_signal_in_put_is_refused_before_the_data_moves(world: Any) -> None:
+    w = world
+    x = w.zeros(4, "int64")
+    to = _right(w)
+    for signal in ((0, 1, "bogus"), (10**6, 1), (-1, 1), (0, 1, np.array(["set"]))):
+        with pytest.raises(ArgumentError, match="signal"):
+            x.put(to, np.ones(4, np.int64), signal=signal)
+    w.barrier()
+    assert not x.local().any()  # nothing landed anywhere
+    w.barrier()
+    x.close()
+
+
+def test_locks_refuse_misuse_and_stay_usable(world: Any) -> None:
+    w = world
+    lock = w.zeros(1, "int64")
+    for bad in ("x", float("nan"), -1.0):
+        with pytest.raises(ArgumentError, match="timeout"):
+            lock.set_lock(0, timeout=bad)  # no ticket drawn: the lock is not broken
+    with pytest.raises(ShmemStateError, match="does not hold"):
+        lock.clear_lock(0)  # nobody holds it: unchanged
+    w.barrier()
+    for _ in range(3):  # every rank takes it in turn: still fair and usable
+        with lock.lock(0, timeout=10.0):
+            with pytest.raises(ShmemStateError, match="not recursive"):
+                lock.set_lock(0, timeout=1.0)
+            assert not lock.test_lock(0)
+    w.barrier()
+    assert lock.test_lock(0) or w.world_size > 1  # alone, it is free now
+    if lock._locks_held:
+        lock.clear_lock(0)
+    w.barrier()
+    lock.close()
+
+
+def test_complex_overflow_is_refused_like_float(world: Any) -> None:
+    w = world
+    c64 = w.zeros(2, "complex64")
+    to = _right(w)
+    with pytest.raises(ArgumentError, match="overflows complex64"):
+        c64.put(to, np.array([1e300 + 0j]))
+    with pytest.raises(ArgumentError, match="overflows complex64"):
+        c64.put(to, np.array([1.0 + 1e300j]))
+    with pytest.raises(ArgumentError, match="overflows"):
+        c64.p(to, 0, 1e300)
+    c64.put(to, np.array([1.5 + 2j, np.inf + 0j]))  # infinity itself is a value
+    w.barrier()
+    assert c64.local().tolist() == [1.5 + 2j, complex(np.inf, 0)]
+    w.barrier()
+    c64.close()
+
+
+def test_more_objects_of_the_wrong_kind(world: Any) -> None:
+    w = world
+    x = w.zeros(4, "int64")
+    sig = w.zeros(1, "uint64")
+    to = _right(w)
+    arr = np.zeros(4, np.int64)
+    with pytest.raises(ArgumentError, match="World or a Team"):
+        collectives.Communicator(None)  # type: ignore[arg-type]
+    with pytest.raises(ArgumentError, match=r"World\.ptr"):
+        w.ptr(arr, 0)
+    with pytest.raises(ArgumentError, match="signal"):
+        x.put_signal(to, arr, arr, 1)
+    with pytest.raises(ArgumentError, match="signal op"):
+        x.put_signal(to, arr, sig, 1, np.array(["set"]))
+    with pytest.raises(ArgumentError, match="comparison"):
+        x.wait_until(["eq"], 0, timeout=0.01)
+    with pytest.raises(ArgumentError, match="invalid op"):
+        x.atomic_nbi(to, 0, ["fetch_add"], 1)
+    ctx = w.default_context
+    calls: list[Callable[[], object]] = [
+        lambda: ctx.put(arr, to, np.ones(4, np.int64)),
+        lambda: ctx.put_nbi(arr, to, np.ones(4, np.int64)),
+        lambda: ctx.get_nbi(arr, to, np.empty(4, np.int64)),
+        lambda: ctx.ibput(arr, to, np.ones(4, np.int64), stride=1),
+        lambda: ctx.atomic_nbi(arr, to, 0, "fetch_add", 1),
+    ]
+    for call in calls:
+        with pytest.raises(ArgumentError, match="invalid buffer"):
+            call()
+    assert not arr.any()  # numpy's own ndarray.put did not run
+    w.quiet()
+    w.barrier()
+    assert not x.local().any()
+    w.barrier()
+    x.close()
+    sig.close()
+
+
+def test_strided_errors_name_the_call_and_the_argument(world: Any) -> None:
+    x = world.zeros(8, "int64")
+    to = _right(world)
+    with pytest.raises(ArgumentError, match=r"^Context.iput: .*src_stride"):
+        x.iput(to, np.arange(4, dtype=np.int64), src_stride=0)
+    with pytest.raises(ArgumentError, match=r"^Context.iget: .*dst_stride"):
+        x.iget(to, 2, dst=np.empty(8, np.int64), dst_stride=0)
+    with pytest.raises(ArgumentError, match=r"^Context.iput: out of bounds"):
+        x.iput(to, np.arange(4, dtype=np.int64), stride=3)
+    with pytest.raises(ArgumentError, match=r"^SHMEMBuffer.ptr: "):
+        world.ptr(x, world.world_size)
+    world.barrier()
+    x.close()
+
+
+def test_a_context_of_a_destroyed_team_refuses_work(world: Any) -> None:
+    w = world
+    team = w.team_world.split_strided(w.world_size - 1, -1, w.world_size)
+    x = w.zeros(4, "int64")
+    ctx = team.create_ctx()
+    ctx.put(x, 0, np.ones(4, np.int64))
+    ctx.quiet()
+    w.barrier()
+    team.destroy()
+    with pytest.raises(ShmemStateError, match="destroyed"):
+        ctx.put(x, 0, np.ones(4, np.int64))
+    with pytest.raises(ShmemStateError, match="destroyed"):
+        ctx.put_nbi(x, 0, np.ones(4, np.int64))
+    ctx.close()
+    w.barrier()
+    x.close()
+
+
+def test_alltoalls_out_too_small_on_one_rank_raises_everywhere_with_check_args() -> None:
+    w = shmem.init(heap_nbytes="32MiB", signal_timeout_s=5.0, collectives_check_args=True)
+    try:
+        if w.world_size < 2:
+            pytest.skip("needs two ranks to disagree")
+        comm = collectives.Communicator(w)
+        p = w.world_size
+        out = np.zeros(p - 1 if w.rank == 0 else p, np.float32)
+        with pytest.raises((ArgumentError, shmem.errors.CollectiveMismatchError)):
+            comm.alltoalls(np.ones(p, np.float32), 1, out=out)
+        comm.close()
+    finally:
+        w.finalize()
