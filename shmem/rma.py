@@ -162,6 +162,7 @@ class Context:
         self._team = team
         self._ops: list[_Pending] = []
         self._closed = False
+        world._contexts.add(self)  # finalize() completes what is still outstanding
 
     # -- state ------------------------------------------------------------------------------
 

@@ -118,6 +118,7 @@ class World:
             self._live: weakref.WeakValueDictionary[int, SHMEMBuffer] = (
                 weakref.WeakValueDictionary()
             )
+            self._contexts: weakref.WeakSet[Context] = weakref.WeakSet()  # open contexts
             pad_nbytes = SignalPad.nbytes_for(config.signal.slots)
             pad_offset = self._arena.alloc(pad_nbytes)
             # the heap-call signatures and view masks (_agree) use the pad's last four
@@ -470,8 +471,11 @@ class World:
         global _current
         if self._finalized:
             raise ShmemStateError("finalize: this World is already finalized")
-        if self._default_ctx is not None and not self.heap.device_memory:
-            self._default_ctx.quiet()  # outstanding non-blocking puts land before teardown
+        if not self.heap.device_memory:
+            # outstanding non-blocking operations of every open context land before teardown
+            for ctx in list(self._contexts):
+                if not ctx.closed:
+                    ctx.quiet()
         self._finalized = True
         with _lock:
             if _current is self:

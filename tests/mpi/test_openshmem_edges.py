@@ -369,3 +369,14 @@ def test_alltoalls_out_too_small_on_one_rank_raises_everywhere_with_check_args()
         comm.close()
     finally:
         w.finalize()
+
+
+def test_finalize_completes_every_open_context() -> None:
+    """Operations still outstanding on a user context land before the heap goes (finalize
+    completed the default context only)."""
+    w = shmem.init(heap_nbytes="8MiB", signal_timeout_s=10.0)
+    x = w.zeros(1024, "int64")
+    ctx = w.create_context()
+    ctx.put_nbi(x, _right(w), np.ones(1024, np.int64))
+    w.finalize()
+    assert "pending=0" in repr(ctx), repr(ctx)
