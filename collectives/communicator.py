@@ -151,7 +151,8 @@ class Communicator:
         if self._ch is None:
             raise ShmemStateError(
                 f"Communicator.{where}: not available on the nvshmem backend yet (its GPU "
-                "kernels cover all_reduce); use a host World (backend='host') for it"
+                "kernels cover all_reduce, reduce_scatter, all_gather, broadcast and "
+                "all_to_all); use a host World (backend='host') for it"
             )
         return self._ch
 
@@ -400,6 +401,9 @@ class Communicator:
         tc = self._on_team("reduce_scatter")
         if tc is not None:
             return tc.reduce_scatter(x, op, out)
+        if self._gpu is not None:  # the nvshmem backend: GPU kernels (collectives/gpu.py)
+            self._live("reduce_scatter")
+            return cast("Input", self._gpu.family("reduce_scatter", x, out, op=str(op)))
         with self._call(self._channel("reduce_scatter")) as ch:
             return _reduce_scatter(ch, x, op, out)
 
@@ -413,6 +417,9 @@ class Communicator:
         tc = self._on_team("all_gather")
         if tc is not None:
             return tc.all_gather(x, out)
+        if self._gpu is not None:
+            self._live("all_gather")
+            return cast("Input", self._gpu.family("all_gather", x, out))
         with self._call(self._channel("all_gather")) as ch:
             return _all_gather(ch, x, out)
 
@@ -427,6 +434,9 @@ class Communicator:
         tc = self._on_team("broadcast")
         if tc is not None:
             return tc.broadcast(x, root, out)
+        if self._gpu is not None:
+            self._live("broadcast")
+            return cast("Input", self._gpu.family("broadcast", x, out, root=root))
         with self._call(self._channel("broadcast")) as ch:
             return _broadcast(ch, x, root, out)
 
@@ -440,6 +450,9 @@ class Communicator:
         tc = self._on_team("all_to_all")
         if tc is not None:
             return tc.all_to_all(x, out)
+        if self._gpu is not None:
+            self._live("all_to_all")
+            return cast("Input", self._gpu.family("all_to_all", x, out))
         with self._call(self._channel("all_to_all")) as ch:
             return _all_to_all(ch, x, out)
 

@@ -40,10 +40,12 @@ from shmem.dtypes import dtype_name
 from shmem.errors import GpuCollectiveError, ShmemError, SignalTimeoutError
 from shmem.heap import DeviceSymmetricHeap
 
+from .schedule import shard_of
+
 if TYPE_CHECKING:
     from .communicator import Communicator
 
-__all__ = ["GPU_DTYPES", "GPU_OPS", "GpuAllReduce", "grid_blocks"]
+__all__ = ["GPU_DTYPES", "GPU_OPS", "GpuAllReduce", "GpuCollectives", "grid_blocks"]
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +65,8 @@ def grid_blocks(count: int, multiprocessors: int) -> int:
 
 
 class GpuAllReduce:
-    """The GPU all-reduce of one Communicator (collective construction and close)."""
+    """The GPU collectives of one Communicator (collective construction and close): the
+    all-reduce, and the rest of the family on its stages and scratch."""
 
     def __init__(self, comm: Communicator) -> None:
         world = comm.world
@@ -188,6 +191,183 @@ class GpuAllReduce:
             return dst.to_numpy().reshape(np.shape(x))
         return out if out is not None else dst
 
+    def family(
+        self,
+        name: str,
+        x: Any,
+        out: Any = None,
+        *,
+        root: int = 0,
+        op: str = "sum",
+    ) -> object:
+        """``all_gather``, ``broadcast``, ``all_to_all`` or ``reduce_scatter`` on the GPU,
+        over the all-reduce's stages and scratch (pieces of at most the scratch), ordered on
+        the World's context stream. Inputs and outputs as :meth:`all_reduce`'s (numpy is
+        copied to and from the GPU); ``broadcast`` writes into ``x`` by default."""
+        where = f"Communicator.{name}"
+        error: Exception | None = None
+        checked: tuple[Buffer, Buffer, int] | None = None
+        try:
+            checked = self._family_args(name, x, out, root, op, where)
+        except (ValueError, TypeError, ShmemError) as exc:
+            error = exc
+        if self.check_args:
+            self.calls += 1
+            record: tuple[object, ...] = (name, "invalid")
+            if checked is not None:
+                src0 = checked[0]
+                extra = (
+                    (op,) if name == "reduce_scatter" else (root,) if name == "broadcast" else ()
+                )
+                record = (name, src0.num_elements, dtype_name(src0.dtype), *extra)
+            compare_across_ranks(
+                self.world.comm,
+                where,
+                self.calls,
+                record,
+                error,
+                self.world.config.signal.timeout_s,
+                self.heap.progress,
+            )
+        if error is not None or checked is None:
+            raise error if error is not None else GpuCollectiveError(f"{where}: invalid arguments")
+        src, dst, _ = checked
+        stream = self.world.ctx.stream
+        self._family_run(name, src, dst, root, op, stream)
+        self.comm.stats.count(f"gpu_{name}")
+        target = x if (name == "broadcast" and out is None) else out
+        if isinstance(target, np.ndarray):
+            np.copyto(target.reshape(-1), dst.to_numpy().reshape(-1))
+            return target
+        if target is None:
+            return dst.to_numpy() if isinstance(x, np.ndarray) else dst
+        if name == "broadcast" and out is None and isinstance(x, SHMEMBuffer):
+            return x
+        return target
+
+    def _family_args(
+        self, name: str, x: Any, out: Any, root: int, op: str, where: str
+    ) -> tuple[Buffer, Buffer, int]:
+        """``(source, destination, destination count)`` after the checks every rank makes
+        alike."""
+        if self.broken:
+            raise GpuCollectiveError(
+                f"{where}: this communicator's GPU stages are out of step after an earlier "
+                "failure; make a new Communicator"
+            )
+        if self._unreachable:
+            raise GpuCollectiveError(
+                f"{where}: ranks {self._unreachable} are not load/store reachable from rank "
+                f"{self.rank}; the GPU collectives need every peer on this node"
+            )
+        src = _as_device_buffer(x, self.heap.device, where)
+        n, size = src.num_elements, self.size
+        if name == "reduce_scatter":
+            if dtype_name(src.dtype) not in GPU_DTYPES or op not in GPU_OPS:
+                raise GpuCollectiveError(
+                    f"{where}: the GPU reduce_scatter takes {list(GPU_DTYPES)} and ops "
+                    f"{list(GPU_OPS)} (got {dtype_name(src.dtype)}, {op!r})"
+                )
+            lo, hi = _shard(n, size, self.rank)
+            count = hi - lo
+        elif name == "all_gather":
+            count = n * size
+        elif name == "all_to_all":
+            if n % size:
+                raise GpuCollectiveError(
+                    f"{where}: invalid count (got {n}; expected a multiple of the world size "
+                    f"{size})"
+                )
+            count = n
+        else:  # broadcast
+            if isinstance(root, bool) or not isinstance(root, int | np.integer):
+                raise GpuCollectiveError(f"{where}: invalid root (got {root!r})")
+            if not 0 <= root < size:
+                raise GpuCollectiveError(
+                    f"{where}: invalid root (got {root}; expected 0 <= root < {size})"
+                )
+            count = n
+        target = x if (name == "broadcast" and out is None) else out
+        if target is None or isinstance(target, np.ndarray):
+            if isinstance(target, np.ndarray) and (
+                target.dtype != src.dtype or target.size != count or not target.flags.writeable
+            ):
+                raise GpuCollectiveError(
+                    f"{where}: out does not match (got {target.dtype} {target.size} elements, "
+                    f"writeable {target.flags.writeable}; expected a writeable "
+                    f"{dtype_name(src.dtype)} array of {count})"
+                )
+            dst = Buffer(src.dtype, (count,), device=self.heap.device, stream=self.world.ctx)
+        else:
+            dst = _as_device_buffer(target, self.heap.device, where, output=True)
+            if dst.dtype != src.dtype or dst.num_elements != count:
+                raise GpuCollectiveError(
+                    f"{where}: out does not match (got {dtype_name(dst.dtype)} "
+                    f"{dst.num_elements} elements; expected {dtype_name(src.dtype)} {count})"
+                )
+        return src, dst, count
+
+    def _family_run(
+        self, name: str, src: Buffer, dst: Buffer, root: int, op: str, stream: Any
+    ) -> None:
+        """The launches of one family call, in pieces of at most the scratch."""
+        scratch_t = np.uint64(int(self._tables.handle))
+        isz, n, cap, size = src.element_size, src.num_elements, self.capacity, self.size
+        s_ptr, d_ptr = src.unsafe_ptr(), dst.unsafe_ptr()
+        device = self.heap.device.id
+        if name == "reduce_scatter":
+            key = dtype_name(src.dtype)
+            if key == "float32" and self._acc64:
+                key = "float32_acc64"
+            fn = shmem_cuda.load_kernel(device, KERNELS, f"reduce_scatter_{key}_{op}")
+            lo, hi = _shard(n, size, self.rank)
+            step = max(1, cap // isz)
+            for a in range(0, max(n, 1), step):
+                b = min(a + step, n)
+                plo, phi = max(lo, a), min(hi, b)
+                if phi < plo:
+                    plo = phi = a  # my shard is not in this piece: take part in its stages
+                data: list[Any] = [
+                    np.uint64(s_ptr + a * isz),
+                    scratch_t,
+                    np.uint64(d_ptr + (plo - lo) * isz if phi > plo else d_ptr),
+                    np.uint64(b - a),
+                    np.uint64(plo - a),
+                    np.uint64(phi - a),
+                ]
+                blocks = grid_blocks(max(b - a, 1), self._sms)
+                self._staged(name, "one_shot", fn, blocks, data, 2, stream)
+            return
+        fn = shmem_cuda.load_kernel(device, KERNELS, f"family_{name}")
+        nbytes = n * isz
+        if name == "all_to_all":
+            part = nbytes // size
+            step = max(1, cap // size)
+            for a in range(0, max(part, 1), step):
+                piece = min(step, part - a)
+                data = [
+                    np.uint64(s_ptr + a),
+                    scratch_t,
+                    np.uint64(d_ptr + a),
+                    np.uint64(max(piece, 0)),
+                    np.uint64(part),
+                ]
+                blocks = grid_blocks(max(piece * size // 4, 1), self._sms)
+                self._staged(name, "one_shot", fn, blocks, data, 2, stream)
+            return
+        for a in range(0, max(nbytes, 1), cap):
+            piece = min(cap, nbytes - a)
+            tail: Any = np.int32(root) if name == "broadcast" else np.uint64(nbytes)
+            data = [
+                np.uint64(s_ptr + a),
+                scratch_t,
+                np.uint64(d_ptr + a),
+                np.uint64(max(piece, 0)),
+                tail,
+            ]
+            blocks = grid_blocks(max(piece // 4, 1), self._sms)
+            self._staged(name, "one_shot", fn, blocks, data, 2, stream)
+
     def _validate(
         self,
         x: Any,
@@ -248,14 +428,35 @@ class GpuAllReduce:
         op: str,
         stream: shmem_cuda.CudaStream,
     ) -> None:
-        size = self.size
-        blocks = grid_blocks(count, self._sms)
         tables = int(self._tables.handle)
-        scratch_t, results_t, flags_t = tables, tables + 8 * size, tables + 16 * size
+        scratch_t, results_t = tables, tables + 8 * self.size
+        data = [np.uint64(src.unsafe_ptr() + byte_off), np.uint64(scratch_t)]
+        if algo == "two_shot":
+            data.append(np.uint64(results_t))
+        data += [np.uint64(dst.unsafe_ptr() + byte_off), np.uint64(count)]
+        fn = self._kernel(algo, src.dtype, op)
+        self._staged(
+            "all_reduce", algo, fn, grid_blocks(count, self._sms), data, STAGES[algo], stream
+        )
+
+    def _staged(
+        self,
+        name: str,
+        algo: str,
+        fn: Any,
+        blocks: int,
+        data: list[Any],
+        stages: int,
+        stream: shmem_cuda.CudaStream,
+    ) -> None:
+        """Launch one staged kernel (``data``, then the stage arguments) and check its status
+        word: a peer that did not arrive in time is a :class:`SignalTimeoutError` here."""
+        size = self.size
+        tables = int(self._tables.handle)
         arrive = int(self._arrive.handle)
         status = arrive + 4
         sync = (
-            np.uint64(flags_t),
+            np.uint64(tables + 16 * size),  # the flags table
             np.uint64(arrive),
             np.uint32(self._arrived & 0xFFFFFFFF),
             np.uint64(self._stage),
@@ -264,25 +465,20 @@ class GpuAllReduce:
             np.int32(self.rank),
             np.int32(size),
         )
-        data = [np.uint64(src.unsafe_ptr() + byte_off), np.uint64(scratch_t)]
-        if algo == "two_shot":
-            data.append(np.uint64(results_t))
-        data += [np.uint64(dst.unsafe_ptr() + byte_off), np.uint64(count)]
-        fn = self._kernel(algo, src.dtype, op)
         shmem_cuda.launch(stream, fn, blocks, THREADS, *data, *sync, cooperative=True)
         shmem_cuda.memcpy_async(int(self._status.ctypes.data), status, 4, stream)
         stream.sync()  # the status word: a peer timeout is raised by this call
-        self._stage += STAGES[algo]
-        self._arrived += blocks * STAGES[algo]
+        self._stage += stages
+        self._arrived += blocks * stages
         if self._status[0]:
             self.broken = True
             wait = int(self._status[0])
             what = "to finish the previous call" if wait == 1 else f"at step {wait - 1}"
             raise SignalTimeoutError(
-                f"Communicator.all_reduce ({algo}): rank {self.rank} timed out after "
+                f"Communicator.{name} ({algo}): rank {self.rank} timed out after "
                 f"{self.world.config.signal.timeout_s:g} s waiting for every rank {what} "
-                "(a peer failed or is not calling all_reduce)",
-                operation="all_reduce",
+                f"(a peer failed or is not calling {name})",
+                operation=name,
                 slot=-1,
                 expected=f"every rank {what}",
                 last_value=-1,
@@ -360,3 +556,12 @@ def _as_device_buffer(x: Any, device: Any, where: str, output: bool = False) -> 
     if not x.is_contiguous:
         x = x.contiguous()
     return cast(Buffer, x)
+
+
+def _shard(n: int, parts: int, index: int) -> tuple[int, int]:
+    """Elements ``[lo, hi)`` of shard ``index`` (collectives.schedule.shard_of; the kernels'
+    ``shard``)."""
+    return shard_of(n, parts, index)
+
+
+GpuCollectives = GpuAllReduce  # the name for what it has become

@@ -249,8 +249,7 @@ class TeamCollectives:
                 )
             if out is not None and _count(out) < need_dst:  # before the ranks agree
                 raise CollectiveArgumentError(
-                    f"{where}: out too small (got {_count(out)} elements; expected >= "
-                    f"{need_dst})"
+                    f"{where}: out too small (got {_count(out)} elements; expected >= {need_dst})"
                 )
 
         xin, ret, dst = prepare(

@@ -249,3 +249,103 @@ FOR_OPS(bfloat16, bf16, float)
 FOR_OPS(float32, float, float)
 FOR_OPS(float32_acc64, float, double)
 FOR_OPS(float64, double, double)
+
+// -- the rest of the family, over the same two stages as one_shot --------------------------
+//
+// Data moves as bytes (the dtype does not matter), except reduce_scatter, which reduces like
+// one_shot. A call may be one piece of a larger one (the host cuts it to fit the scratch):
+// pointers come offset to the piece, and ``stride`` is the distance between the per-rank
+// parts of the whole arrays.
+
+typedef unsigned char u8;
+
+__device__ __forceinline__ void copy_bytes(const u8* src, u8* dst, u64 n) {
+    if (src == dst) return;
+    u64 stride = (u64)gridDim.x * blockDim.x;
+    u64 t = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    if ((((u64)src | (u64)dst | n) & 15) == 0) {  // 16-byte words where both are aligned
+        const uint4* s = (const uint4*)src;
+        uint4* d = (uint4*)dst;
+        for (u64 i = t; i < n / 16; i += stride) d[i] = s[i];
+        return;
+    }
+    for (u64 i = t; i < n; i += stride) dst[i] = src[i];
+}
+
+// out + r * stride receives rank r's ``nbytes`` (all_gather, fcollect)
+extern "C" __global__ void family_all_gather(
+    const u8* input, const u8* const* scratch, u8* out, u64 nbytes, u64 stride, SYNC_PARAMS) {
+    Sync s = SYNC_VALUE;
+    if (!wait_for(s, s.stage0 - 1)) return;
+    copy_bytes(input, (u8*)scratch[s.rank], nbytes);
+    ::arrive(s, 0);  // (a parameter named arrive shadows it here)
+    if (!wait_for(s, s.stage0)) return;
+    for (int r = 0; r < s.size; ++r) copy_bytes(scratch[r], out + (u64)r * stride, nbytes);
+    ::arrive(s, 1);  // done reading peers' scratch
+}
+
+// out receives the root's ``nbytes``
+extern "C" __global__ void family_broadcast(
+    const u8* input, const u8* const* scratch, u8* out, u64 nbytes, int root, SYNC_PARAMS) {
+    Sync s = SYNC_VALUE;
+    if (!wait_for(s, s.stage0 - 1)) return;
+    if (s.rank == root) copy_bytes(input, (u8*)scratch[s.rank], nbytes);
+    ::arrive(s, 0);  // (a parameter named arrive shadows it here)
+    if (!wait_for(s, s.stage0)) return;
+    copy_bytes(scratch[root], out, nbytes);
+    ::arrive(s, 1);
+}
+
+// part j of the input (at input + j * stride, ``nbytes``) goes to rank j; part r of out
+// (at out + r * stride) comes from rank r. Staged packed: scratch[rank] + j * nbytes.
+extern "C" __global__ void family_all_to_all(
+    const u8* input, const u8* const* scratch, u8* out, u64 nbytes, u64 stride, SYNC_PARAMS) {
+    Sync s = SYNC_VALUE;
+    if (!wait_for(s, s.stage0 - 1)) return;
+    for (int j = 0; j < s.size; ++j)
+        copy_bytes(input + (u64)j * stride, (u8*)scratch[s.rank] + (u64)j * nbytes, nbytes);
+    ::arrive(s, 0);  // (a parameter named arrive shadows it here)
+    if (!wait_for(s, s.stage0)) return;
+    for (int r = 0; r < s.size; ++r)
+        copy_bytes(scratch[r] + (u64)s.rank * nbytes, out + (u64)r * stride, nbytes);
+    ::arrive(s, 1);
+}
+
+// elements [lo, hi) of the piece (``n`` elements staged from every rank), reduced in rank
+// order like one_shot, into out[0, hi - lo)
+template <typename T, typename A, int OP>
+__device__ void reduce_scatter(
+    const T* input, const T* const* scratch, T* out, u64 n, u64 lo, u64 hi, Sync s) {
+    if (!wait_for(s, s.stage0 - 1)) return;
+    copy_range(input, (T*)scratch[s.rank], 0, n);
+    arrive(s, 0);
+    if (!wait_for(s, s.stage0)) return;
+    u64 stride = (u64)gridDim.x * blockDim.x;
+    for (u64 i = lo + (u64)blockIdx.x * blockDim.x + threadIdx.x; i < hi; i += stride) {
+        A acc = to_acc(scratch[0][i], A());
+        for (int r = 1; r < s.size; ++r) acc = apply<OP, A>(acc, to_acc(scratch[r][i], A()));
+        if (OP == OP_AVG) acc = acc / (A)s.size;
+        from_acc(acc, &out[i - lo]);
+    }
+    arrive(s, 1);
+}
+
+#define INSTANTIATE_RS(NAME, T, A, OP)                                                       \
+    extern "C" __global__ void reduce_scatter_##NAME(                                        \
+        const T* input, const T* const* scratch, T* out, u64 n, u64 lo, u64 hi,              \
+        SYNC_PARAMS) {                                                                        \
+        reduce_scatter<T, A, OP>(input, scratch, out, n, lo, hi, SYNC_VALUE);                 \
+    }
+
+#define FOR_OPS_RS(TNAME, T, A)                   \
+    INSTANTIATE_RS(TNAME##_sum, T, A, OP_SUM)     \
+    INSTANTIATE_RS(TNAME##_avg, T, A, OP_AVG)     \
+    INSTANTIATE_RS(TNAME##_prod, T, A, OP_PROD)   \
+    INSTANTIATE_RS(TNAME##_min, T, A, OP_MIN)     \
+    INSTANTIATE_RS(TNAME##_max, T, A, OP_MAX)
+
+FOR_OPS_RS(float16, f16, float)
+FOR_OPS_RS(bfloat16, bf16, float)
+FOR_OPS_RS(float32, float, float)
+FOR_OPS_RS(float32_acc64, float, double)
+FOR_OPS_RS(float64, double, double)

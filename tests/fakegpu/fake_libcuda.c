@@ -151,6 +151,23 @@ CUresult cuLaunchKernelEx(const CUlaunchConfig* c,void* f,void** params,void** e
     if(in!=scratch[0]) memcpy(scratch[0],in,n*es);
     if(two){ memcpy(results[0],scratch[0],n*es); memcpy(out,results[0],n*es);} else memcpy(out,scratch[0],n*es);
     flags[0][0]=stage0+stages-1; *arrive += c->gx*stages;
+  } else if(!strncmp(nm,"family_",7) || !strncmp(nm,"reduce_scatter_",15)){
+    /* one rank: every part is this rank's own; the stage bookkeeping as the real kernel */
+    int rs = nm[0]=='r'; int bc = !strcmp(nm,"family_broadcast"); int a2a = !strcmp(nm,"family_all_to_all");
+    int k=0; char* in=*(char**)params[k++]; char** scratch=*(char***)params[k++]; char* out=*(char**)params[k++];
+    unsigned long long n=*(unsigned long long*)params[k++]; unsigned long long lo=0, hi=0, stride=0; int root=0;
+    if(rs){ lo=*(unsigned long long*)params[k++]; hi=*(unsigned long long*)params[k++]; }
+    else if(bc) root=*(int*)params[k++]; else stride=*(unsigned long long*)params[k++];
+    uint64_t** flags=*(uint64_t***)params[k++]; unsigned* arrive=*(unsigned**)params[k++]; unsigned base=*(unsigned*)params[k++];
+    uint64_t stage0=*(uint64_t*)params[k++]; k++; int* status=*(int**)params[k++]; int rank=*(int*)params[k++]; int size=*(int*)params[k++];
+    LOG("  %s n=%llu lo=%llu hi=%llu stride=%llu root=%d rank=%d size=%d stage0=%llu",nm,n,lo,hi,stride,root,rank,size,(unsigned long long)stage0);
+    if(size!=1){fprintf(stderr,"[fake] family emulated for one rank only\n"); return 1;}
+    if(*arrive!=base) fprintf(stderr,"[fake] ARRIVE MISMATCH: counter %u, host base %u\n",*arrive,base);
+    if(flags[0][0] < stage0-1){ *status=1; fprintf(stderr,"[fake] ENTRY: flag %llu < stage0-1 %llu\n",(unsigned long long)flags[0][0],(unsigned long long)(stage0-1)); return 0; }
+    if(rs){ const char* dt=nm+15; int es = (!strncmp(dt,"float16",7)||!strncmp(dt,"bfloat16",8)) ? 2 : !strncmp(dt,"float64",7) ? 8 : 4;
+      memcpy(scratch[0],in,n*es); if(hi>lo) memcpy(out,scratch[0]+lo*es,(hi-lo)*es); }
+    else { memcpy(scratch[0],in,n); memcpy(out,scratch[0],n); (void)a2a; }
+    flags[0][0]=stage0+1; *arrive += c->gx*2;
   } else if(!strcmp(nm,"allreduce_drain")){
     uint64_t** flags=*(uint64_t***)params[0]; uint64_t stage0=*(uint64_t*)params[3]; int* status=*(int**)params[5];
     if(flags[0][0] < stage0-1){*status=1; fprintf(stderr,"[fake] DRAIN: flag %llu < %llu\n",(unsigned long long)flags[0][0],(unsigned long long)(stage0-1));}

@@ -61,6 +61,7 @@ def test_gpu_paths_run_end_to_end_on_the_fake_driver(tmp_path: Path) -> None:
     assert summary and "; 0 failed" in summary[-1], output[-4000:]
     assert "OK   lock: set, test while held" in output and "OK   bitwise atomic" in output
     assert "OK   all_reduce honours check_args" in output, output[-4000:]
+    assert "OK   family on the GPU stages" in output, output[-4000:]
     assert int(summary[-1].split()[1]) >= 56, summary  # the OpenSHMEM refusals and locks
     for problem in ("MISMATCH", "PEERFAULT", "ARRIVE MISMATCH", "ENTRY:", "DRAIN:"):
         assert problem not in output, output[-4000:]
