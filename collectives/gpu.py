@@ -29,7 +29,8 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import TYPE_CHECKING, Any, cast
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import numpy as np
 
@@ -48,6 +49,7 @@ if TYPE_CHECKING:
 __all__ = ["GPU_DTYPES", "GPU_OPS", "GpuAllReduce", "GpuCollectives", "grid_blocks"]
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 GPU_DTYPES = ("float16", "bfloat16", "float32", "float64")
 GPU_OPS = ("sum", "avg", "prod", "min", "max")
@@ -154,30 +156,11 @@ class GpuAllReduce:
         numpy, else a GPU Buffer). ``stream``: a GPU DeviceContext of this rank's device the
         call is ordered on (see the module docstring)."""
         where = "Communicator.all_reduce"
-        error: Exception | None = None
-        checked: tuple[Buffer, Buffer, str, bool, Any] | None = None
-        try:
-            checked = self._validate(x, op, out, algorithm, stream, where)
-        except (ValueError, TypeError, ShmemError) as exc:
-            error = exc
-        if self.check_args:  # [collectives] check_args: every rank compares the call first
-            self.calls += 1
-            record: tuple[object, ...] = ("all_reduce", "invalid")
-            if checked is not None:
-                src0 = checked[0]
-                record = ("all_reduce", src0.num_elements, dtype_name(src0.dtype), op, checked[2])
-            compare_across_ranks(
-                self.world.comm,
-                where,
-                self.calls,
-                record,
-                error,
-                self.world.config.signal.timeout_s,
-                self.heap.progress,
-            )
-        if error is not None or checked is None:
-            raise error if error is not None else GpuCollectiveError(f"{where}: invalid arguments")
-        src, dst, algo, host_out, cu_stream = checked
+        src, dst, algo, host_out, cu_stream = self._agreed(
+            where,
+            lambda: self._validate(x, op, out, algorithm, stream, where),
+            lambda c: (c[0], (op, c[2])),
+        )
         n, item = src.num_elements, src.element_size
         step = self.capacity // item
         for lo in range(0, n, step):
@@ -190,6 +173,41 @@ class GpuAllReduce:
         if host_out:
             return dst.to_numpy().reshape(np.shape(x))
         return out if out is not None else dst
+
+    def _agreed(
+        self,
+        where: str,
+        validate: Callable[[], _T],
+        describe: Callable[[_T], tuple[Buffer, tuple[object, ...]]],
+    ) -> _T:
+        """``validate()``'s result, after ``[collectives] check_args`` compared the call
+        across ranks (``describe``: the source and the arguments besides count and dtype);
+        an invalid argument raises on every rank then, else on this rank."""
+        error: Exception | None = None
+        checked: _T | None = None
+        try:
+            checked = validate()
+        except (ValueError, TypeError, ShmemError) as exc:
+            error = exc
+        if self.check_args:
+            self.calls += 1
+            name = where.rsplit(".", 1)[-1]
+            record: tuple[object, ...] = (name, "invalid")
+            if checked is not None:
+                src, extra = describe(checked)
+                record = (name, src.num_elements, dtype_name(src.dtype), *extra)
+            compare_across_ranks(
+                self.world.comm,
+                where,
+                self.calls,
+                record,
+                error,
+                self.world.config.signal.timeout_s,
+                self.heap.progress,
+            )
+        if error is not None or checked is None:
+            raise error if error is not None else GpuCollectiveError(f"{where}: invalid arguments")
+        return checked
 
     def family(
         self,
@@ -205,33 +223,12 @@ class GpuAllReduce:
         the World's context stream. Inputs and outputs as :meth:`all_reduce`'s (numpy is
         copied to and from the GPU); ``broadcast`` writes into ``x`` by default."""
         where = f"Communicator.{name}"
-        error: Exception | None = None
-        checked: tuple[Buffer, Buffer, int] | None = None
-        try:
-            checked = self._family_args(name, x, out, root, op, where)
-        except (ValueError, TypeError, ShmemError) as exc:
-            error = exc
-        if self.check_args:
-            self.calls += 1
-            record: tuple[object, ...] = (name, "invalid")
-            if checked is not None:
-                src0 = checked[0]
-                extra = (
-                    (op,) if name == "reduce_scatter" else (root,) if name == "broadcast" else ()
-                )
-                record = (name, src0.num_elements, dtype_name(src0.dtype), *extra)
-            compare_across_ranks(
-                self.world.comm,
-                where,
-                self.calls,
-                record,
-                error,
-                self.world.config.signal.timeout_s,
-                self.heap.progress,
-            )
-        if error is not None or checked is None:
-            raise error if error is not None else GpuCollectiveError(f"{where}: invalid arguments")
-        src, dst, _ = checked
+        extra = (op,) if name == "reduce_scatter" else (root,) if name == "broadcast" else ()
+        src, dst, _ = self._agreed(
+            where,
+            lambda: self._family_args(name, x, out, root, op, where),
+            lambda c: (c[0], extra),
+        )
         stream = self.world.ctx.stream
         self._family_run(name, src, dst, root, op, stream)
         self.comm.stats.count(f"gpu_{name}")
