@@ -119,7 +119,8 @@ class GpuAllReduce:
             self.heap.device.id, KERNELS, f"allreduce_{algorithm}_{name}_{op}"
         )
 
-    def _check(self, x: Any, op: str, where: str) -> Buffer:
+    def _source(self, x: Any, where: str) -> Buffer:
+        """``x`` on this rank's GPU, once this communicator can run a call at all."""
         if self.broken:
             raise GpuCollectiveError(
                 f"{where}: this communicator's GPU stages are out of step after an earlier "
@@ -128,9 +129,12 @@ class GpuAllReduce:
         if self._unreachable:
             raise GpuCollectiveError(
                 f"{where}: ranks {self._unreachable} are not load/store reachable from rank "
-                f"{self.rank} (other nodes); the GPU all-reduce needs every peer on this node"
+                f"{self.rank} (other nodes); the GPU collectives need every peer on this node"
             )
-        buf = _as_device_buffer(x, self.heap.device, where)
+        return _as_device_buffer(x, self.heap.device, where)
+
+    def _check(self, x: Any, op: str, where: str) -> Buffer:
+        buf = self._source(x, where)
         name = dtype_name(buf.dtype)
         if name not in GPU_DTYPES:
             raise GpuCollectiveError(
@@ -247,17 +251,7 @@ class GpuAllReduce:
     ) -> tuple[Buffer, Buffer, int]:
         """``(source, destination, destination count)`` after the checks every rank makes
         alike."""
-        if self.broken:
-            raise GpuCollectiveError(
-                f"{where}: this communicator's GPU stages are out of step after an earlier "
-                "failure; make a new Communicator"
-            )
-        if self._unreachable:
-            raise GpuCollectiveError(
-                f"{where}: ranks {self._unreachable} are not load/store reachable from rank "
-                f"{self.rank}; the GPU collectives need every peer on this node"
-            )
-        src = _as_device_buffer(x, self.heap.device, where)
+        src = self._source(x, where)
         n, size = src.num_elements, self.size
         if name == "reduce_scatter":
             if dtype_name(src.dtype) not in GPU_DTYPES or op not in GPU_OPS:
