@@ -38,10 +38,16 @@ from shmem import Buffer, DeviceContext, SHMEMBuffer
 from shmem import cuda as shmem_cuda
 from shmem.agreement import compare_across_ranks
 from shmem.dtypes import dtype_name
-from shmem.errors import GpuCollectiveError, ShmemError, SignalTimeoutError
+from shmem.errors import (
+    CollectiveMismatchError,
+    GpuCollectiveError,
+    ShmemError,
+    SignalTimeoutError,
+)
 from shmem.heap import DeviceSymmetricHeap
 
 from .schedule import shard_of
+from .signature import describe, signature
 
 if TYPE_CHECKING:
     from .communicator import Communicator
@@ -78,13 +84,15 @@ class GpuAllReduce:
         self.rank, self.size = world.rank, world.world_size
         self.check_args = world.config.collectives.check_args
         self.calls = 0  # calls compared across ranks (check_args)
+        self.signature = 0  # the current call's (collectives.signature), compared in-kernel
         unreachable = [r for r in range(self.size) if not self.heap.is_local(r)]
         self._unreachable = unreachable
         cfg = world.config.collectives
         self.capacity = max(int(cfg.scratch_nbytes), 1 << 20)
         self.scratch = world.zeros(self.capacity, "uint8")
         self.results = world.zeros(self.capacity, "uint8")
-        self.flags = world.zeros(self.size, "uint64")
+        # per rank: each sender's stage, then each sender's call signature
+        self.flags = world.zeros(2 * self.size, "uint64")
         gpu = self.heap.gpu.current()
         stream = self.heap.stream
         self._arrive = gpu.allocate(8, stream=stream)  # u32 arrival counter, then the status
@@ -182,10 +190,10 @@ class GpuAllReduce:
         self,
         where: str,
         validate: Callable[[], _T],
-        describe: Callable[[_T], tuple[Buffer, tuple[object, ...]]],
+        summary: Callable[[_T], tuple[Buffer, tuple[object, ...]]],
     ) -> _T:
         """``validate()``'s result, after ``[collectives] check_args`` compared the call
-        across ranks (``describe``: the source and the arguments besides count and dtype);
+        across ranks (``summary``: the source and the arguments besides count and dtype);
         an invalid argument raises on every rank then, else on this rank."""
         error: Exception | None = None
         checked: _T | None = None
@@ -193,13 +201,15 @@ class GpuAllReduce:
             checked = validate()
         except (ValueError, TypeError, ShmemError) as exc:
             error = exc
+        name = where.rsplit(".", 1)[-1]
+        record: tuple[object, ...] = (name, "invalid")
+        if checked is not None:
+            src, extra = summary(checked)
+            record = (name, src.num_elements, dtype_name(src.dtype), *extra)
+        # always on: the kernels compare every rank's signature when the inputs are staged
+        self.signature = signature(record) if error is None else 0
         if self.check_args:
             self.calls += 1
-            name = where.rsplit(".", 1)[-1]
-            record: tuple[object, ...] = (name, "invalid")
-            if checked is not None:
-                src, extra = describe(checked)
-                record = (name, src.num_elements, dtype_name(src.dtype), *extra)
             compare_across_ranks(
                 self.world.comm,
                 where,
@@ -455,12 +465,21 @@ class GpuAllReduce:
             np.uint64(status),
             np.int32(self.rank),
             np.int32(size),
+            np.uint64(self.signature),
         )
         shmem_cuda.launch(stream, fn, blocks, THREADS, *data, *sync, cooperative=True)
         shmem_cuda.memcpy_async(int(self._status.ctypes.data), status, 4, stream)
         stream.sync()  # the status word: a peer timeout is raised by this call
         self._stage += stages
         self._arrived += blocks * stages
+        if self._status[0] < 0:  # rank q's call differs (compared in the kernel)
+            self.broken = True
+            q = -int(self._status[0]) - 1
+            words = self.flags.local().to_numpy()
+            raise CollectiveMismatchError(
+                f"Communicator.{name}: ranks called different collectives (rank {self.rank}: "
+                f"{describe(self.signature)}; rank {q}: {describe(int(words[size + q]))})"
+            )
         if self._status[0]:
             self.broken = True
             wait = int(self._status[0])

@@ -99,9 +99,10 @@ struct Sync {
     u32 arrive_base;    // its value before this launch
     u64 stage0;         // the first stage number of this call
     u64 timeout_ns;
-    int* status;        // 0, or the stage that timed out (+1)
+    int* status;        // 0; the stage that timed out (+1); or -(q + 1): rank q's call differs
     int rank;
     int size;
+    u64 sig;            // this call's signature (collectives.signature; 0: not compared)
 };
 
 __device__ __forceinline__ void store_release_sys(u64* p, u64 v) {
@@ -126,13 +127,18 @@ __device__ void arrive(const Sync& s, int k) {
         u32 old = atomicAdd(s.arrive, 1u);
         if (old + 1 == s.arrive_base + gridDim.x * (u32)(k + 1)) {  // the last block here
             __threadfence_system();
+            if (k == 0 && s.sig != 0)  // the call's signature, in each peer's flags after
+                for (int r = 0; r < s.size; ++r)  // the stage slots (released with stage0)
+                    store_release_sys(&s.flags[r][s.size + s.rank], s.sig);
             for (int r = 0; r < s.size; ++r) store_release_sys(&s.flags[r][s.rank], s.stage0 + k);
         }
     }
 }
 
 // Waits until every rank has published stage ``want``; false (and the stage recorded in
-// *status) when one did not in time.
+// *status) when one did not in time. At stage0 it also compares every rank's call signature
+// with this one's: a differing call records -(q + 1) for rank q and returns false (every rank
+// sees the difference at the same stage, so all stop there).
 __device__ bool wait_for(const Sync& s, u64 want) {
     __shared__ int ok;
     if (threadIdx.x == 0) ok = 1;
@@ -145,6 +151,13 @@ __device__ bool wait_for(const Sync& s, u64 want) {
                 atomicCAS(s.status, 0, (int)(want + 2 - s.stage0));  // 1: entry wait
                 ok = 0;
                 break;
+            }
+        }
+        if (ok && want == s.stage0 && s.sig != 0) {  // acquired with the stage: compare
+            u64 theirs = load_acquire_sys(&s.flags[s.rank][s.size + threadIdx.x]);
+            if (theirs != s.sig) {
+                atomicCAS(s.status, 0, -(int)threadIdx.x - 1);
+                ok = 0;
             }
         }
     }
@@ -211,7 +224,7 @@ __device__ void two_shot(
 extern "C" __global__ void allreduce_drain(
     u64* const* flags, u32* arrive, u32 arrive_base, u64 stage0, u64 timeout_ns, int* status,
     int rank, int size) {
-    Sync s{flags, arrive, arrive_base, stage0, timeout_ns, status, rank, size};
+    Sync s{flags, arrive, arrive_base, stage0, timeout_ns, status, rank, size, 0};
     wait_for(s, s.stage0 - 1);
 }
 
@@ -219,8 +232,8 @@ extern "C" __global__ void allreduce_drain(
 // can pass them: the Sync fields come last, in struct order.
 #define SYNC_PARAMS                                                                          \
     u64 *const *flags, u32 *arrive, u32 arrive_base, u64 stage0, u64 timeout_ns, int *status, \
-        int rank, int size
-#define SYNC_VALUE Sync{flags, arrive, arrive_base, stage0, timeout_ns, status, rank, size}
+        int rank, int size, u64 sig
+#define SYNC_VALUE Sync{flags, arrive, arrive_base, stage0, timeout_ns, status, rank, size, sig}
 
 #define INSTANTIATE(NAME, T, A, OP)                                                          \
     extern "C" __global__ void allreduce_one_shot_##NAME(                                     \

@@ -226,3 +226,29 @@ def test_gpu_family_equals_host_semantics(gpu_world: Any, n_per_rank: int) -> No
         dev: Any = comm.all_gather(src.local())  # a device Buffer in, a device Buffer out
         assert not dev.is_host and dev.num_elements == 8 * p
         src.close()
+
+
+@pytest.mark.parametrize("kind", ["count", "op", "collective"])
+def test_gpu_mismatched_calls_raise_everywhere_without_check_args(
+    gpu_world: Any, kind: str
+) -> None:
+    """Always-on detection on the GPU: every kernel compares the ranks' call signatures when
+    the inputs are staged, so rank 0 disagreeing raises CollectiveMismatchError everywhere
+    (configs/ci.toml's check_args would catch it first: switched off here)."""
+    import collectives
+    from shmem.errors import CollectiveMismatchError
+
+    w = gpu_world
+    if w.world_size < 2:
+        pytest.skip("needs two ranks to disagree")
+    comm = collectives.Communicator(w)
+    assert comm._gpu is not None
+    comm._gpu.check_args = False
+    odd = w.rank == 0
+    x = np.ones(1000 if (odd and kind == "count") else 2000, np.float32)
+    with pytest.raises(CollectiveMismatchError, match="different collectives"):
+        if odd and kind == "collective":
+            comm.all_gather(x)
+        else:
+            comm.all_reduce(x, op="max" if (odd and kind == "op") else "sum")
+    comm.close()  # broken: its GPU scratch stays allocated (a warning), nothing waits
