@@ -391,68 +391,121 @@ class Communicator:
         return cast("Buffer", self._gpu.all_reduce(x, str(op), out, str(algorithm), stream=stream))
 
     @overload
-    def reduce_scatter(self, x: Input, op: ReduceOp | str = ..., out: None = ...) -> Array: ...
+    def reduce_scatter(
+        self,
+        x: Input,
+        op: ReduceOp | str = ...,
+        out: None = ...,
+        *,
+        stream: DeviceContext | None = ...,
+    ) -> Array: ...
     @overload
-    def reduce_scatter(self, x: Input, op: ReduceOp | str, out: _X) -> _X: ...
+    def reduce_scatter(
+        self, x: Input, op: ReduceOp | str, out: _X, *, stream: DeviceContext | None = ...
+    ) -> _X: ...
     @overload
-    def reduce_scatter(self, x: Input, op: ReduceOp | str = ..., *, out: _X) -> _X: ...
-    def reduce_scatter(self, x: Input, op: ReduceOp | str = "sum", out: Output = None) -> Input:
-        """Shard ``rank`` (``schedule.shard_bounds(count, world_size)``) of the all-reduce."""
+    def reduce_scatter(
+        self, x: Input, op: ReduceOp | str = ..., *, out: _X, stream: DeviceContext | None = ...
+    ) -> _X: ...
+    def reduce_scatter(
+        self,
+        x: Input,
+        op: ReduceOp | str = "sum",
+        out: Output = None,
+        *,
+        stream: DeviceContext | None = None,
+    ) -> Input:
+        """Shard ``rank`` (``schedule.shard_bounds(count, world_size)``) of the all-reduce.
+
+        ``stream``: the GPU stream the call is ordered on (nvshmem backend; default the
+        World's context); ignored on the host backend, whose collectives are host-blocking."""
         tc = self._on_team("reduce_scatter")
         if tc is not None:
             return tc.reduce_scatter(x, op, out)
         if self._gpu is not None:  # the nvshmem backend: GPU kernels (collectives/gpu.py)
             self._live("reduce_scatter")
-            return cast("Input", self._gpu.family("reduce_scatter", x, out, op=str(op)))
+            return cast(
+                "Input", self._gpu.family("reduce_scatter", x, out, op=str(op), stream=stream)
+            )
         with self._call(self._channel("reduce_scatter")) as ch:
             return _reduce_scatter(ch, x, op, out)
 
     @overload
-    def all_gather(self, x: Input, out: None = ...) -> Array: ...
+    def all_gather(
+        self, x: Input, out: None = ..., *, stream: DeviceContext | None = ...
+    ) -> Array: ...
     @overload
-    def all_gather(self, x: Input, out: _X) -> _X: ...
-    def all_gather(self, x: Input, out: Output = None) -> Input:
+    def all_gather(self, x: Input, out: _X, *, stream: DeviceContext | None = ...) -> _X: ...
+    def all_gather(
+        self, x: Input, out: Output = None, *, stream: DeviceContext | None = None
+    ) -> Input:
         """Every rank's ``x`` (same count everywhere) concatenated in rank order
-        (``shmem_fcollect``)."""
+        (``shmem_fcollect``).
+
+        ``stream``: the GPU stream the call is ordered on (nvshmem backend; default the
+        World's context); ignored on the host backend, whose collectives are host-blocking."""
         tc = self._on_team("all_gather")
         if tc is not None:
             return tc.all_gather(x, out)
         if self._gpu is not None:
             self._live("all_gather")
-            return cast("Input", self._gpu.family("all_gather", x, out))
+            return cast("Input", self._gpu.family("all_gather", x, out, stream=stream))
         with self._call(self._channel("all_gather")) as ch:
             return _all_gather(ch, x, out)
 
     @overload
-    def broadcast(self, x: _X, root: int = ..., out: None = ...) -> _X: ...
+    def broadcast(
+        self, x: _X, root: int = ..., out: None = ..., *, stream: DeviceContext | None = ...
+    ) -> _X: ...
     @overload
-    def broadcast(self, x: Input, root: int, out: _X) -> _X: ...
+    def broadcast(
+        self, x: Input, root: int, out: _X, *, stream: DeviceContext | None = ...
+    ) -> _X: ...
     @overload
-    def broadcast(self, x: Input, root: int = ..., *, out: _X) -> _X: ...
-    def broadcast(self, x: Input, root: int = 0, out: Output = None) -> Input:
-        """Root's ``x`` on every rank (into ``out``, by default ``x`` itself)."""
+    def broadcast(
+        self, x: Input, root: int = ..., *, out: _X, stream: DeviceContext | None = ...
+    ) -> _X: ...
+    def broadcast(
+        self,
+        x: Input,
+        root: int = 0,
+        out: Output = None,
+        *,
+        stream: DeviceContext | None = None,
+    ) -> Input:
+        """Root's ``x`` on every rank (into ``out``, by default ``x`` itself).
+
+        ``stream``: the GPU stream the call is ordered on (nvshmem backend; default the
+        World's context); ignored on the host backend, whose collectives are host-blocking."""
         tc = self._on_team("broadcast")
         if tc is not None:
             return tc.broadcast(x, root, out)
         if self._gpu is not None:
             self._live("broadcast")
-            return cast("Input", self._gpu.family("broadcast", x, out, root=root))
+            return cast("Input", self._gpu.family("broadcast", x, out, root=root, stream=stream))
         with self._call(self._channel("broadcast")) as ch:
             return _broadcast(ch, x, root, out)
 
     @overload
-    def all_to_all(self, x: Input, out: None = ...) -> Array: ...
+    def all_to_all(
+        self, x: Input, out: None = ..., *, stream: DeviceContext | None = ...
+    ) -> Array: ...
     @overload
-    def all_to_all(self, x: Input, out: _X) -> _X: ...
-    def all_to_all(self, x: Input, out: Output = None) -> Input:
+    def all_to_all(self, x: Input, out: _X, *, stream: DeviceContext | None = ...) -> _X: ...
+    def all_to_all(
+        self, x: Input, out: Output = None, *, stream: DeviceContext | None = None
+    ) -> Input:
         """Chunk ``j`` of rank ``i``'s ``x`` becomes chunk ``i`` of rank ``j``'s output
-        (``shmem_alltoall``)."""
+        (``shmem_alltoall``).
+
+        ``stream``: the GPU stream the call is ordered on (nvshmem backend; default the
+        World's context); ignored on the host backend, whose collectives are host-blocking."""
         tc = self._on_team("all_to_all")
         if tc is not None:
             return tc.all_to_all(x, out)
         if self._gpu is not None:
             self._live("all_to_all")
-            return cast("Input", self._gpu.family("all_to_all", x, out))
+            return cast("Input", self._gpu.family("all_to_all", x, out, stream=stream))
         with self._call(self._channel("all_to_all")) as ch:
             return _all_to_all(ch, x, out)
 

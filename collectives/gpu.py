@@ -127,6 +127,18 @@ class GpuAllReduce:
             self.heap.device.id, KERNELS, f"allreduce_{algorithm}_{name}_{op}"
         )
 
+    def _check_stream(self, stream: DeviceContext | None, where: str) -> None:
+        if stream is not None and (
+            not isinstance(stream, DeviceContext)
+            or stream.device != self.heap.device
+            or stream.api != "cuda"
+        ):
+            got = stream.device.label if isinstance(stream, DeviceContext) else repr(stream)
+            raise GpuCollectiveError(
+                f"{where}: stream must be a DeviceContext of this rank's GPU (got {got}; "
+                f"expected one on {self.heap.device.label})"
+            )
+
     def _source(self, x: Any, where: str) -> Buffer:
         """``x`` on this rank's GPU, once this communicator can run a call at all."""
         if self.broken:
@@ -231,20 +243,21 @@ class GpuAllReduce:
         *,
         root: int = 0,
         op: str = "sum",
+        stream: DeviceContext | None = None,
     ) -> object:
         """``all_gather``, ``broadcast``, ``all_to_all`` or ``reduce_scatter`` on the GPU,
         over the all-reduce's stages and scratch (pieces of at most the scratch), ordered on
-        the World's context stream. Inputs and outputs as :meth:`all_reduce`'s (numpy is
-        copied to and from the GPU); ``broadcast`` writes into ``x`` by default."""
+        ``stream`` (default the World's context), as :meth:`all_reduce`. Inputs and outputs
+        as :meth:`all_reduce`'s (numpy is copied to and from the GPU); ``broadcast`` writes
+        into ``x`` by default."""
         where = f"Communicator.{name}"
         extra = (op,) if name == "reduce_scatter" else (root,) if name == "broadcast" else ()
         src, dst, _ = self._agreed(
             where,
-            lambda: self._family_args(name, x, out, root, op, where),
+            lambda: self._family_args(name, x, out, root, op, where, stream),
             lambda c: (c[0], extra),
         )
-        stream = self.world.ctx.stream
-        self._family_run(name, src, dst, root, op, stream)
+        self._family_run(name, src, dst, root, op, (stream or self.world.ctx).stream)
         self.comm.stats.count(f"gpu_{name}")
         target = x if (name == "broadcast" and out is None) else out
         if isinstance(target, np.ndarray):
@@ -257,10 +270,18 @@ class GpuAllReduce:
         return target
 
     def _family_args(
-        self, name: str, x: Any, out: Any, root: int, op: str, where: str
+        self,
+        name: str,
+        x: Any,
+        out: Any,
+        root: int,
+        op: str,
+        where: str,
+        stream: DeviceContext | None,
     ) -> tuple[Buffer, Buffer, int]:
         """``(source, destination, destination count)`` after the checks every rank makes
         alike."""
+        self._check_stream(stream, where)
         src = self._source(x, where)
         n, size = src.num_elements, self.size
         if name == "reduce_scatter":
@@ -380,11 +401,7 @@ class GpuAllReduce:
     ) -> tuple[Buffer, Buffer, str, bool, Any]:
         """``(source, destination, algorithm, result goes to the host, stream)`` after the
         checks every rank makes alike."""
-        if stream is not None and (stream.device != self.heap.device or stream.api != "cuda"):
-            raise GpuCollectiveError(
-                f"{where}: stream must be a DeviceContext of this rank's GPU (got one on "
-                f"{stream.device.label}; expected {self.heap.device.label})"
-            )
+        self._check_stream(stream, where)
         src = self._check(x, op, where)
         host_out = isinstance(out, np.ndarray) or (out is None and isinstance(x, np.ndarray))
         if out is None or isinstance(out, np.ndarray):

@@ -219,6 +219,9 @@ def main() -> None:
             assert (comm.reduce_scatter(big.astype(np.float32) % 7) == big % 7).all()
             bad = error_of(lambda: comm.broadcast(x, root=5))
             assert "root" in bad, bad
+            assert (comm.all_gather(x, stream=w.ctx) == x).all()  # ordered on that stream
+            bad = error_of(lambda: comm.all_to_all(x, stream="s"))
+            assert "stream must be a DeviceContext" in bad, bad
             return "ok"
 
         check("family on the GPU stages", family)
