@@ -61,7 +61,8 @@ class Flag(enum.IntEnum):
     SRC = 3
     ABORT = 4  # the sequence number of a call this rank abandoned (0: none)
     SIG = 5  # the signature (collectives.signature) of call s sits in SIG + s % 2, written
-    # when the call starts: peers compare it after READY (before reading) and after DONE
+    # once the peers finished call s - 1 (wait_previous): peers compare it after READY
+    # (before reading) and after DONE
     INLINE = 7  # a cached plan's input of up to 8 bytes, in the cache line of READY
 
 

@@ -52,7 +52,7 @@ from .signature import describe, signature
 if TYPE_CHECKING:
     from .communicator import Communicator
 
-__all__ = ["GPU_DTYPES", "GPU_OPS", "GpuAllReduce", "GpuCollectives", "grid_blocks"]
+__all__ = ["GPU_DTYPES", "GPU_OPS", "GpuAllReduce", "grid_blocks"]
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -252,7 +252,7 @@ class GpuAllReduce:
         into ``x`` by default."""
         where = f"Communicator.{name}"
         extra = (op,) if name == "reduce_scatter" else (root,) if name == "broadcast" else ()
-        src, dst, _ = self._agreed(
+        src, dst = self._agreed(
             where,
             lambda: self._family_args(name, x, out, root, op, where, stream),
             lambda c: (c[0], extra),
@@ -278,9 +278,8 @@ class GpuAllReduce:
         op: str,
         where: str,
         stream: DeviceContext | None,
-    ) -> tuple[Buffer, Buffer, int]:
-        """``(source, destination, destination count)`` after the checks every rank makes
-        alike."""
+    ) -> tuple[Buffer, Buffer]:
+        """``(source, destination)`` after the checks every rank makes alike."""
         self._check_stream(stream, where)
         src = self._source(x, where)
         n, size = src.num_elements, self.size
@@ -290,7 +289,7 @@ class GpuAllReduce:
                     f"{where}: the GPU reduce_scatter takes {list(GPU_DTYPES)} and ops "
                     f"{list(GPU_OPS)} (got {dtype_name(src.dtype)}, {op!r})"
                 )
-            lo, hi = _shard(n, size, self.rank)
+            lo, hi = shard_of(n, size, self.rank)
             count = hi - lo
         elif name == "all_gather":
             count = n * size
@@ -327,7 +326,7 @@ class GpuAllReduce:
                     f"{where}: out does not match (got {dtype_name(dst.dtype)} "
                     f"{dst.num_elements} elements; expected {dtype_name(src.dtype)} {count})"
                 )
-        return src, dst, count
+        return src, dst
 
     def _family_run(
         self, name: str, src: Buffer, dst: Buffer, root: int, op: str, stream: Any
@@ -342,7 +341,7 @@ class GpuAllReduce:
             if key == "float32" and self._acc64:
                 key = "float32_acc64"
             fn = shmem_cuda.load_kernel(device, KERNELS, f"reduce_scatter_{key}_{op}")
-            lo, hi = _shard(n, size, self.rank)
+            lo, hi = shard_of(n, size, self.rank)
             step = max(1, cap // isz)
             for a in range(0, max(n, 1), step):
                 b = min(a + step, n)
@@ -583,12 +582,3 @@ def _as_device_buffer(x: Any, device: Any, where: str, output: bool = False) -> 
     if not x.is_contiguous:
         x = x.contiguous()
     return cast(Buffer, x)
-
-
-def _shard(n: int, parts: int, index: int) -> tuple[int, int]:
-    """Elements ``[lo, hi)`` of shard ``index`` (collectives.schedule.shard_of; the kernels'
-    ``shard``)."""
-    return shard_of(n, parts, index)
-
-
-GpuCollectives = GpuAllReduce  # the name for what it has become
