@@ -271,6 +271,7 @@ class TinyPlan(_Replay):
         in_place: bool,
     ) -> None:
         s = ch.seq = ch.seq + 1
+        ch.signature = self.signature  # what a slow wait announces (Channel.announce)
         inputs = self.exchange(ch, s, x, shm)
         mine = ch.my_flags
         target = np.empty_like(dst) if (in_place and shm is not None) else dst
@@ -378,6 +379,7 @@ class NodesPlan(_Replay):
         in_place: bool,
     ) -> None:
         s = ch.seq = ch.seq + 1
+        ch.signature = self.signature
         try:
             inputs = self.exchange(ch, s, x, shm)
         except (CollectiveMismatchError, PeerFailedError):

@@ -23,7 +23,7 @@ import enum
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -48,8 +48,10 @@ __all__ = ["BARRIER_SLOTS", "NUM_FLAGS", "Channel", "CommStats", "Flag"]
 
 log = logging.getLogger(__name__)
 
-NUM_FLAGS = 8
+NUM_FLAGS = 10
 BARRIER_SLOTS = 4
+BOARD_GRACE_S = 0.05  # an MPI exchange still pending this long reads the other nodes' board
+BOARD_MAX_INTERVAL_S = 1.0  # then again at doubling intervals up to this
 
 
 class Flag(enum.IntEnum):
@@ -63,7 +65,10 @@ class Flag(enum.IntEnum):
     SIG = 5  # the signature (collectives.signature) of call s sits in SIG + s % 2, written
     # once the peers finished call s - 1 (wait_previous): peers compare it after READY
     # (before reading) and after DONE
+    # (SIG + 1 = 6 is the second signature slot)
     INLINE = 7  # a cached plan's input of up to 8 bytes, in the cache line of READY
+    XSEQ = 8  # the board: the call (sequence number) whose MPI exchange between nodes
+    XSIG = 9  # this rank waits on (XSEQ), and its signature (XSIG): read by other nodes
 
 
 class Counts(dict[str, int]):
@@ -158,6 +163,8 @@ class Channel:
             )
         ]
         self.local_index = self.local_peers.index(self.rank)
+        local = set(self.local_peers)
+        self.remote_ranks = [r for r in range(self.world_size) if r not in local]
         sizes = {sum(1 for nd, _ in node_of if nd == k) for k in range(self.num_nodes)}
         self.uniform_nodes = len(sizes) == 1
         self.flags_buf = world.zeros(NUM_FLAGS, "int64")
@@ -260,7 +267,7 @@ class Channel:
             def ready(v: memoryview = view) -> bool:
                 return bool(v[flag] >= value or v[Flag.ABORT])
 
-            ok = poll_until(ready, deadline, None, self.spin_s)
+            ok = self._poll(ready, deadline, what)
             if view[Flag.ABORT]:
                 raise PeerFailedError(
                     f"{what}: rank {self.rank} stopped: rank {r} failed in its call "
@@ -319,14 +326,18 @@ class Channel:
             if r != self.rank and (self.peer_flags[r][Flag.SRC] & ~OFFSET_MASK) != mine:
                 self.mismatch(what, s)
 
-    def mismatch(self, what: str, s: int) -> None:
-        """Raise ``CollectiveMismatchError`` listing every node-local rank's call ``s``."""
+    def mismatch(self, what: str, s: int, remote: dict[int, int] | None = None) -> None:
+        """Raise ``CollectiveMismatchError`` listing every node-local rank's call ``s`` (and
+        the calls ``remote`` read from other nodes' boards, by rank)."""
         slot = Flag.SIG + s % 2
-        listing = "; ".join(
-            f"rank {r}: "
-            + describe(int(self.my_flags[slot] if r == self.rank else self.peer_flags[r][slot]))
+        calls = {
+            r: int(self.my_flags[slot] if r == self.rank else self.peer_flags[r][slot])
             for r in self.local_peers
-        )
+        }
+        if remote is not None:
+            calls[self.rank] = self.signature
+            calls.update(remote)
+        listing = "; ".join(f"rank {r}: {describe(calls[r])}" for r in sorted(calls))
         self.fail()
         raise CollectiveMismatchError(f"{what}: ranks called different collectives ({listing})")
 
@@ -335,14 +346,20 @@ class Channel:
         return any(self.peer_flags[r][flag] < value for r in self.local_peers if r != self.rank)
 
     def mpi_wait(self, req: MPI.Request, what: str, keep: object = None) -> None:
-        """Wait for a non-blocking MPI exchange between nodes, within the deadline."""
+        """Wait for a non-blocking MPI exchange between nodes, within the deadline (and
+        reading the board while it lasts: :meth:`_poll`)."""
         if req.Test():  # small exchanges are often done at once: no clock, no loop
             return
-        if not poll_until(req.Test, time.monotonic() + self.timeout_s, None, self.spin_s):
-            # a non-blocking collective cannot be cancelled: keep it (and its buffers, which
-            # the caller's frame holds through ``keep``) alive and retire this channel
-            self.pending.append((req, keep))
-            self.broken = True
+        done = False
+        try:
+            done = self._poll(req.Test, time.monotonic() + self.timeout_s, what)
+        finally:
+            if not done:
+                # a non-blocking collective cannot be cancelled: keep it (and its buffers,
+                # which the caller's frame holds through ``keep``) alive, retire this channel
+                self.pending.append((req, keep))
+                self.broken = True
+        if not done:
             raise SignalTimeoutError(
                 f"{what}: rank {self.rank} timed out after {self.timeout_s:g} s in the MPI "
                 "exchange between nodes (a rank on another node did not arrive)",
@@ -354,6 +371,72 @@ class Channel:
             )
 
     # -- between nodes -------------------------------------------------------------------------
+
+    def _poll(self, ready: Callable[[], bool], deadline: float, what: str) -> bool:
+        """Poll ``ready`` until ``deadline``. A wait still unfinished after
+        ``BOARD_GRACE_S`` puts this call on the board (:meth:`announce`) and reads every
+        other rank's (:meth:`check_board`), then again at doubling intervals: a rank in the
+        same call with another signature is a mismatch no flag or exchange shows (an
+        ``all_reduce`` waiting on flags or on one MPI communicator, a family call or
+        ``collect`` on another, never meet), and a rank that abandoned a call will not
+        come; both raise at once instead of at the deadline. Fast waits never get here."""
+        interval = BOARD_GRACE_S
+        announced = False
+        while True:
+            until = min(deadline, time.monotonic() + interval)
+            if poll_until(ready, until, None, self.spin_s):
+                return True
+            if until >= deadline:
+                return False
+            if not announced:
+                self.announce()
+                announced = True
+            self.check_board(what)
+            interval = min(2 * interval, BOARD_MAX_INTERVAL_S)
+
+    def announce(self) -> None:
+        """Put this call on the board for other nodes (seqlock order: a reader that sees
+        the same ``XSEQ`` before and after ``XSIG`` read the signature of that call)."""
+        if self.signature > 0:
+            self.my_flags[Flag.XSEQ] = -1
+            self.my_flags[Flag.XSIG] = self.signature
+            self.heap.fence()
+            self.my_flags[Flag.XSEQ] = self.seq
+            self.heap.fence()
+
+    def check_board(self, what: str) -> None:
+        """Read every other rank's board (node-local peers through their flag views, ranks
+        on other nodes one-sided: no peer takes part): raise ``PeerFailedError`` if one
+        abandoned a call, ``CollectiveMismatchError`` (the calls listed) if one is in this
+        call with another signature."""
+        mine, s = self.signature, self.seq
+        if mine <= 0:
+            return
+        theirs: dict[int, int] = {}
+        for r in self.local_peers + self.remote_ranks:
+            if r == self.rank:
+                continue
+            view = self.peer_flags.get(r)
+            if view is not None:
+                fetch: Callable[[int], int] = view.__getitem__
+            else:
+
+                def fetch(i: int, r: int = r) -> int:
+                    return int(self.flags_buf.atomic_fetch(r, i))
+
+            abort = fetch(Flag.ABORT)
+            if abort:
+                raise PeerFailedError(
+                    f"{what}: rank {self.rank} stopped: rank {r} failed in its call {abort} "
+                    "(its error is raised there)",
+                    failed_rank=r,
+                )
+            first = fetch(Flag.XSEQ)
+            sig = fetch(Flag.XSIG)
+            if first == s and fetch(Flag.XSEQ) == s and sig > 0:
+                theirs[r] = sig
+        if any(sig != mine for sig in theirs.values()):
+            self.mismatch(what, s, theirs)
 
     def signed_block(self, nbytes: int) -> np.ndarray[Any, np.dtype[np.uint8]]:
         """A send block for :meth:`gather_signed`: ``nbytes`` of data (fill ``[:nbytes]``),

@@ -112,6 +112,10 @@ class Communicator:
             return
         ch = self._ch = Channel(world, self.stats)
         ch.table = self.table
+        # collect and alltoalls: made now, while every rank is here (it duplicates an MPI
+        # communicator: made lazily, a rank in collect against peers in another call
+        # blocked in MPI with no deadline), and run in step with the channel's calls
+        self._team_collectives().board = ch
         self.local_peers = ch.local_peers
         self.local_index = ch.local_index
         self.uniform_nodes = ch.uniform_nodes
@@ -516,7 +520,10 @@ class Communicator:
         """Every rank's ``x`` (counts may differ between ranks) concatenated in rank order, as
         a new flat array (``shmem_collect``; MPI's allgatherv)."""
         self._live("collect")
-        return self._team_collectives().collect(x)
+        if self._ch is None:
+            return self._team_collectives().collect(x)
+        with self._call(self._ch):
+            return self._team_collectives().collect(x)
 
     @overload
     def alltoalls(
@@ -545,9 +552,11 @@ class Communicator:
         src_stride]`` (``k < nelems``) to rank ``j``, which stores it at ``out[(i * nelems +
         k) * dst_stride]`` (a new zeroed array by default)."""
         self._live("alltoalls")
-        return self._team_collectives().alltoalls(
-            x, nelems, dst_stride=dst_stride, src_stride=src_stride, out=out
-        )
+        tc = self._team_collectives()
+        if self._ch is None:
+            return tc.alltoalls(x, nelems, dst_stride=dst_stride, src_stride=src_stride, out=out)
+        with self._call(self._ch):
+            return tc.alltoalls(x, nelems, dst_stride=dst_stride, src_stride=src_stride, out=out)
 
     def barrier(self, timeout: float | None = None) -> None:
         """Every rank of the communicator has arrived (flag barrier on the comm's pad)."""

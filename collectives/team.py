@@ -10,12 +10,17 @@ together).
 Reductions keep the world's determinism: every member gathers the inputs and reduces them in
 team-rank order, ``((x_0 op x_1) op x_2) ...`` in the accumulation dtype, rounded once, so
 results are bitwise identical on every member and independent of MPI's algorithm. A world
-Communicator uses this module too for ``collect`` (variable sizes) and ``alltoalls``.
+Communicator uses this module too for ``collect`` (variable sizes) and ``alltoalls``, in
+step with its other collectives: each such call takes the Channel's next sequence number and
+waits on its deadline and board (``board``), so a rank in ``collect`` against peers in
+``all_reduce`` raises ``CollectiveMismatchError`` instead of both waiting out the deadline.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
@@ -34,6 +39,8 @@ from .signature import signature
 
 if TYPE_CHECKING:
     from shmem.team import Team
+
+    from .channel import Channel
 
 __all__ = ["TeamCollectives"]
 
@@ -59,6 +66,7 @@ class TeamCollectives:
         self.acc32 = acc32
         self.progress = team.world.heap.progress
         self.broken = False
+        self.board: Channel | None = None  # a world Communicator's channel (see above)
 
     def close(self) -> None:
         if not self.team.world.finalized:
@@ -68,7 +76,27 @@ class TeamCollectives:
         """A call failed after the exchange began (a mismatch): refuse later calls."""
         self.broken = True
 
+    @contextlib.contextmanager
+    def in_step(self, where: str) -> Iterator[None]:
+        """Run one exchange as a call of the world Communicator's channel (when there is
+        one): its next sequence number, this call's signature in its flags and board, its
+        node-local peers done with the previous call first, ``DONE`` after."""
+        ch = self.board
+        if ch is None:
+            yield
+            return
+        from .channel import Flag
+
+        s = ch.next_call()
+        ch.signature = self.signature
+        ch.wait_previous(s, where)
+        yield
+        ch.post(Flag.DONE, s)
+
     def mpi_wait(self, req: MPI.Request, where: str, keep: object = None) -> None:
+        if self.board is not None:  # the channel's wait: its deadline and board
+            self.board.mpi_wait(req, where, keep)
+            return
         if poll_until(req.Test, time.monotonic() + self.timeout_s, self.progress):
             return
         self.broken = True
@@ -183,25 +211,28 @@ class TeamCollectives:
         agree(self, where, record, error)
         xin = cast("Operand", xin)
         self.signature = signature((where, 0, dtype_name(xin.dtype)))
-        # the counts travel with the signatures: one exchange checks the call and sizes it
-        mine = np.array([xin.count, self.signature], dtype=np.int64)
-        every = np.zeros((self.size, 2), dtype=np.int64)
-        signed.run(self, self.comm, lambda: self.comm.Iallgather(mine, every), where, (mine, every))
-        signed.compare(self, every[:, 1], where, _WHO)
-        counts = every[:, 0]
-        isz = xin.dtype.itemsize
-        out = np.empty(int(counts.sum()), dtype=xin.dtype)
-        send = np.ascontiguousarray(xin.array)
-        nbytes = [int(c) * isz for c in counts]
-        displs = np.concatenate([[0], np.cumsum(nbytes)[:-1]]).astype(int).tolist()
-        recv = [out.view(np.uint8), (nbytes, displs), MPI.BYTE]
-        signed.run(
-            self,
-            self.comm,
-            lambda: self.comm.Iallgatherv([_u8(send), MPI.BYTE], recv),
-            where,
-            (send, out),
-        )
+        with self.in_step(where):
+            # the counts travel with the signatures: one exchange checks the call, sizes it
+            mine = np.array([xin.count, self.signature], dtype=np.int64)
+            every = np.zeros((self.size, 2), dtype=np.int64)
+            signed.run(
+                self, self.comm, lambda: self.comm.Iallgather(mine, every), where, (mine, every)
+            )
+            signed.compare(self, every[:, 1], where, _WHO)
+            counts = every[:, 0]
+            isz = xin.dtype.itemsize
+            out = np.empty(int(counts.sum()), dtype=xin.dtype)
+            send = np.ascontiguousarray(xin.array)
+            nbytes = [int(c) * isz for c in counts]
+            displs = np.concatenate([[0], np.cumsum(nbytes)[:-1]]).astype(int).tolist()
+            recv = [out.view(np.uint8), (nbytes, displs), MPI.BYTE]
+            signed.run(
+                self,
+                self.comm,
+                lambda: self.comm.Iallgatherv([_u8(send), MPI.BYTE], recv),
+                where,
+                (send, out),
+            )
         return out
 
     def all_to_all(
@@ -269,7 +300,8 @@ class TeamCollectives:
             )
         send = np.ascontiguousarray(xin.array[:need_src:src_stride][: size * nelems])
         recv = np.empty(size * nelems, dtype=xin.dtype)
-        signed.alltoall(self, self.comm, _u8(send), _u8(recv), where, _WHO)
+        with self.in_step(where):
+            signed.alltoall(self, self.comm, _u8(send), _u8(recv), where, _WHO)
         if nelems:
             dst[:need_dst:dst_stride] = recv
         return ret

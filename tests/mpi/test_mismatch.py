@@ -80,6 +80,58 @@ def test_mismatched_all_reduce_across_nodes_raises_everywhere(fast: Any, kind: s
         assert "called different collectives" in str(err.value)
 
 
+@pytest.mark.parametrize("other", ["all_gather", "all_to_all", "broadcast", "collect", "alltoalls"])
+def test_all_reduce_against_a_call_it_never_meets_raises(fast: Any, other: str) -> None:
+    """Node 0 (on one node: rank 0) in ``all_reduce``, the others in another collective
+    whose exchange never meets it: across nodes the all-reduce's MPI exchange and the
+    family's run on different communicators, and ``collect``/``alltoalls`` are MPI
+    exchanges where the all-reduce waits on flags. Before, every rank waited out the
+    deadline (``SignalTimeoutError``; and a rank in the first ``collect`` blocked in MPI
+    with no deadline at all). A rank whose wait is late reads the others' announced calls
+    (the board) and raises the mismatch instead."""
+    world, comm = fast
+    if world.world_size == 1:
+        pytest.skip("needs two ranks to disagree")
+    if world.num_nodes == 1 and other in ("all_gather", "all_to_all", "broadcast"):
+        pytest.skip("one node: the flags' signatures catch it (test_mismatched_all_reduce...)")
+    first = world.node == 0 if world.num_nodes > 1 else world.rank == 0
+    p = world.world_size
+    x = np.ones(4 * p, np.float32)
+    with pytest.raises(MISMATCH) as err:
+        if first:
+            comm.all_reduce(x)
+        elif other == "broadcast":
+            comm.broadcast(x, root=0)
+        elif other == "alltoalls":
+            comm.alltoalls(x, 2)
+        else:
+            getattr(comm, other)(x)
+        comm.all_reduce(np.ones(4, np.float32))  # a rank that was not told learns here
+    if isinstance(err.value, CollectiveMismatchError):
+        assert "called different collectives" in str(err.value)
+        assert "all_reduce(" in str(err.value) and f"{other}(" in str(err.value)
+
+
+def test_collect_and_alltoalls_keep_step_with_the_other_collectives(fast: Any) -> None:
+    """collect and alltoalls take the channel's sequence numbers: mixed freely with the
+    other collectives they give the right results (no false mismatch, no stale scratch)."""
+    world, comm = fast
+    p, r = world.world_size, world.rank
+    for i in range(20):
+        got = comm.collect(np.full(r + 1 + i % 3, r, np.int64))
+        assert got.tolist() == [q for q in range(p) for _ in range(q + 1 + i % 3)]
+        summed = comm.all_reduce(np.full(3, r + i, np.int64))
+        assert summed.tolist() == [sum(range(p)) + p * i] * 3
+        x = np.arange(2 * p, dtype=np.float32) + 100 * r
+        got2 = comm.alltoalls(x, 2)
+        want = np.concatenate(
+            [np.arange(2 * r, 2 * r + 2, dtype=np.float32) + 100 * q for q in range(p)]
+        )
+        np.testing.assert_array_equal(got2, want)
+        gathered = comm.all_gather(np.full(2, r + i, np.int32))
+        assert gathered.tolist() == [q + i for q in range(p) for _ in range(2)]
+
+
 def test_matching_calls_across_nodes_still_work(fast: Any) -> None:
     world, comm = fast
     for n in (1, 1000, 70000):
