@@ -7,7 +7,8 @@
 # Preflight, fail-fast: versions (driver, CUDA, packages, NVSHMEM, compute mode), MPI starts 2
 # ranks, a CUDA kernel compiles and runs, the nvshmem backend at 1 and 2 ranks (init, a
 # buffer, a put with signal, barrier, finalize). Then the steps, all or those named:
-#   nvrtc gpu-1proc gpu-mpi-1 gpu-mpi-2 gpu-mpi-4 examples bench-gpu-allreduce
+#   nvrtc gpu-1proc gpu-attention gpu-mpi-1 gpu-mpi-2 gpu-mpi-4 examples bench-gpu-allreduce
+#   bench-gpu-attention
 # Every step has a cap, and the run stops starting steps when its time budget (540 s: the
 # device tool stops a command at 600 s) would be exceeded; skipped steps are listed, for a
 # second call to name. SHMEM_REQUIRE_GPU=1: a failed GPU probe fails, never "N skipped".
@@ -132,6 +133,7 @@ PYTEST=("$PY" -m pytest -q -p no:cacheprovider --timeout=240)
 selected nvrtc && run nvrtc 120 0 "${PYTEST[@]}" tests/compile
 selected gpu-1proc && run gpu-1proc 180 0 "${PYTEST[@]}" tests/gpu/test_device_gpu.py \
     tests/gpu/test_gpu_ipc.py
+selected gpu-attention && run gpu-attention 240 0 "${PYTEST[@]}" -x tests/gpu/test_attention_gpu.py
 for n in 1 2 4; do
     selected "gpu-mpi-$n" && run "gpu-mpi-$n" 300 0 "$PY" -m launch -n "$n" --allow-gpu-sharing \
         --timeout 280 --log-dir "$LOGS/gpu-mpi-$n.ranks" -m pytest -q -p no:cacheprovider \
@@ -149,5 +151,7 @@ export -f examples
 selected examples && run examples 200 0 bash -c examples
 selected bench-gpu-allreduce && run bench-gpu-allreduce 300 0 "$PY" benchmarks/gpu_allreduce.py \
     --out "$LOGS/gpu_allreduce.jsonl"
+selected bench-gpu-attention && run bench-gpu-attention 240 0 "$PY" benchmarks/gpu_attention.py \
+    --out "$LOGS/gpu_attention.jsonl"
 
 [ ${#failed[@]} -eq 0 ]

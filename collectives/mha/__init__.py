@@ -3,7 +3,7 @@ FlashAttention-2 tile kernel on the host, and single-process attention."""
 
 from __future__ import annotations
 
-from .attention import attention
+from .attention import attention, attention_backward
 from .kernel import attention_tile, attention_tile_backward
 from .options import Schedule, SequenceParallelOptions
 from .scheduler import (
@@ -48,6 +48,7 @@ __all__ = [
     "WorkInfo",
     "WorkSlots",
     "attention",
+    "attention_backward",
     "attention_tile",
     "attention_tile_backward",
     "sequence_parallel_attention",

@@ -1,8 +1,10 @@
-"""Single-process multi-head attention on the host: the tile kernel driven by a scheduler.
+"""Single-process multi-head attention: the tile kernel driven by a scheduler.
 
-Workers are persistent "blocks" on a host :class:`~shmem.DeviceContext` (its thread pool is
-the host's set of CTAs); each loops ``get_current_work_info`` / ``advance`` until no work is
-left. BLAS is limited to one thread per worker while they run.
+On the host, workers are persistent "blocks" on a host :class:`~shmem.DeviceContext` (its
+thread pool is the host's set of CTAs); each loops ``get_current_work_info`` / ``advance``
+until no work is left. BLAS is limited to one thread per worker while they run. GPU inputs
+(torch or cupy tensors, GPU Buffers) run the CUDA kernels of :mod:`collectives.mha.gpu`,
+stepping through the same scheduler's work order.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from shmem import CPU, Block, DeviceContext
 from shmem.dtypes import as_dtype, dtype_name
 from shmem.errors import AttentionArgumentError
 
-from .kernel import attention_tile
+from .gpu import attention_backward_gpu, attention_gpu, is_gpu_array
+from .kernel import attention_tile, attention_tile_backward
 from .scheduler import (
     MaskSpec,
     MHASchedule,
@@ -28,7 +31,7 @@ from .scheduler import (
     TransientScheduler,
 )
 
-__all__ = ["attention", "normalise_window"]
+__all__ = ["attention", "attention_backward", "normalise_window"]
 
 INPUT_DTYPES = ("float32", "float16", "bfloat16")
 _ctx_lock = threading.Lock()
@@ -65,9 +68,9 @@ def normalise_window(window: Any, where: str) -> tuple[int | None, int | None]:
 
 
 def attention(
-    q: np.ndarray[Any, Any],
-    k: np.ndarray[Any, Any],
-    v: np.ndarray[Any, Any],
+    q: Any,
+    k: Any,
+    v: Any,
     *,
     causal: bool = False,
     window: Any = None,
@@ -79,6 +82,7 @@ def attention(
     block_m: int = 128,
     block_n: int = 256,
     return_lse: bool = False,
+    stream: Any = None,
 ) -> Any:
     """Multi-head attention: ``softmax(Q K^T * scale + mask) V`` per head.
 
@@ -101,30 +105,54 @@ def attention(
     schedule : {"default", "prompt_rotate", "lpt"}, optional
         Default: ``lpt`` when the work is uneven (causal, window or ragged), else ``default``.
     workers : int, optional
-        Worker threads (default: the host's cores).
+        Worker threads (default: the host's cores); on a GPU, persistent CTAs (default: two
+        per multiprocessor).
     block_m, block_n : int
-        Query rows per work item and keys per inner step.
+        Query rows per work item and keys per inner step (host; the GPU kernels use 64 and
+        64).
     return_lse : bool
         Also return the log-sum-exp per (row, head), float32.
+    stream : optional
+        GPU inputs only: a GPU DeviceContext or an object with ``__cuda_stream__`` to queue
+        the kernel on (the call then returns at once); default: wait for the result.
 
     Returns
     -------
-    O (like ``q``, same dtype), or ``(O, LSE)``.
+    O (like ``q``, same dtype and kind of array), or ``(O, LSE)``.
     """
     where = "attention"
     ragged = valid_length is not None
-    q_, k_, v_ = _validate(q, k, v, ragged, where)
     left, right = normalise_window(window, where)
     mask = MaskSpec(causal=bool(causal), left=left, right=right)
+    uneven = causal or left is not None or right is not None or ragged
+    order = MHASchedule(schedule or ("lpt" if uneven else "default"))
+    if any(is_gpu_array(a) for a in (q, k, v)):
+        shapes = [tuple(int(n) for n in a.shape) for a in (q, k, v)]
+        _check_shapes(shapes[0], shapes[1], shapes[2], ragged, where)
+        offsets = _offsets(valid_length, shapes[0], shapes[1], where) if ragged else None
+        d = shapes[0][-1]
+        return attention_gpu(
+            q,
+            k,
+            v,
+            mask=mask,
+            offsets=offsets,
+            scale=float(1.0 / math.sqrt(d) if scale is None else scale),
+            scheduler=scheduler,
+            schedule=order,
+            workers=workers,
+            return_lse=return_lse,
+            stream=stream,
+        )
+    if stream is not None:
+        raise AttentionArgumentError(
+            f"{where}: stream= applies to GPU inputs (got numpy arrays and {stream!r})"
+        )
+    q_, k_, v_ = _validate(q, k, v, ragged, where)
     d = q_.shape[-1]
     sc = float(1.0 / math.sqrt(d) if scale is None else scale)
     if ragged:
-        offsets = [int(x) for x in valid_length]
-        if offsets[-1] != q_.shape[0] or k_.shape[0] != q_.shape[0]:
-            raise AttentionArgumentError(
-                f"{where}: valid_length does not match the tokens (got last offset "
-                f"{offsets[-1]}, {q_.shape[0]} query and {k_.shape[0]} key rows)"
-            )
+        offsets = _offsets(valid_length, q_.shape, k_.shape, where)
         num_heads, num_kv = q_.shape[1], k_.shape[1]
         summary = MHATileSummary.create(
             num_heads=num_heads, block_m=block_m, block_n=block_n, row_offsets=offsets, mask=mask
@@ -134,11 +162,6 @@ def attention(
         kh = np.ascontiguousarray(np.moveaxis(k_, 1, 0), dtype=np.float32)[None]
         vh = np.ascontiguousarray(np.moveaxis(v_, 1, 0), dtype=np.float32)[None]
     else:
-        if k_.shape[:2] != q_.shape[:2]:
-            raise AttentionArgumentError(
-                f"{where}: q and k/v differ in batch or sequence (got {q_.shape[:2]} and "
-                f"{k_.shape[:2]})"
-            )
         num_heads, num_kv = q_.shape[2], k_.shape[2]
         summary = MHATileSummary.create(
             num_heads=num_heads,
@@ -155,8 +178,6 @@ def attention(
     out = np.zeros((*qh.shape[:-1], v_.shape[-1]), np.float32)
     lse = np.full(qh.shape[:-1], -np.inf, np.float32)
     n_workers = workers or CPU().attributes.cores or 1
-    uneven = causal or left is not None or right is not None or ragged
-    order = MHASchedule(schedule or ("lpt" if uneven else "default"))
     if scheduler == "queued":
         sched: Any = QueuedTileScheduler(n_workers, order)
         grid = n_workers
@@ -214,33 +235,178 @@ def attention(
     return result
 
 
+def _offsets(
+    valid_length: Any, q_shape: tuple[int, ...], k_shape: tuple[int, ...], where: str
+) -> list[int]:
+    offsets = [int(x) for x in valid_length]
+    if offsets[-1] != q_shape[0] or k_shape[0] != q_shape[0]:
+        raise AttentionArgumentError(
+            f"{where}: valid_length does not match the tokens (got last offset "
+            f"{offsets[-1]}, {q_shape[0]} query and {k_shape[0]} key rows)"
+        )
+    return offsets
+
+
+def _check_shapes(
+    qs: tuple[int, ...], ks: tuple[int, ...], vs: tuple[int, ...], ragged: bool, where: str
+) -> None:
+    """The layout rules shared by the host and the GPU: rank, k/v agreement, head_dim, GQA."""
+    rank = 3 if ragged else 4
+    for name, shape in (("q", qs), ("k", ks), ("v", vs)):
+        if len(shape) != rank:
+            layout = "[tokens, heads, head_dim]" if ragged else "[batch, seq, heads, head_dim]"
+            raise AttentionArgumentError(
+                f"{where}: {name} has rank {len(shape)} (expected {layout})"
+            )
+    if ks[:-1] != vs[:-1]:
+        raise AttentionArgumentError(f"{where}: k and v shapes differ (got {ks}, {vs})")
+    if qs[-1] != ks[-1]:
+        raise AttentionArgumentError(
+            f"{where}: head_dim of q and k differ (got {qs[-1]} and {ks[-1]})"
+        )
+    if not ragged and ks[:2] != qs[:2]:
+        raise AttentionArgumentError(
+            f"{where}: q and k/v differ in batch or sequence (got {qs[:2]} and {ks[:2]})"
+        )
+    hq, hk = qs[-2], ks[-2]
+    if hk < 1 or hq % hk:
+        raise AttentionArgumentError(
+            f"{where}: num_kv_heads must divide num_heads (got {hk} and {hq})"
+        )
+
+
 def _validate(q: Any, k: Any, v: Any, ragged: bool, where: str) -> tuple[Any, Any, Any]:
-    arrays = []
     for name, a in (("q", q), ("k", k), ("v", v)):
         if not isinstance(a, np.ndarray):
             raise AttentionArgumentError(
-                f"{where}: {name} must be a numpy array (got {type(a).__name__})"
+                f"{where}: {name} must be a numpy array or a GPU array (got {type(a).__name__})"
             )
-        rank = 3 if ragged else 4
-        if a.ndim != rank:
-            layout = "[tokens, heads, head_dim]" if ragged else "[batch, seq, heads, head_dim]"
-            raise AttentionArgumentError(f"{where}: {name} has rank {a.ndim} (expected {layout})")
         if dtype_name(as_dtype(a.dtype, where)) not in INPUT_DTYPES:
             raise AttentionArgumentError(
                 f"{where}: unsupported dtype for {name} (got {a.dtype}; expected one of "
                 f"{list(INPUT_DTYPES)})"
             )
-        arrays.append(a)
-    q_, k_, v_ = arrays
-    if k_.shape != (*v_.shape[:-1], k_.shape[-1]) or k_.shape[:-1] != v_.shape[:-1]:
-        raise AttentionArgumentError(f"{where}: k and v shapes differ (got {k_.shape}, {v_.shape})")
-    if q_.shape[-1] != k_.shape[-1]:
+    _check_shapes(q.shape, k.shape, v.shape, ragged, where)
+    return q, k, v
+
+
+def attention_backward(
+    q: Any,
+    k: Any,
+    v: Any,
+    out: Any,
+    lse: Any,
+    dout: Any,
+    *,
+    causal: bool = False,
+    window: Any = None,
+    valid_length: Any = None,
+    scale: float | None = None,
+    block_m: int = 128,
+    block_n: int = 256,
+    stream: Any = None,
+) -> tuple[Any, Any, Any]:
+    """Gradients ``(dq, dk, dv)`` of :func:`attention` (FlashAttention-2 backward, ``P``
+    recomputed from the forward's ``lse``), given its inputs, its output ``out``, its
+    ``lse`` (``return_lse=True``) and ``dout`` = dL/dO; the same layouts and masks.
+    Gradients come in the inputs' dtype (computed in float32); for GQA, ``dk``/``dv``
+    sum over the query heads that share a KV head. On a GPU the kernels of
+    :mod:`collectives.mha.gpu` run (deterministic: no atomics)."""
+    where = "attention_backward"
+    ragged = valid_length is not None
+    left, right = normalise_window(window, where)
+    mask = MaskSpec(causal=bool(causal), left=left, right=right)
+    shapes = [tuple(int(n) for n in a.shape) for a in (q, k, v)]
+    _check_shapes(shapes[0], shapes[1], shapes[2], ragged, where)
+    for name, a in (("out", out), ("dout", dout)):
+        if tuple(a.shape) != shapes[0]:
+            raise AttentionArgumentError(
+                f"{where}: {name} must have q's shape {shapes[0]} (got {tuple(a.shape)})"
+            )
+    if tuple(lse.shape) != shapes[0][:-1]:
         raise AttentionArgumentError(
-            f"{where}: head_dim of q and k differ (got {q_.shape[-1]} and {k_.shape[-1]})"
+            f"{where}: lse must have shape {shapes[0][:-1]} (got {tuple(lse.shape)})"
         )
-    hq, hk = q_.shape[-2], k_.shape[-2]
-    if hk < 1 or hq % hk:
+    offsets = _offsets(valid_length, shapes[0], shapes[1], where) if ragged else None
+    d = shapes[0][-1]
+    sc = float(1.0 / math.sqrt(d) if scale is None else scale)
+    if any(is_gpu_array(a) for a in (q, k, v, out, lse, dout)):
+        return attention_backward_gpu(
+            q, k, v, out, lse, dout, mask=mask, offsets=offsets, scale=sc, stream=stream
+        )
+    if stream is not None:
         raise AttentionArgumentError(
-            f"{where}: num_kv_heads must divide num_heads (got {hk} and {hq})"
+            f"{where}: stream= applies to GPU inputs (got numpy arrays and {stream!r})"
         )
-    return q_, k_, v_
+    for name, a in (("q", q), ("k", k), ("v", v), ("out", out), ("dout", dout)):
+        if (
+            not isinstance(a, np.ndarray)
+            or dtype_name(as_dtype(a.dtype, where)) not in INPUT_DTYPES
+        ):
+            raise AttentionArgumentError(
+                f"{where}: {name} must be a numpy array of {list(INPUT_DTYPES)} (got "
+                f"{type(a).__name__} {getattr(a, 'dtype', '')})"
+            )
+    # [batch, heads, seq, d] float32 (ragged: one batch of all tokens)
+    axis = 1 if ragged else 2
+
+    def heads_first(a: Any) -> np.ndarray[Any, Any]:
+        h = np.ascontiguousarray(np.moveaxis(np.asarray(a), axis, axis - 1), dtype=np.float32)
+        return h[None] if ragged else h
+
+    qh, kh, vh, oh, doh = (heads_first(a) for a in (q, k, v, out, dout))
+    lh = np.moveaxis(np.asarray(lse, np.float32), axis, axis - 1)
+    lh = lh[None] if ragged else lh
+    delta = np.einsum("bhsd,bhsd->bhs", doh, oh)
+    num_heads, num_kv = qh.shape[1], kh.shape[1]
+    group = num_heads // num_kv
+    dq = np.zeros_like(qh)
+    dk = np.zeros_like(kh)
+    dv = np.zeros_like(vh)
+    if ragged:
+        summary = MHATileSummary.create(
+            num_heads=num_heads, block_m=block_m, block_n=block_n, row_offsets=offsets, mask=mask
+        )
+    else:
+        summary = MHATileSummary.create(
+            num_heads=num_heads,
+            block_m=block_m,
+            block_n=block_n,
+            seq_len=qh.shape[2],
+            batch_size=qh.shape[0],
+            mask=mask,
+        )
+    for b in range(summary.batch_size):
+        start = summary.start_of_seq(b) if ragged else 0
+        bb = 0 if ragged else b
+        n = summary.seq_len(b)
+        for h in range(num_heads):
+            hk = h // group
+            for off in range(0, n, block_m):
+                r0, r1 = start + off, start + min(off + block_m, n)
+                kv0, kv1 = mask.kv_range(off, min(off + block_m, n), n)
+                if kv1 <= kv0:
+                    continue
+                gq, gk, gv = attention_tile_backward(
+                    qh[bb, h, r0:r1],
+                    kh[bb, hk, start : start + n],
+                    vh[bb, hk, start : start + n],
+                    doh[bb, h, r0:r1],
+                    lh[bb, h, r0:r1],
+                    delta[bb, h, r0:r1],
+                    q_offset=off,
+                    kv_start=kv0,
+                    kv_end=kv1,
+                    block_n=block_n,
+                    scale=sc,
+                    mask=mask,
+                )
+                dq[bb, h, r0:r1] += gq
+                dk[bb, hk, start + kv0 : start + kv1] += gk
+                dv[bb, hk, start + kv0 : start + kv1] += gv
+
+    def back(g: np.ndarray[Any, Any], like: Any) -> np.ndarray[Any, Any]:
+        g = g[0] if ragged else g
+        return np.ascontiguousarray(np.moveaxis(g, axis - 1, axis)).astype(like.dtype, copy=False)
+
+    return back(dq, q), back(dk, k), back(dv, v)
