@@ -363,19 +363,15 @@ def attention_backward(
     dq = np.zeros_like(qh)
     dk = np.zeros_like(kh)
     dv = np.zeros_like(vh)
-    if ragged:
-        summary = MHATileSummary.create(
-            num_heads=num_heads, block_m=block_m, block_n=block_n, row_offsets=offsets, mask=mask
-        )
-    else:
-        summary = MHATileSummary.create(
-            num_heads=num_heads,
-            block_m=block_m,
-            block_n=block_n,
-            seq_len=qh.shape[2],
-            batch_size=qh.shape[0],
-            mask=mask,
-        )
+    summary = MHATileSummary.create(  # row_offsets, when given, win over the padded shape
+        num_heads=num_heads,
+        block_m=block_m,
+        block_n=block_n,
+        seq_len=qh.shape[2],
+        batch_size=qh.shape[0],
+        row_offsets=offsets,
+        mask=mask,
+    )
     for b in range(summary.batch_size):
         start = summary.start_of_seq(b) if ragged else 0
         bb = 0 if ragged else b
