@@ -20,9 +20,9 @@
 //   mode 0 (TransientScheduler): CTA c takes item c and exits (a grid of num_items CTAs);
 //   mode 1 (TileScheduler):      CTA c takes items c, c + G, c + 2G, ... (G = gridDim.x);
 //   mode 2 (QueuedTileScheduler): CTA c starts on item c, then takes G + atomicAdd(counter, 1).
-// Static and queued modes skip items past a ragged sequence's end, as the host does. The
-// queued counter is reset by the last CTA to finish (a second counter), so a launch needs no
-// host preset and replays in a CUDA graph. With trace != 0, CTA c writes the items it took,
+// Static and queued modes skip items past a ragged sequence's end, as the host does. Each
+// queued launch has its own counters, zeroed on its stream before it (launches on different
+// streams may overlap); the last CTA to finish also resets them. With trace != 0, CTA c writes the items it took,
 // in order, to trace[c * trace_cap + k] (as idx + 1), for the scheduler tests.
 //
 // Masks: causal (key <= query, positions within the sequence; with ragged row offsets this is
@@ -182,9 +182,9 @@ __device__ void finish(const Work& w) {
     if (threadIdx.x == 0) {
         __threadfence();
         if (atomicAdd(&w.counters[1], 1) == (int)gridDim.x - 1) {
-            w.counters[0] = 0;
-            w.counters[1] = 0;
             __threadfence();
+            atomicExch(&w.counters[0], 0);
+            atomicExch(&w.counters[1], 0);
         }
     }
 }
@@ -460,7 +460,7 @@ __device__ void fwd_general_item(const T* q, const T* k, const T* v, T* o, float
             __syncthreads();  // the previous tile is read by every warp
             for (int c = threadIdx.x; c < GEN_BN * d; c += THREADS) {
                 const int jj = c / d, col = c % d, j = j0 + jj;
-                ks[c] = j < k1 ? to_f32(kb[(i64)j * sk.s + col]) : 0.f;
+                ks[jj * (d + 1) + col] = j < k1 ? to_f32(kb[(i64)j * sk.s + col]) : 0.f;
                 vs[c] = j < k1 ? to_f32(vb[(i64)j * sv.s + col]) : 0.f;
             }
             __syncthreads();
@@ -469,7 +469,7 @@ __device__ void fwd_general_item(const T* q, const T* k, const T* v, T* o, float
             float x = NEG_INF;
             if (visible(mask, i, j, k0, k1)) {
                 float dot = 0.f;
-                for (int c = 0; c < d; ++c) dot = fmaf(qw[c], ks[lane * d + c], dot);
+                for (int c = 0; c < d; ++c) dot = fmaf(qw[c], ks[lane * (d + 1) + c], dot);
                 x = dot * scale_log2;
             }
             float mx = x;
@@ -508,7 +508,7 @@ template <typename T>
 __device__ void fwd_general(const T* q, const T* k, const T* v, T* o, float* lse, Strides sq,
                             Strides sk, Strides sv, Strides so, Strides sl, Work w, Mask mask,
                             int group, float scale_log2, int d) {
-    __shared__ float ks[GEN_BN * GEN_MAX_D];
+    __shared__ float ks[GEN_BN * (GEN_MAX_D + 1)];  // rows padded to d + 1: no bank conflicts
     __shared__ float vs[GEN_BN * GEN_MAX_D];
     __shared__ float qs[WARPS * GEN_MAX_D];
     __shared__ int s_idx;

@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from shmem import Buffer, DeviceContext
+from shmem._cuda_memory import default_sync
 from shmem.dtypes import dtype_name
 from shmem.errors import AttentionArgumentError
 
@@ -63,11 +64,11 @@ MAX_HEAD_DIM = 128
 TENSOR_CORE_DIMS = (64, 80, 96, 128)
 GPU_DTYPES = ("bfloat16", "float16", "float32")
 MODES = {"transient": 0, "static": 1, "queued": 2}
-CTAS_PER_SM = 2  # 223 registers x 128 threads: two CTAs fit an SM (nvcc --resource-usage)
+CTAS_PER_SM = 2  # up to 226 registers x 128 threads: two CTAs fit an SM (nvcc --resource-usage)
 
 _lock = threading.Lock()
 _contexts: dict[int, DeviceContext] = {}
-_counters: dict[int, Buffer] = {}
+_pending: list[tuple[Any, tuple[object, ...]]] = []  # (event, buffers) of unwaited launches
 _orders: OrderedDict[tuple[object, ...], Buffer] = OrderedDict()
 _ORDERS_MAX = 32
 
@@ -232,24 +233,38 @@ def _order_buffer(
     return buf, grid, mode
 
 
-def _counter_buffer(device: Any) -> Buffer:
-    """The queued scheduler's two counters (zero; the kernel's last CTA resets them)."""
+def _counter_buffer(device: Any, stream: Any) -> Buffer:
+    """The queued scheduler's two counters for one launch, zeroed on its stream (launches
+    on different streams may overlap: each has its own; a memset node under capture)."""
+    from shmem import cuda as shmem_cuda
+
+    buf = Buffer("int32", (2,), device=device)
+    default_sync(device)  # its stream-ordered allocation, before the launch stream uses it
+    shmem_cuda.memset_async(buf.unsafe_ptr(), 0, 8, stream)
+    return buf
+
+
+def _keep(stream: Any, *objs: object) -> None:
+    """Keep ``objs`` (buffers a queued kernel reads or writes) alive until the work queued on
+    ``stream`` so far is done; entries whose event completed are dropped."""
+    event = stream.record()
     with _lock:
-        buf = _counters.get(device.id)
-        if buf is None:
-            buf = _counters[device.id] = _upload(np.zeros(2, np.int32), device)
-        return buf
+        _pending[:] = [(e, o) for e, o in _pending if not e.is_done]
+        _pending.append((event, objs))
 
 
 def _ptr(buf: Buffer | None) -> np.uint64:
     return np.uint64(0 if buf is None else buf.unsafe_ptr())
 
 
+_WIDE = 1 << 30  # a window side this wide is unbounded for any sequence (no int overflow)
+
+
 def _mask_args(mask: MaskSpec) -> list[np.int32]:
     return [
         np.int32(1 if mask.causal else 0),
-        np.int32(-1 if mask.left is None else mask.left),
-        np.int32(-1 if mask.right is None else mask.right),
+        np.int32(-1 if mask.left is None else min(mask.left, _WIDE)),
+        np.int32(-1 if mask.right is None else min(mask.right, _WIDE)),
     ]
 
 
@@ -326,6 +341,7 @@ def attention_gpu(
     order_buf, grid, mode = _order_buffer(device, summary, scheduler, schedule, n_workers)
     offs_buf = _upload(np.asarray(offsets, np.int64), device) if ragged else None
     cuda_stream, wait = _stream(stream, device, where)
+    counters = _counter_buffer(device, cuda_stream) if scheduler == "queued" else None
     # element strides (batch, row, head) of the contiguous layouts
     row_q, row_k = heads * d, kv_heads * d
     per_batch_q, per_batch_k = (0, 0) if ragged else (seq * row_q, seq * row_k)
@@ -347,7 +363,7 @@ def attention_gpu(
         _ptr(order_buf),
         np.int32(summary.num_items),
         np.int32(mode),
-        _ptr(_counter_buffer(device)),
+        _ptr(counters),
         _ptr(offs_buf),
         np.int32(seq),
         _ptr(trace),
@@ -360,9 +376,13 @@ def attention_gpu(
     if name.endswith("_general"):
         args.append(np.int32(d))
     fn = shmem_cuda.load_kernel(device.id, KERNELS, name)
+    if not wait:
+        default_sync(device)  # out and lse: their stream-ordered allocations come first
     shmem_cuda.launch(cuda_stream, fn, grid, THREADS, *args)
-    if wait or offs_buf is not None:
-        cuda_stream.sync()  # (the offsets' buffer must outlive the kernel)
+    if wait:
+        cuda_stream.sync()
+    else:
+        _keep(cuda_stream, qb, kb, vb, out, lse, order_buf, counters, offs_buf, trace)
     return (_like(q, out), _like(q, lse)) if return_lse else _like(q, out)
 
 
@@ -416,6 +436,11 @@ def attention_backward_gpu(
     else:
         batch, seq, heads = qb.shape[0], qb.shape[1], qb.shape[2]
         kv_heads, rows, longest = kb.shape[2], batch * seq, seq
+    if batch > 65535 or heads > 65535:
+        raise AttentionArgumentError(
+            f"{where}: on a GPU batch and heads must be at most 65535 (grid y and z; got "
+            f"{batch} and {heads})"
+        )
     if ob.shape != qb.shape or db.shape != qb.shape:
         raise AttentionArgumentError(
             f"{where}: out and dout must have q's shape {qb.shape} (got {ob.shape}, {db.shape})"
@@ -426,6 +451,8 @@ def attention_backward_gpu(
     dvec = Buffer("float32", (max(rows * heads, 1),), device=device)
     cuda_stream, wait = _stream(stream, device, where)
     offs_buf = _upload(np.asarray(offsets, np.int64), device) if ragged else None
+    if not wait:
+        default_sync(device)  # the outputs' stream-ordered allocations come first
     if rows and longest:
         tiles = -(-longest // 32)
         common = [
@@ -476,8 +503,10 @@ def attention_backward_gpu(
             (tiles, batch, heads),
             [_ptr(qb), _ptr(kb), _ptr(vb), _ptr(db), _ptr(lb), _ptr(dvec), _ptr(dq), *common],
         )
-    if wait or offs_buf is not None:
+    if wait:
         cuda_stream.sync()
+    else:
+        _keep(cuda_stream, *bufs, dq, dk, dv, dvec, offs_buf)
     return _like(q, dq), _like(q, dk), _like(q, dv)
 
 
