@@ -97,6 +97,7 @@ CUresult cuLibraryGetKernel(void** k,void* lib,const char* name){
   for(int i=0;i<g_nk;i++) if(!strcmp(g_kerns[i].name,name)){*k=&g_kerns[i];LOG("cuLibraryGetKernel %s (again)",name);return 0;}
   snprintf(g_kerns[g_nk].name,128,"%s",name); *k=&g_kerns[g_nk++]; LOG("cuLibraryGetKernel %s",name); return 0;}
 CUresult cuKernelGetFunction(void** f,void* k){*f=k;return 0;}
+#include "fake_attention.h"
 CUresult cuLaunchKernelEx(const CUlaunchConfig* c,void* f,void** params,void** extra){chk_stream("cuLaunchKernelEx",c->hStream);
   const char* nm = ((FKern*)f)->name;
   LOG("cuLaunchKernelEx %s grid=(%u,%u,%u) block=(%u,%u,%u) shm=%u nattrs=%u stream=%p dev=%d",nm,c->gx,c->gy,c->gz,c->bx,c->by,c->bz,c->shm,c->nattrs,c->hStream,streamdev(c->hStream));
@@ -171,6 +172,7 @@ CUresult cuLaunchKernelEx(const CUlaunchConfig* c,void* f,void** params,void** e
   } else if(!strcmp(nm,"allreduce_drain")){
     uint64_t** flags=*(uint64_t***)params[0]; uint64_t stage0=*(uint64_t*)params[3]; int* status=*(int**)params[5];
     if(flags[0][0] < stage0-1){*status=1; fprintf(stderr,"[fake] DRAIN: flag %llu < %llu\n",(unsigned long long)flags[0][0],(unsigned long long)(stage0-1));}
+  } else if(fake_attention(nm,c->gx,c->gy,c->gz,params)){
   } else LOG("  unknown kernel, not emulated");
   return 0;}
 

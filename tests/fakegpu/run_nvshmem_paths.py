@@ -116,6 +116,123 @@ def openshmem_refusals(w: Any, buf: Any, i32: Any) -> None:
     u64.close()
 
 
+def attention_checks() -> None:
+    """collectives.mha.attention and attention_backward on GPU Buffers: the launcher's
+    arguments, strides, grids and buffers, against the fake driver's emulation of the
+    attention kernels (which computes in double) and the host kernels."""
+    from collectives.mha import (
+        MaskSpec,
+        MHASchedule,
+        MHATileSummary,
+        TileScheduler,
+        attention,
+        attention_backward,
+    )
+    from collectives.mha.gpu import BLOCK_M, attention_gpu, work_order, worker_items
+    from shmem import Accelerator, Buffer, DeviceContext
+
+    gpu = Accelerator(0)
+
+    def dev(a: np.ndarray) -> Buffer:
+        b = Buffer(a.dtype, a.shape, device=gpu)
+        b.inplace_copy_from(Buffer.from_numpy(np.ascontiguousarray(a)))
+        return b
+
+    rng = np.random.default_rng(0)
+
+    def forward(
+        dtype: Any, d: int, docs: list[int] | None, heads: int, kv: int, **kw: Any
+    ) -> float:
+        tokens = docs[-1] if docs else 150
+        shape = (tokens,) if docs else (2, tokens)
+        q, k, v = (rng.standard_normal((*shape, n, d)).astype(dtype) for n in (heads, kv, kv))
+        extra = {"valid_length": docs} if docs else {}
+        out, lse = attention(dev(q), dev(k), dev(v), return_lse=True, **extra, **kw)
+        assert isinstance(out, Buffer) and out.shape == q.shape and out.dtype == q.dtype
+        want, want_lse = attention(q, k, v, return_lse=True, **extra, **kw)
+        err = float(np.abs(out.to_numpy().astype(np.float64) - want.astype(np.float64)).max())
+        lse_err = float(np.abs(lse.to_numpy() - want_lse).max())
+        tol = 1e-4 if dtype is np.float32 else 2e-2
+        assert err < tol and lse_err < 5 * tol, (err, lse_err)
+        return err
+
+    bf16, f16 = ml_dtypes.bfloat16, np.float16
+    check(
+        "GPU attention bf16 d128 causal GQA (queued)",
+        lambda: forward(bf16, 128, None, 4, 2, causal=True, workers=5),
+    )
+    check(
+        "GPU attention bf16 d64 document-causal ragged (static, lpt)",
+        lambda: forward(
+            bf16, 64, [0, 5, 140, 141, 333], 2, 1, causal=True, scheduler="static", workers=3
+        ),
+    )
+    check(
+        "GPU attention f16 d80 window (transient)",
+        lambda: forward(f16, 80, None, 2, 2, window=(37, 5), scheduler="transient"),
+    )
+    check(
+        "GPU attention f32 d72 general path",
+        lambda: forward(np.float32, 72, [0, 99, 180], 2, 2, causal=True),
+    )
+
+    def trace() -> str:
+        docs, heads, d, workers = [0, 70, 400, 401, 600], 3, 64, 5
+        mask = MaskSpec(causal=True)
+        q, k, v = (rng.standard_normal((600, heads, d)).astype(bf16) for _ in range(3))
+        summary = MHATileSummary.create(
+            num_heads=heads, block_m=BLOCK_M, block_n=BLOCK_M, row_offsets=docs, mask=mask
+        )
+        for scheduler in ("static", "queued"):
+            _, grid, _ = work_order(summary, scheduler, MHASchedule.LPT, workers)
+            cap = summary.num_items + 1
+            tr = Buffer.zeros((grid * cap,), "int32", device=gpu)
+            attention_gpu(
+                dev(q), dev(k), dev(v), mask=mask, offsets=docs, scale=0.125,
+                scheduler=scheduler, schedule=MHASchedule.LPT, workers=workers,
+                return_lse=False, trace=tr, trace_cap=cap,
+            )  # fmt: skip
+            taken = [[int(x) - 1 for x in row if x] for row in tr.to_numpy().reshape(grid, cap)]
+            sched = TileScheduler(workers, MHASchedule.LPT)
+            if scheduler == "static":
+                assert taken == [worker_items(sched, summary, c) for c in range(grid)], taken
+            else:
+                valid = [i for i in range(summary.num_items) if sched.valid(summary, i)]
+                assert sorted(i for t in taken for i in t) == valid, taken
+        return "ok"
+
+    check("GPU attention: the CTAs take the host schedulers' tiles", trace)
+
+    def on_a_stream() -> str:
+        q, k, v = (rng.standard_normal((1, 90, 2, 64)).astype(bf16) for _ in range(3))
+        with DeviceContext(gpu) as ctx:
+            out = attention(dev(q), dev(k), dev(v), causal=True, stream=ctx)
+            ctx.synchronize()
+        want = attention(q, k, v, causal=True)
+        assert np.abs(out.to_numpy().astype(np.float32) - want.astype(np.float32)).max() < 2e-2
+        bad = error_of(lambda: attention(dev(q), dev(k), dev(v), stream="s"))
+        assert "invalid stream" in bad, bad
+        return "ok"
+
+    check("GPU attention on a caller's stream", on_a_stream)
+
+    def backward() -> float:
+        docs = [0, 33, 160, 161]
+        q = rng.standard_normal((161, 4, 32)).astype(np.float32)
+        k, v = (rng.standard_normal((161, 2, 32)).astype(np.float32) for _ in range(2))
+        do = rng.standard_normal(q.shape).astype(np.float32)
+        kw: dict[str, Any] = {"valid_length": docs, "causal": True, "window": (20, None)}
+        o, lse = attention(q, k, v, return_lse=True, **kw)
+        want = attention_backward(q, k, v, o, lse, do, **kw)
+        og, lg = attention(dev(q), dev(k), dev(v), return_lse=True, **kw)
+        got = attention_backward(dev(q), dev(k), dev(v), og, lg, dev(do), **kw)
+        err = max(float(np.abs(g.to_numpy() - w).max()) for g, w in zip(got, want, strict=True))
+        assert err < 1e-4, err
+        return err
+
+    check("GPU attention backward (GQA, ragged, causal window)", backward)
+
+
 def main() -> None:
     _c._driver_present = lambda: True  # the fake libcuda stands in for a driver
     _c.device_count.cache_clear()
@@ -228,6 +345,7 @@ def main() -> None:
         check("Communicator barrier", comm.barrier)
         check("Communicator close", comm.close)
     openshmem_refusals(w, buf, i32)
+    attention_checks()
     for b in (i32, ctr, buf):
         check("close a buffer", b.close)
     check("heap back to the pad only", lambda: w.heap_stats().num_allocated)

@@ -24,7 +24,7 @@ def test_gpu_paths_run_end_to_end_on_the_fake_driver(tmp_path: Path) -> None:
     pytest.importorskip("cuda.core")
     lib = tmp_path / "libcuda.so.1"
     subprocess.run(
-        [cc, "-shared", "-fPIC", "-O1", "-o", str(lib), str(FAKE / "fake_libcuda.c")],
+        [cc, "-shared", "-fPIC", "-O1", "-o", str(lib), str(FAKE / "fake_libcuda.c"), "-lm"],
         check=True,
         timeout=120,
     )
@@ -62,8 +62,18 @@ def test_gpu_paths_run_end_to_end_on_the_fake_driver(tmp_path: Path) -> None:
     assert "OK   lock: set, test while held" in output and "OK   bitwise atomic" in output
     assert "OK   all_reduce honours check_args" in output, output[-4000:]
     assert "OK   family on the GPU stages" in output, output[-4000:]
+    assert "OK   GPU attention backward" in output, output[-4000:]
     assert int(summary[-1].split()[1]) >= 56, summary  # the OpenSHMEM refusals and locks
-    for problem in ("MISMATCH", "PEERFAULT", "ARRIVE MISMATCH", "ENTRY:", "DRAIN:"):
+    for problem in (
+        "MISMATCH",
+        "PEERFAULT",
+        "ARRIVE MISMATCH",
+        "ENTRY:",
+        "DRAIN:",
+        "COUNTERS",
+        "DVEC grid",
+        "BWD grid",
+    ):
         assert problem not in output, output[-4000:]
     assert "nvshmem calls: ['get_unique_id', 'init', 'buffer', 'barrier_all'" in output
     assert "'free', 'finalize']" in output
