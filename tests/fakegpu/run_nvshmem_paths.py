@@ -146,7 +146,7 @@ def attention_checks() -> None:
         tokens = docs[-1] if docs else 150
         shape = (tokens,) if docs else (2, tokens)
         q, k, v = (rng.standard_normal((*shape, n, d)).astype(dtype) for n in (heads, kv, kv))
-        extra = {"valid_length": docs} if docs else {}
+        extra: dict[str, Any] = {"valid_length": docs} if docs else {}
         out, lse = attention(dev(q), dev(k), dev(v), return_lse=True, **extra, **kw)
         assert isinstance(out, Buffer) and out.shape == q.shape and out.dtype == q.dtype
         want, want_lse = attention(q, k, v, return_lse=True, **extra, **kw)
