@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, TypeVar, cast, overload
 
 import numpy as np
 
-from shmem import Buffer, DeviceContext, SHMEMBuffer, World
+from shmem import Buffer, SHMEMBuffer, World
 from shmem.config import parse_size
 from shmem.errors import CollectiveArgumentError, ShmemStateError
 from shmem.team import Team
@@ -249,7 +249,7 @@ class Communicator:
         out: None = ...,
         algorithm: Algorithm | str = ...,
         *,
-        stream: DeviceContext | None = ...,
+        stream: object = ...,
     ) -> Array: ...
     @overload
     def all_reduce(
@@ -259,7 +259,7 @@ class Communicator:
         out: None = ...,
         algorithm: Algorithm | str = ...,
         *,
-        stream: DeviceContext | None = ...,
+        stream: object = ...,
     ) -> Array | Buffer: ...
     @overload
     def all_reduce(
@@ -269,7 +269,7 @@ class Communicator:
         out: _O,
         algorithm: Algorithm | str = ...,
         *,
-        stream: DeviceContext | None = ...,
+        stream: object = ...,
     ) -> _O: ...
     @overload
     def all_reduce(
@@ -279,7 +279,7 @@ class Communicator:
         *,
         out: _O,
         algorithm: Algorithm | str = ...,
-        stream: DeviceContext | None = ...,
+        stream: object = ...,
     ) -> _O: ...
     def all_reduce(
         self,
@@ -288,7 +288,7 @@ class Communicator:
         out: SHMEMBuffer | Array | Buffer | None = None,
         algorithm: Algorithm | str = "auto",
         *,
-        stream: DeviceContext | None = None,
+        stream: object = None,
     ) -> SHMEMBuffer | Array | Buffer:
         """Equivalent to ``out = x_0 op x_1 op ... op x_{P-1}`` (left to right, elementwise) on
         every rank, bitwise identical everywhere. See :mod:`collectives.allreduce`.
@@ -304,9 +304,12 @@ class Communicator:
             Where the result goes (may be ``x``); by default a new array shaped like ``x``.
         algorithm : Algorithm or str
             ``"auto"`` (the table's choice) or a forced algorithm.
-        stream : DeviceContext, optional
+        stream : DeviceContext or a stream with ``__cuda_stream__``, optional
             The stream the GPU all-reduce is ordered on (nvshmem backend; default the World's
-            context). Ignored on the host backend, whose collectives are host-blocking.
+            context): a GPU DeviceContext of this rank's device, or another library's stream
+            (torch, cupy). A call made while that stream captures a CUDA graph is recorded
+            in the graph and replays correctly (the stage numbers live on the device).
+            Ignored on the host backend, whose collectives are host-blocking.
 
         Returns
         -------
@@ -381,7 +384,7 @@ class Communicator:
         op: ReduceOp | str,
         out: SHMEMBuffer | Array | Buffer | None,
         algorithm: Algorithm | str,
-        stream: DeviceContext | None,
+        stream: object,
     ) -> SHMEMBuffer | Array | Buffer:
         self._live("all_reduce")  # raises when closed
         if self._gpu is None:  # a device Buffer on the host backend
@@ -401,15 +404,15 @@ class Communicator:
         op: ReduceOp | str = ...,
         out: None = ...,
         *,
-        stream: DeviceContext | None = ...,
+        stream: object = ...,
     ) -> Array: ...
     @overload
     def reduce_scatter(
-        self, x: Input, op: ReduceOp | str, out: _X, *, stream: DeviceContext | None = ...
+        self, x: Input, op: ReduceOp | str, out: _X, *, stream: object = ...
     ) -> _X: ...
     @overload
     def reduce_scatter(
-        self, x: Input, op: ReduceOp | str = ..., *, out: _X, stream: DeviceContext | None = ...
+        self, x: Input, op: ReduceOp | str = ..., *, out: _X, stream: object = ...
     ) -> _X: ...
     def reduce_scatter(
         self,
@@ -417,7 +420,7 @@ class Communicator:
         op: ReduceOp | str = "sum",
         out: Output = None,
         *,
-        stream: DeviceContext | None = None,
+        stream: object = None,
     ) -> Input:
         """Shard ``rank`` (``schedule.shard_bounds(count, world_size)``) of the all-reduce.
 
@@ -435,14 +438,10 @@ class Communicator:
             return _reduce_scatter(ch, x, op, out)
 
     @overload
-    def all_gather(
-        self, x: Input, out: None = ..., *, stream: DeviceContext | None = ...
-    ) -> Array: ...
+    def all_gather(self, x: Input, out: None = ..., *, stream: object = ...) -> Array: ...
     @overload
-    def all_gather(self, x: Input, out: _X, *, stream: DeviceContext | None = ...) -> _X: ...
-    def all_gather(
-        self, x: Input, out: Output = None, *, stream: DeviceContext | None = None
-    ) -> Input:
+    def all_gather(self, x: Input, out: _X, *, stream: object = ...) -> _X: ...
+    def all_gather(self, x: Input, out: Output = None, *, stream: object = None) -> Input:
         """Every rank's ``x`` (same count everywhere) concatenated in rank order
         (``shmem_fcollect``).
 
@@ -458,24 +457,18 @@ class Communicator:
             return _all_gather(ch, x, out)
 
     @overload
-    def broadcast(
-        self, x: _X, root: int = ..., out: None = ..., *, stream: DeviceContext | None = ...
-    ) -> _X: ...
+    def broadcast(self, x: _X, root: int = ..., out: None = ..., *, stream: object = ...) -> _X: ...
     @overload
-    def broadcast(
-        self, x: Input, root: int, out: _X, *, stream: DeviceContext | None = ...
-    ) -> _X: ...
+    def broadcast(self, x: Input, root: int, out: _X, *, stream: object = ...) -> _X: ...
     @overload
-    def broadcast(
-        self, x: Input, root: int = ..., *, out: _X, stream: DeviceContext | None = ...
-    ) -> _X: ...
+    def broadcast(self, x: Input, root: int = ..., *, out: _X, stream: object = ...) -> _X: ...
     def broadcast(
         self,
         x: Input,
         root: int = 0,
         out: Output = None,
         *,
-        stream: DeviceContext | None = None,
+        stream: object = None,
     ) -> Input:
         """Root's ``x`` on every rank (into ``out``, by default ``x`` itself).
 
@@ -491,14 +484,10 @@ class Communicator:
             return _broadcast(ch, x, root, out)
 
     @overload
-    def all_to_all(
-        self, x: Input, out: None = ..., *, stream: DeviceContext | None = ...
-    ) -> Array: ...
+    def all_to_all(self, x: Input, out: None = ..., *, stream: object = ...) -> Array: ...
     @overload
-    def all_to_all(self, x: Input, out: _X, *, stream: DeviceContext | None = ...) -> _X: ...
-    def all_to_all(
-        self, x: Input, out: Output = None, *, stream: DeviceContext | None = None
-    ) -> Input:
+    def all_to_all(self, x: Input, out: _X, *, stream: object = ...) -> _X: ...
+    def all_to_all(self, x: Input, out: Output = None, *, stream: object = None) -> Input:
         """Chunk ``j`` of rank ``i``'s ``x`` becomes chunk ``i`` of rank ``j``'s output
         (``shmem_alltoall``).
 

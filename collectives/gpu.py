@@ -14,15 +14,22 @@ Both reduce in rank order in float32 (float16/bfloat16), float32 or float64 (flo
 bitwise the same on every rank, for both algorithms, and equal to the host backend's
 (``collectives.ops.reduce_into``).
 
-Ordering (as NCCL's): the kernel is queued on ``stream=`` (a GPU DeviceContext; default the
+Ordering (as NCCL's): the kernel is queued on ``stream=`` (a GPU DeviceContext, or another
+library's stream: anything with ``__cuda_stream__``, e.g. a torch or cupy stream; default the
 World's context, where SHMEMBuffer copies are queued) after the work already on it; there is
-no device-wide synchronize. Inputs written on another stream (torch, cupy) must be ordered
-before the call by the caller (``stream.enqueue_wait_for(other)``, or that library's
-synchronize). The call then waits on the host for that one stream, to read the kernel's
-status word (a peer timeout is raised here, not later): it is host-blocking, and the result
-is complete on return. A peer that does not
-arrive within ``[signal] timeout_s`` makes the kernel give up; this rank raises
+no device-wide synchronize. Inputs written on another stream must be ordered before the call
+by the caller (``stream.enqueue_wait_for(other)``, or that library's synchronize). The call
+then waits on the host for that one stream, to read the kernel's status word (a peer timeout
+is raised here, not later): it is host-blocking, and the result is complete on return. A peer
+that does not arrive within ``[signal] timeout_s`` makes the kernel give up; this rank raises
 ``SignalTimeoutError`` and the communicator is then unusable (its stages are out of step).
+
+CUDA graphs: the stage numbers live on the device (each rank's last published stage beside
+its arrival counter; see the kernel file), so a call made while ``stream`` captures a graph
+is recorded and every replay runs the next stages. While capturing, the call does not wait
+(nothing runs yet); a replay that times out or meets a mismatch leaves the status word set,
+every later launch returns at once, and the next eager call raises. Captured calls need
+device inputs and outputs (numpy would be copied on the host at capture time).
 """
 
 from __future__ import annotations
@@ -34,11 +41,12 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import numpy as np
 
-from shmem import Buffer, DeviceContext, SHMEMBuffer
+from shmem import Buffer, SHMEMBuffer
 from shmem import cuda as shmem_cuda
 from shmem.agreement import compare_across_ranks
 from shmem.dtypes import dtype_name
 from shmem.errors import (
+    ArgumentError,
     CollectiveMismatchError,
     GpuCollectiveError,
     ShmemError,
@@ -95,8 +103,10 @@ class GpuAllReduce:
         self.flags = world.zeros(2 * self.size, "uint64")
         gpu = self.heap.gpu.current()
         stream = self.heap.stream
-        self._arrive = gpu.allocate(8, stream=stream)  # u32 arrival counter, then the status
-        shmem_cuda.memset_async(int(self._arrive.handle), 0, 8, stream)
+        # u32 arrival counter, i32 status, u64 epoch (the last published stage): the stage
+        # numbers live on the device, so a call captured in a CUDA graph replays correctly
+        self._arrive = gpu.allocate(16, stream=stream)
+        shmem_cuda.memset_async(int(self._arrive.handle), 0, 16, stream)
         self._tables = gpu.allocate(3 * 8 * self.size, stream=stream)
         if not unreachable:
             table = np.array(
@@ -108,8 +118,6 @@ class GpuAllReduce:
             )
             self.heap.memcpy(int(self._tables.handle), int(table.ctypes.data), table.nbytes)
         stream.sync()
-        self._stage = 1  # the next call's first stage (flags start at 0)
-        self._arrived = 0  # blocks that have arrived on this rank so far
         self._status = np.zeros(1, np.int32)
         self._sms = int(self.heap.gpu.attributes.multiprocessor_count or 1)
         self._acc64 = comm.accumulate_dtype(np.dtype(np.float32)) == np.dtype(np.float64)
@@ -127,17 +135,15 @@ class GpuAllReduce:
             self.heap.device.id, KERNELS, f"allreduce_{algorithm}_{name}_{op}"
         )
 
-    def _check_stream(self, stream: DeviceContext | None, where: str) -> None:
-        if stream is not None and (
-            not isinstance(stream, DeviceContext)
-            or stream.device != self.heap.device
-            or stream.api != "cuda"
-        ):
-            got = stream.device.label if isinstance(stream, DeviceContext) else repr(stream)
-            raise GpuCollectiveError(
-                f"{where}: stream must be a DeviceContext of this rank's GPU (got {got}; "
-                f"expected one on {self.heap.device.label})"
-            )
+    def _check_stream(self, stream: object, where: str) -> shmem_cuda.CudaStream:
+        """The cuda.core stream of ``stream=`` (a GPU DeviceContext of this rank's device, or
+        another library's stream: anything with ``__cuda_stream__``); default: the World's
+        context, where SHMEMBuffer copies are queued."""
+        try:
+            got = shmem_cuda.as_stream(stream, self.heap.device, where)
+        except ArgumentError as exc:
+            raise GpuCollectiveError(str(exc)) from None
+        return got if got is not None else self.world.ctx.stream
 
     def _source(self, x: Any, where: str) -> Buffer:
         """``x`` on this rank's GPU, once this communicator can run a call at all."""
@@ -173,7 +179,7 @@ class GpuAllReduce:
         out: Any = None,
         algorithm: str = "auto",
         *,
-        stream: DeviceContext | None = None,
+        stream: object = None,
     ) -> object:
         """``x`` and ``out``: GPU Buffers, SHMEMBuffers, DLPack GPU arrays or numpy arrays
         (copied to and from the GPU). Returns ``out``, or a new array like ``x`` (numpy for
@@ -243,7 +249,7 @@ class GpuAllReduce:
         *,
         root: int = 0,
         op: str = "sum",
-        stream: DeviceContext | None = None,
+        stream: object = None,
     ) -> object:
         """``all_gather``, ``broadcast``, ``all_to_all`` or ``reduce_scatter`` on the GPU,
         over the all-reduce's stages and scratch (pieces of at most the scratch), ordered on
@@ -252,12 +258,12 @@ class GpuAllReduce:
         into ``x`` by default."""
         where = f"Communicator.{name}"
         extra = (op,) if name == "reduce_scatter" else (root,) if name == "broadcast" else ()
-        src, dst = self._agreed(
+        src, dst, cu_stream = self._agreed(
             where,
             lambda: self._family_args(name, x, out, root, op, where, stream),
             lambda c: (c[0], extra),
         )
-        self._family_run(name, src, dst, root, op, (stream or self.world.ctx).stream)
+        self._family_run(name, src, dst, root, op, cu_stream)
         self.comm.stats.count(f"gpu_{name}")
         target = x if (name == "broadcast" and out is None) else out
         if isinstance(target, np.ndarray):
@@ -277,10 +283,10 @@ class GpuAllReduce:
         root: int,
         op: str,
         where: str,
-        stream: DeviceContext | None,
-    ) -> tuple[Buffer, Buffer]:
-        """``(source, destination)`` after the checks every rank makes alike."""
-        self._check_stream(stream, where)
+        stream: object,
+    ) -> tuple[Buffer, Buffer, shmem_cuda.CudaStream]:
+        """``(source, destination, stream)`` after the checks every rank makes alike."""
+        cu_stream = self._check_stream(stream, where)
         src = self._source(x, where)
         n, size = src.num_elements, self.size
         if name == "reduce_scatter":
@@ -326,7 +332,7 @@ class GpuAllReduce:
                     f"{where}: out does not match (got {dtype_name(dst.dtype)} "
                     f"{dst.num_elements} elements; expected {dtype_name(src.dtype)} {count})"
                 )
-        return src, dst
+        return src, dst, cu_stream
 
     def _family_run(
         self, name: str, src: Buffer, dst: Buffer, root: int, op: str, stream: Any
@@ -395,12 +401,12 @@ class GpuAllReduce:
         op: str,
         out: Any,
         algorithm: str,
-        stream: DeviceContext | None,
+        stream: object,
         where: str,
     ) -> tuple[Buffer, Buffer, str, bool, Any]:
         """``(source, destination, algorithm, result goes to the host, stream)`` after the
         checks every rank makes alike."""
-        self._check_stream(stream, where)
+        cu_stream = self._check_stream(stream, where)
         src = self._check(x, op, where)
         host_out = isinstance(out, np.ndarray) or (out is None and isinstance(x, np.ndarray))
         if out is None or isinstance(out, np.ndarray):
@@ -421,9 +427,8 @@ class GpuAllReduce:
                     f"{dst.num_elements} elements; expected {dtype_name(src.dtype)} "
                     f"{src.num_elements})"
                 )
-        # stream-ordered: after the work already on the caller's stream (default: the World's
-        # context, where SHMEMBuffer copies are queued); no device-wide synchronize
-        cu_stream = (stream if stream is not None else self.world.ctx).stream
+        # stream-ordered: after the work already on the caller's stream; no device-wide
+        # synchronize
         n, item = src.num_elements, src.element_size
         algo = algorithm
         if algo == "auto":
@@ -475,8 +480,8 @@ class GpuAllReduce:
         sync = (
             np.uint64(tables + 16 * size),  # the flags table
             np.uint64(arrive),
-            np.uint32(self._arrived & 0xFFFFFFFF),
-            np.uint64(self._stage),
+            np.uint32(0),  # arrival base and first stage: 0, the kernel reads the device's
+            np.uint64(0),
             np.uint64(int(self.world.config.signal.timeout_s * 1e9)),
             np.uint64(status),
             np.int32(self.rank),
@@ -484,10 +489,12 @@ class GpuAllReduce:
             np.uint64(self.signature),
         )
         shmem_cuda.launch(stream, fn, blocks, THREADS, *data, *sync, cooperative=True)
+        if shmem_cuda.is_capturing(stream):
+            # recorded into the caller's CUDA graph: nothing to wait for now; a replay that
+            # fails leaves the status word set, and the next eager call raises it
+            return
         shmem_cuda.memcpy_async(int(self._status.ctypes.data), status, 4, stream)
         stream.sync()  # the status word: a peer timeout is raised by this call
-        self._stage += stages
-        self._arrived += blocks * stages
         if self._status[0] < 0:  # rank q's call differs (compared in the kernel)
             self.broken = True
             q = -int(self._status[0]) - 1
@@ -533,8 +540,8 @@ class GpuAllReduce:
                 32 * math.ceil(max(self.size, 1) / 32),
                 np.uint64(int(self._tables.handle) + 16 * self.size),
                 np.uint64(arrive),
-                np.uint32(self._arrived & 0xFFFFFFFF),
-                np.uint64(self._stage),
+                np.uint32(0),
+                np.uint64(0),  # the device's epoch: every peer finished its last call
                 np.uint64(int(self.world.config.signal.timeout_s * 1e9)),
                 np.uint64(arrive + 4),
                 np.int32(self.rank),

@@ -18,6 +18,8 @@ from ._cuda_device import (
 )
 from ._cuda_kernels import (
     GpuStream,
+    foreign_stream,
+    is_capturing,
     kernel,
     kernel_module,
     launch,
@@ -49,6 +51,8 @@ __all__ = [
     "device_count",
     "device_sync",
     "fill",
+    "foreign_stream",
+    "is_capturing",
     "kernel",
     "kernel_module",
     "kernel_sources",

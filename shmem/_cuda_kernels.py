@@ -73,6 +73,20 @@ def memset_async(ptr: int, value: int, nbytes: int, stream: Any) -> None:
         _check(_drv().cuMemsetD8Async(ptr, value, nbytes, stream.handle), "cuMemsetD8Async")
 
 
+def is_capturing(stream: Any) -> bool:
+    """Whether ``stream`` (a cuda.core stream) is capturing a CUDA graph now."""
+    status = _check(_drv().cuStreamIsCapturing(stream.handle), "cuStreamIsCapturing")
+    return int(status) != 0  # CU_STREAM_CAPTURE_STATUS_NONE is 0
+
+
+def foreign_stream(device_id: int, obj: Any) -> Any:
+    """A cuda.core stream over another library's stream (an object with
+    ``__cuda_stream__``: a torch or cupy stream), on device ``device_id``."""
+    dev = CudaDevice.get(device_id)
+    dev.current()
+    return _cc().Device(device_id).create_stream(obj)
+
+
 def record_event(stream: Any) -> Any:
     """A cuda.core event recorded on ``stream``."""
     return stream.record()

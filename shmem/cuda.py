@@ -14,12 +14,15 @@ from __future__ import annotations
 from typing import Protocol
 
 from . import _cuda, _nvrtc
+from .device import Device
 
 __all__ = [
     "CudaStream",
     "Kernel",
+    "as_stream",
     "compile_module",
     "device_synchronize",
+    "is_capturing",
     "launch",
     "load_kernel",
     "memcpy_async",
@@ -99,3 +102,33 @@ def kernel_cache_dir() -> str | None:
     """The on-disk cubin cache directory, or None when the cache is off."""
     path = _nvrtc.cache_dir()
     return None if path is None else str(path)
+
+
+def as_stream(stream: object, device: Device, where: str) -> CudaStream | None:
+    """The cuda.core stream a GPU call is queued on: None for None (the caller picks its
+    default), a GPU :class:`~shmem.DeviceContext`'s stream (it must be on ``device``), or a
+    stream of another library (any object with ``__cuda_stream__``: torch, cupy).
+    Anything else raises :class:`~shmem.errors.ArgumentError` naming ``where``."""
+    from .context import DeviceContext
+    from .errors import ArgumentError
+
+    if stream is None:
+        return None
+    if isinstance(stream, DeviceContext):
+        if stream.device != device or stream.api != "cuda":
+            raise ArgumentError(
+                f"{where}: stream must be on this rank's GPU (got a DeviceContext of "
+                f"{stream.device.label}; expected one on {device.label})"
+            )
+        return stream.stream  # type: ignore[no-any-return]
+    if hasattr(stream, "__cuda_stream__"):
+        return _cuda.foreign_stream(device.id, stream)  # type: ignore[no-any-return]
+    raise ArgumentError(
+        f"{where}: invalid stream (got {type(stream).__name__}; expected None, a GPU "
+        "DeviceContext or an object with __cuda_stream__, e.g. a torch or cupy stream)"
+    )
+
+
+def is_capturing(stream: CudaStream) -> bool:
+    """Whether ``stream`` is capturing a CUDA graph (a call must not wait on the host then)."""
+    return bool(_cuda.is_capturing(stream))

@@ -14,15 +14,22 @@
 // two_shot: rank r reduces shard r (collectives.schedule.shard_bounds) into its result buffer;
 //           then every rank copies every shard from its owner's result buffer.
 //
-// Cross-rank stages. Each call runs numbered stages (the host passes the first stage number,
-// >= 1; numbers only grow, flags start at 0). A stage ends on this rank when every block of
-// the grid has arrived (a per-rank arrival counter; the host passes its value before this
-// launch). The last block to arrive publishes the stage to every peer's flag slot for this
-// rank with a system-scope release store. A block waits for a stage by spinning on every
-// peer's flag with system-scope acquire loads, bounded by a deadline on the global timer; a
-// timeout writes the wait's index within the call (1: the entry wait, 2: stage0, ...) into
-// *status and the kernel returns (the host raises). Blocks must all be resident: the host
-// launches cooperatively (the driver refuses a grid that cannot be co-resident).
+// Cross-rank stages. Each call runs numbered stages; numbers only grow, flags start at 0. The
+// stage numbers live on the device, not in the launch: this rank's last published stage is a
+// u64 beside its arrival counter (``arrive`` points at [u32 arrivals][i32 status][u64
+// epoch]) and a launch with stage0 == 0 starts at epoch + 1, so a launch captured in a CUDA
+// graph replays correctly (nothing the host knew at capture time is baked in but pointers and
+// the call's shape). A stage ends on this rank when every block of the grid has arrived (the
+// arrival counter; the last block resets it to 0 before it publishes, and no block arrives at
+// the next stage before that publish). The last block publishes the stage to every peer's
+// flag slot for this rank with a system-scope release store, and records it as the epoch. A
+// block waits for a stage by spinning on every peer's flag with system-scope acquire loads,
+// bounded by a deadline on the global timer; a timeout writes the wait's index within the
+// call (1: the entry wait, 2: stage0, ...) into *status and the kernel returns (the host
+// raises). A status left non-zero by a failed launch makes every later launch return at its
+// first wait (a failed replay poisons the communicator; the host sees it at its next check).
+// Blocks must all be resident: the host launches cooperatively (the driver refuses a grid that
+// cannot be co-resident).
 //
 //   before:  peers are done with the previous call (its last stage, stage0 - 1)
 //   copy:    this rank's input into its symmetric scratch (skipped when it is already there)
@@ -95,9 +102,9 @@ __device__ __forceinline__ A apply(A a, A b) {
 
 struct Sync {
     u64* const* flags;  // P peer pointers to each rank's flag array: flags[r][sender]
-    u32* arrive;        // this rank's arrival counter (device memory, only this rank uses it)
-    u32 arrive_base;    // its value before this launch
-    u64 stage0;         // the first stage number of this call
+    u32* arrive;        // this rank's arrival counter, status, epoch (see above; only this rank)
+    u32 arrive_base;    // unused (0): the counter is reset by each stage's last block
+    u64 stage0;         // the first stage number of this call (0: epoch + 1, from the device)
     u64 timeout_ns;
     int* status;        // 0; the stage that timed out (+1); or -(q + 1): rank q's call differs
     int rank;
@@ -119,17 +126,28 @@ __device__ __forceinline__ u64 now_ns() {
     return t;
 }
 
+__device__ __forceinline__ u64* epoch_of(const Sync& s) { return (u64*)(s.arrive + 2); }
+
+// The launch's stage numbers from the device (every block reads the same epoch: it changes
+// only when the last block arrives at a stage, after every block has started).
+__device__ __forceinline__ Sync resolve(Sync s) {
+    if (s.stage0 == 0) s.stage0 = *(volatile u64*)epoch_of(s) + 1;
+    return s;
+}
+
 // Every block calls this at stage k (0-based within the call), in the same order.
 __device__ void arrive(const Sync& s, int k) {
     __syncthreads();
     if (threadIdx.x == 0) {
         __threadfence_system();  // this block's writes before the stage is published
         u32 old = atomicAdd(s.arrive, 1u);
-        if (old + 1 == s.arrive_base + gridDim.x * (u32)(k + 1)) {  // the last block here
+        if (old + 1 == gridDim.x) {  // the last block here
+            atomicExch(s.arrive, 0u);  // before the publish: no block arrives at k + 1 sooner
             __threadfence_system();
             if (k == 0 && s.sig != 0)  // the call's signature, in each peer's flags after
                 for (int r = 0; r < s.size; ++r)  // the stage slots (released with stage0)
                     store_release_sys(&s.flags[r][s.size + s.rank], s.sig);
+            *(volatile u64*)epoch_of(s) = s.stage0 + k;
             for (int r = 0; r < s.size; ++r) store_release_sys(&s.flags[r][s.rank], s.stage0 + k);
         }
     }
@@ -141,8 +159,9 @@ __device__ void arrive(const Sync& s, int k) {
 // sees the difference at the same stage, so all stop there).
 __device__ bool wait_for(const Sync& s, u64 want) {
     __shared__ int ok;
-    if (threadIdx.x == 0) ok = 1;
+    if (threadIdx.x == 0) ok = *(volatile int*)s.status == 0;  // a failed launch poisons
     __syncthreads();
+    if (!ok) return false;
     if (threadIdx.x < (unsigned)s.size) {
         const u64* flag = &s.flags[s.rank][threadIdx.x];
         u64 start = now_ns();
@@ -224,7 +243,7 @@ __device__ void two_shot(
 extern "C" __global__ void allreduce_drain(
     u64* const* flags, u32* arrive, u32 arrive_base, u64 stage0, u64 timeout_ns, int* status,
     int rank, int size) {
-    Sync s{flags, arrive, arrive_base, stage0, timeout_ns, status, rank, size, 0};
+    Sync s = resolve(Sync{flags, arrive, arrive_base, stage0, timeout_ns, status, rank, size, 0});
     wait_for(s, s.stage0 - 1);
 }
 
@@ -233,7 +252,8 @@ extern "C" __global__ void allreduce_drain(
 #define SYNC_PARAMS                                                                          \
     u64 *const *flags, u32 *arrive, u32 arrive_base, u64 stage0, u64 timeout_ns, int *status, \
         int rank, int size, u64 sig
-#define SYNC_VALUE Sync{flags, arrive, arrive_base, stage0, timeout_ns, status, rank, size, sig}
+#define SYNC_VALUE \
+    resolve(Sync{flags, arrive, arrive_base, stage0, timeout_ns, status, rank, size, sig})
 
 #define INSTANTIATE(NAME, T, A, OP)                                                          \
     extern "C" __global__ void allreduce_one_shot_##NAME(                                     \

@@ -35,7 +35,7 @@ import numpy as np
 from shmem import Buffer, DeviceContext
 from shmem._cuda_memory import default_sync
 from shmem.dtypes import dtype_name
-from shmem.errors import AttentionArgumentError
+from shmem.errors import ArgumentError, AttentionArgumentError
 
 from .scheduler import (
     MaskSpec,
@@ -190,23 +190,15 @@ def _context(device_id: int) -> DeviceContext:
 
 def _stream(stream: Any, device: Any, where: str) -> tuple[Any, bool]:
     """``(cuda.core stream, whether the call waits for it)``."""
-    if stream is None:
-        return _context(device.id).stream, True
-    if isinstance(stream, DeviceContext):
-        if stream.device != device or stream.api != "cuda":
-            raise AttentionArgumentError(
-                f"{where}: stream must be a DeviceContext of the inputs' GPU (got "
-                f"{stream.device.label}; expected {device.label})"
-            )
-        return stream.stream, False
-    if hasattr(stream, "__cuda_stream__"):
-        from cuda.core import Device as CoreDevice
+    from shmem import cuda as shmem_cuda
 
-        return CoreDevice(device.id).create_stream(stream), False
-    raise AttentionArgumentError(
-        f"{where}: invalid stream (got {type(stream).__name__}; expected None, a GPU "
-        "DeviceContext or an object with __cuda_stream__)"
-    )
+    try:
+        got = shmem_cuda.as_stream(stream, device, where)
+    except ArgumentError as exc:
+        raise AttentionArgumentError(str(exc)) from None
+    if got is None:
+        return _context(device.id).stream, True
+    return got, False
 
 
 def _upload(host: np.ndarray[Any, Any], device: Any) -> Buffer:

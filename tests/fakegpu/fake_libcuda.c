@@ -145,13 +145,14 @@ CUresult cuLaunchKernelEx(const CUlaunchConfig* c,void* f,void** params,void** e
     const char* dt=nm+19;
     int es = (!strncmp(dt,"float16",7)||!strncmp(dt,"bfloat16",8)) ? 2 : !strncmp(dt,"float64",7) ? 8 : 4;
     unsigned stages = two?3:2;
+    uint64_t* epoch=(uint64_t*)(arrive+2); if(stage0==0) stage0=*epoch+1; /* device-side stages */
     LOG("  allreduce %s n=%llu es=%d rank=%d size=%d stage0=%llu base=%u arrive=%u",nm,n,es,rank,size,(unsigned long long)stage0,base,*arrive);
     if(size!=1){fprintf(stderr,"[fake] allreduce emulated for one rank only\n"); return 1;}
-    if(*arrive!=base) fprintf(stderr,"[fake] ARRIVE MISMATCH: counter %u, host base %u\n",*arrive,base);
+    if(*arrive!=0 || base!=0) fprintf(stderr,"[fake] ARRIVE MISMATCH: counter %u, host base %u (both 0: device-side stages)\n",*arrive,base);
     if(flags[0][0] < stage0-1){ *status=1; fprintf(stderr,"[fake] ENTRY: flag %llu < stage0-1 %llu\n",(unsigned long long)flags[0][0],(unsigned long long)(stage0-1)); return 0; }
     if(in!=scratch[0]) memcpy(scratch[0],in,n*es);
     if(two){ memcpy(results[0],scratch[0],n*es); memcpy(out,results[0],n*es);} else memcpy(out,scratch[0],n*es);
-    flags[0][0]=stage0+stages-1; *arrive += c->gx*stages;
+    flags[0][0]=stage0+stages-1; *epoch=stage0+stages-1; /* the counter ends at 0, as the kernel's */
   } else if(!strncmp(nm,"family_",7) || !strncmp(nm,"reduce_scatter_",15)){
     /* one rank: every part is this rank's own; the stage bookkeeping as the real kernel */
     int rs = nm[0]=='r'; int bc = !strcmp(nm,"family_broadcast"); int a2a = !strcmp(nm,"family_all_to_all");
@@ -161,16 +162,18 @@ CUresult cuLaunchKernelEx(const CUlaunchConfig* c,void* f,void** params,void** e
     else if(bc) root=*(int*)params[k++]; else stride=*(unsigned long long*)params[k++];
     uint64_t** flags=*(uint64_t***)params[k++]; unsigned* arrive=*(unsigned**)params[k++]; unsigned base=*(unsigned*)params[k++];
     uint64_t stage0=*(uint64_t*)params[k++]; k++; int* status=*(int**)params[k++]; int rank=*(int*)params[k++]; int size=*(int*)params[k++];
+    uint64_t* epoch=(uint64_t*)(arrive+2); if(stage0==0) stage0=*epoch+1;
     LOG("  %s n=%llu lo=%llu hi=%llu stride=%llu root=%d rank=%d size=%d stage0=%llu",nm,n,lo,hi,stride,root,rank,size,(unsigned long long)stage0);
     if(size!=1){fprintf(stderr,"[fake] family emulated for one rank only\n"); return 1;}
-    if(*arrive!=base) fprintf(stderr,"[fake] ARRIVE MISMATCH: counter %u, host base %u\n",*arrive,base);
+    if(*arrive!=0 || base!=0) fprintf(stderr,"[fake] ARRIVE MISMATCH: counter %u, host base %u (both 0: device-side stages)\n",*arrive,base);
     if(flags[0][0] < stage0-1){ *status=1; fprintf(stderr,"[fake] ENTRY: flag %llu < stage0-1 %llu\n",(unsigned long long)flags[0][0],(unsigned long long)(stage0-1)); return 0; }
     if(rs){ const char* dt=nm+15; int es = (!strncmp(dt,"float16",7)||!strncmp(dt,"bfloat16",8)) ? 2 : !strncmp(dt,"float64",7) ? 8 : 4;
       memcpy(scratch[0],in,n*es); if(hi>lo) memcpy(out,scratch[0]+lo*es,(hi-lo)*es); }
     else { memcpy(scratch[0],in,n); memcpy(out,scratch[0],n); (void)a2a; }
-    flags[0][0]=stage0+1; *arrive += c->gx*2;
+    flags[0][0]=stage0+1; *epoch=stage0+1;
   } else if(!strcmp(nm,"allreduce_drain")){
-    uint64_t** flags=*(uint64_t***)params[0]; uint64_t stage0=*(uint64_t*)params[3]; int* status=*(int**)params[5];
+    uint64_t** flags=*(uint64_t***)params[0]; unsigned* arrive=*(unsigned**)params[1]; uint64_t stage0=*(uint64_t*)params[3]; int* status=*(int**)params[5];
+    if(stage0==0) stage0=*(uint64_t*)(arrive+2)+1;
     if(flags[0][0] < stage0-1){*status=1; fprintf(stderr,"[fake] DRAIN: flag %llu < %llu\n",(unsigned long long)flags[0][0],(unsigned long long)(stage0-1));}
   } else if(fake_attention(nm,c->gx,c->gy,c->gz,params)){
   } else LOG("  unknown kernel, not emulated");

@@ -252,3 +252,46 @@ def test_gpu_mismatched_calls_raise_everywhere_without_check_args(
         else:
             comm.all_reduce(x, op="max" if (odd and kind == "op") else "sum")
     comm.close()  # broken: its GPU scratch stays allocated (a warning), nothing waits
+
+
+def test_gpu_all_reduce_and_all_gather_replay_in_a_cuda_graph(gpu_world: Any) -> None:
+    """Issue 17: both calls captured once in a CUDA graph (torch's, on torch's stream, passed
+    as ``stream=``), replayed 100 times with new inputs; every replay's result is checked.
+    The stage numbers are read on the device, so nothing of the capture is stale."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch without CUDA")
+    import collectives
+
+    w = gpu_world
+    p, r = w.world_size, w.rank
+    comm = collectives.Communicator(w)
+    try:
+        x = torch.zeros(1000, device="cuda", dtype=torch.float32)
+        summed = torch.empty_like(x)
+        gathered = torch.empty(1000 * p, device="cuda", dtype=torch.float32)
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):  # warm-up on the capture stream (compiles, plans)
+            comm.all_reduce(x, out=summed, stream=stream)
+            comm.all_gather(x, out=gathered, stream=stream)
+        stream.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            comm.all_reduce(x, out=summed, stream=stream)
+            comm.all_gather(x, out=gathered, stream=stream)
+        base = torch.arange(1000, device="cuda", dtype=torch.float32)
+        for i in range(100):
+            x.copy_(base * (r + 1) + i)
+            torch.cuda.synchronize()
+            graph.replay()
+            torch.cuda.synchronize()
+            want_sum = base * (p * (p + 1) // 2) + p * i
+            assert torch.equal(summed, want_sum), (i, (summed - want_sum).abs().max().item())
+            want_gather = torch.cat([base * (q + 1) + i for q in range(p)])
+            assert torch.equal(gathered, want_gather), i
+        # eager calls after the replays are in step with them
+        got = comm.all_reduce(np.ones(8, np.float32))
+        assert (np.asarray(got) == p).all()
+    finally:
+        comm.close()
