@@ -12,12 +12,13 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, TypeVar, cast, overload
+from typing import TYPE_CHECKING, Any, TypeVar, cast, overload
 
 import numpy as np
 
 from shmem import Buffer, SHMEMBuffer, World
 from shmem.config import parse_size
+from shmem.dtypes import dtype_name
 from shmem.errors import CollectiveArgumentError, ShmemStateError
 from shmem.team import Team
 
@@ -29,7 +30,7 @@ from .allreduce import choose as _choose
 from .broadcast import broadcast as _broadcast
 from .channel import Channel, CommStats
 from .operand import Array
-from .ops import ReduceOp, accumulate_dtype, check_op
+from .ops import ReduceOp, accumulate_dtype, check_op, fused_out_dtype
 from .reduce_scatter import reduce_scatter as _reduce_scatter
 from .schedule import Algorithm, AlgorithmTable
 from .team import TeamCollectives
@@ -250,6 +251,8 @@ class Communicator:
         algorithm: Algorithm | str = ...,
         *,
         stream: object = ...,
+        out_dtype: Any = ...,
+        scale: float | None = ...,
     ) -> Array: ...
     @overload
     def all_reduce(
@@ -260,6 +263,8 @@ class Communicator:
         algorithm: Algorithm | str = ...,
         *,
         stream: object = ...,
+        out_dtype: Any = ...,
+        scale: float | None = ...,
     ) -> Array | Buffer: ...
     @overload
     def all_reduce(
@@ -270,6 +275,8 @@ class Communicator:
         algorithm: Algorithm | str = ...,
         *,
         stream: object = ...,
+        out_dtype: Any = ...,
+        scale: float | None = ...,
     ) -> _O: ...
     @overload
     def all_reduce(
@@ -280,6 +287,8 @@ class Communicator:
         out: _O,
         algorithm: Algorithm | str = ...,
         stream: object = ...,
+        out_dtype: Any = ...,
+        scale: float | None = ...,
     ) -> _O: ...
     def all_reduce(
         self,
@@ -289,6 +298,8 @@ class Communicator:
         algorithm: Algorithm | str = "auto",
         *,
         stream: object = None,
+        out_dtype: Any = None,
+        scale: float | None = None,
     ) -> SHMEMBuffer | Array | Buffer:
         """Equivalent to ``out = x_0 op x_1 op ... op x_{P-1}`` (left to right, elementwise) on
         every rank, bitwise identical everywhere. See :mod:`collectives.allreduce`.
@@ -310,6 +321,15 @@ class Communicator:
             (torch, cupy). A call made while that stream captures a CUDA graph is recorded
             in the graph and replays correctly (the stage numbers live on the device).
             Ignored on the host backend, whose collectives are host-blocking.
+        out_dtype : dtype, optional
+            The result's dtype (floating inputs): e.g. ``float32`` for a ``bfloat16`` input.
+            The reduction runs in the accumulation dtype as always and rounds once, to
+            ``out_dtype`` instead of the input's (no second rounding). On the GPU: float32
+            out of float16/bfloat16, fused into the kernel.
+        scale : float, optional
+            A factor applied to the result in the accumulation dtype before that rounding
+            (``scale=1/world_size`` with ``op="sum"`` averages gradients; on the GPU in the
+            same kernel). Floating inputs only.
 
         Returns
         -------
@@ -317,6 +337,8 @@ class Communicator:
             ``out`` when given; else a new numpy array shaped like ``x`` (a device Buffer on
             the nvshmem backend).
         """
+        if out_dtype is not None or scale is not None:
+            return self._fused_all_reduce(x, op, out, algorithm, stream, out_dtype, scale)
         ch = self._ch
         if ch is None or self._closed:
             tc = self._on_team("all_reduce")
@@ -377,6 +399,59 @@ class Communicator:
         self._live("all_reduce")
         with self._call(ch):
             return _all_reduce(ch, x, op, out, algorithm)
+
+    def _fused_all_reduce(
+        self,
+        x: SHMEMBuffer | Array | Buffer,
+        op: ReduceOp | str,
+        out: SHMEMBuffer | Array | Buffer | None,
+        algorithm: Algorithm | str,
+        stream: object,
+        out_dtype: Any,
+        scale: float | None,
+    ) -> SHMEMBuffer | Array | Buffer:
+        """``all_reduce`` with ``out_dtype``/``scale``. On the GPU both are fused into the
+        kernel. On the host the input is widened to its accumulation dtype first (the
+        reduction that dtype's all-reduce runs is the same rank-order reduction, without the
+        final rounding), scaled there, and rounded once to ``out_dtype``."""
+        where = "Communicator.all_reduce"
+        self._live("all_reduce")
+        if self._gpu is not None:
+            return cast(
+                "Buffer",
+                self._gpu.all_reduce(
+                    x, str(op), out, str(algorithm), stream=stream, out_dtype=out_dtype,
+                    scale=scale,
+                ),
+            )  # fmt: skip
+        if isinstance(x, Buffer) or isinstance(out, Buffer):
+            return self._gpu_all_reduce(x, op, out, algorithm, stream)  # refuses them
+        src = np.asarray(x.local() if isinstance(x, SHMEMBuffer) else x)
+        odt = fused_out_dtype(src.dtype, out_dtype, scale, where)
+        check_op(op, src.dtype, where)
+        target: Array | None = None
+        if out is not None:
+            target = out.local() if isinstance(out, SHMEMBuffer) else out
+            if (
+                not isinstance(target, np.ndarray)
+                or target.dtype != odt
+                or target.size != src.size
+                or not target.flags.writeable
+            ):
+                kind = getattr(target, "dtype", type(target).__name__)
+                got = f"{kind} {getattr(target, 'size', '?')}"
+                raise CollectiveArgumentError(
+                    f"{where}: invalid out (got {got} elements; expected a writeable "
+                    f"{dtype_name(odt)} array of {src.size})"
+                )
+        acc = accumulate_dtype(src.dtype, self._acc32)
+        wide = self.all_reduce(np.ascontiguousarray(src, dtype=acc), op, algorithm=algorithm)
+        if scale is not None:
+            np.multiply(wide, acc.type(scale), out=wide)
+        if target is None:
+            return wide.astype(odt, copy=False).reshape(src.shape)
+        np.copyto(target.reshape(-1), wide.reshape(-1), casting="unsafe")
+        return out  # type: ignore[return-value]
 
     def _gpu_all_reduce(
         self,

@@ -54,6 +54,7 @@ from shmem.errors import (
 )
 from shmem.heap import DeviceSymmetricHeap
 
+from .ops import fused_out_dtype
 from .schedule import shard_of
 from .signature import describe, signature
 
@@ -127,10 +128,14 @@ class GpuAllReduce:
 
     # -- the call ------------------------------------------------------------------------------
 
-    def _kernel(self, algorithm: str, dtype: np.dtype[Any], op: str) -> Any:
+    def _kernel(
+        self, algorithm: str, dtype: np.dtype[Any], op: str, out_dtype: np.dtype[Any]
+    ) -> Any:
         name = dtype_name(dtype)
         if name == "float32" and self._acc64:
             name = "float32_acc64"
+        if out_dtype != dtype:  # float32 out of a 16-bit input
+            name += "_to_float32"
         return shmem_cuda.load_kernel(
             self.heap.device.id, KERNELS, f"allreduce_{algorithm}_{name}_{op}"
         )
@@ -180,22 +185,27 @@ class GpuAllReduce:
         algorithm: str = "auto",
         *,
         stream: object = None,
+        out_dtype: Any = None,
+        scale: float | None = None,
     ) -> object:
         """``x`` and ``out``: GPU Buffers, SHMEMBuffers, DLPack GPU arrays or numpy arrays
         (copied to and from the GPU). Returns ``out``, or a new array like ``x`` (numpy for
-        numpy, else a GPU Buffer). ``stream``: a GPU DeviceContext of this rank's device the
-        call is ordered on (see the module docstring)."""
+        numpy, else a GPU Buffer). ``stream``: where the call is ordered (see the module
+        docstring). ``out_dtype`` (float32 for a 16-bit input) and ``scale`` (a factor
+        applied in the accumulation type before the one rounding) are fused into the
+        kernel."""
         where = "Communicator.all_reduce"
         src, dst, algo, host_out, cu_stream = self._agreed(
             where,
-            lambda: self._validate(x, op, out, algorithm, stream, where),
+            lambda: self._validate(x, op, out, algorithm, stream, where, out_dtype, scale),
             lambda c: (c[0], (op, c[2])),
         )
-        n, item = src.num_elements, src.element_size
-        step = self.capacity // item
+        n, item = src.num_elements, max(src.element_size, dst.element_size)
+        step = self.capacity // item  # (the results buffer holds the output type)
+        factor = 1.0 if scale is None else float(scale)
         for lo in range(0, n, step):
             count = min(step, n - lo)
-            self._launch(algo, src, dst, lo * item, count, op, cu_stream)
+            self._launch(algo, src, dst, lo, count, op, factor, cu_stream)
         self.comm.stats.count(algo)
         if isinstance(out, np.ndarray):
             np.copyto(out.reshape(-1), dst.to_numpy().reshape(-1))
@@ -403,28 +413,36 @@ class GpuAllReduce:
         algorithm: str,
         stream: object,
         where: str,
+        out_dtype: Any = None,
+        scale: float | None = None,
     ) -> tuple[Buffer, Buffer, str, bool, Any]:
         """``(source, destination, algorithm, result goes to the host, stream)`` after the
         checks every rank makes alike."""
         cu_stream = self._check_stream(stream, where)
         src = self._check(x, op, where)
+        odt = fused_out_dtype(src.dtype, out_dtype, scale, where)
+        if odt != src.dtype and dtype_name(src.dtype) not in ("float16", "bfloat16"):
+            raise GpuCollectiveError(
+                f"{where}: on the GPU out_dtype may widen float16 or bfloat16 to float32 (got "
+                f"{dtype_name(src.dtype)} to {dtype_name(odt)})"
+            )
         host_out = isinstance(out, np.ndarray) or (out is None and isinstance(x, np.ndarray))
         if out is None or isinstance(out, np.ndarray):
-            dst = Buffer(src.dtype, src.shape, device=self.heap.device, stream=self.world.ctx)
+            dst = Buffer(odt, src.shape, device=self.heap.device, stream=self.world.ctx)
             if isinstance(out, np.ndarray) and (
-                out.dtype != src.dtype or out.size != src.num_elements or not out.flags.writeable
+                out.dtype != odt or out.size != src.num_elements or not out.flags.writeable
             ):
                 raise GpuCollectiveError(
                     f"{where}: out does not match x (got {out.dtype} {out.size} elements, "
                     f"writeable {out.flags.writeable}; expected a writeable "
-                    f"{dtype_name(src.dtype)} array of {src.num_elements})"
+                    f"{dtype_name(odt)} array of {src.num_elements})"
                 )
         else:
             dst = _as_device_buffer(out, self.heap.device, where, output=True)
-            if dst.dtype != src.dtype or dst.num_elements != src.num_elements:
+            if dst.dtype != odt or dst.num_elements != src.num_elements:
                 raise GpuCollectiveError(
                     f"{where}: out does not match x (got {dtype_name(dst.dtype)} "
-                    f"{dst.num_elements} elements; expected {dtype_name(src.dtype)} "
+                    f"{dst.num_elements} elements; expected {dtype_name(odt)} "
                     f"{src.num_elements})"
                 )
         # stream-ordered: after the work already on the caller's stream; no device-wide
@@ -445,18 +463,26 @@ class GpuAllReduce:
         algo: str,
         src: Buffer,
         dst: Buffer,
-        byte_off: int,
+        first: int,
         count: int,
         op: str,
+        scale: float,
         stream: shmem_cuda.CudaStream,
     ) -> None:
         tables = int(self._tables.handle)
         scratch_t, results_t = tables, tables + 8 * self.size
-        data = [np.uint64(src.unsafe_ptr() + byte_off), np.uint64(scratch_t)]
+        data: list[Any] = [
+            np.uint64(src.unsafe_ptr() + first * src.element_size),
+            np.uint64(scratch_t),
+        ]
         if algo == "two_shot":
             data.append(np.uint64(results_t))
-        data += [np.uint64(dst.unsafe_ptr() + byte_off), np.uint64(count)]
-        fn = self._kernel(algo, src.dtype, op)
+        data += [
+            np.uint64(dst.unsafe_ptr() + first * dst.element_size),
+            np.uint64(count),
+            np.float64(scale),
+        ]
+        fn = self._kernel(algo, src.dtype, op, dst.dtype)
         self._staged(
             "all_reduce", algo, fn, grid_blocks(count, self._sms), data, STAGES[algo], stream
         )

@@ -26,6 +26,7 @@ __all__ = [
     "accumulate_dtype",
     "canonical_padding",
     "check_op",
+    "fused_out_dtype",
     "int_avg",
     "reduce_into",
     "widen",
@@ -105,6 +106,39 @@ def accumulate_dtype(dtype: np.dtype[Any], float32_in: np.dtype[Any]) -> np.dtyp
     if dtype == np.dtype(np.float32):
         return float32_in
     return dtype
+
+
+def fused_out_dtype(
+    dtype: np.dtype[Any], out_dtype: Any, scale: float | None, where: str
+) -> np.dtype[Any]:
+    """The output dtype of ``all_reduce(x, out_dtype=, scale=)`` for an input of ``dtype``
+    (``out_dtype`` or ``dtype``), after checking both options: they apply to floating
+    inputs and outputs (not complex), and ``scale`` is a finite real number."""
+    from shmem.dtypes import as_dtype
+    from shmem.errors import CollectiveArgumentError
+
+    if out_dtype is None and scale is None:
+        return dtype
+    is_float = (dtype.kind == "f" or dtype in _LOW_PRECISION) and dtype.kind != "c"
+    if not is_float:
+        raise CollectiveArgumentError(
+            f"{where}: out_dtype and scale apply to floating-point inputs (got {dtype_name(dtype)})"
+        )
+    odt = dtype if out_dtype is None else as_dtype(out_dtype, where)
+    if not (odt.kind == "f" or odt in _LOW_PRECISION):
+        raise CollectiveArgumentError(
+            f"{where}: invalid out_dtype (got {dtype_name(odt)}; expected a floating-point "
+            "dtype such as float32)"
+        )
+    if scale is not None and (
+        isinstance(scale, bool)
+        or not isinstance(scale, int | float | np.floating | np.integer)
+        or not np.isfinite(float(scale))
+    ):
+        raise CollectiveArgumentError(
+            f"{where}: invalid scale (got {scale!r}; expected a finite real number)"
+        )
+    return odt
 
 
 # x87 extended precision (x86's long double) stores 10 bytes in 12 or 16: the rest is

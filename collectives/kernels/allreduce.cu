@@ -198,43 +198,49 @@ __device__ __forceinline__ void copy_range(const T* src, T* dst, u64 lo, u64 hi)
         dst[i] = src[i];
 }
 
-template <typename T, typename A, int OP>
+// out[i] = (x_0 op x_1 op ... ) [/ size for avg] [* scale], in A, rounded once to TO (the
+// input type, or float32 for 16-bit inputs: the fused "bf16 in, fp32 out" all-reduce). A
+// scale of 1 is not applied (the result is then bitwise the unscaled one).
+template <typename T, typename A, int OP, typename TO = T>
 __device__ __forceinline__ void reduce_range(
-    const T* const* inputs, T* out, u64 lo, u64 hi, int size) {
+    const T* const* inputs, TO* out, u64 lo, u64 hi, int size, A scale = A(1)) {
     u64 stride = (u64)gridDim.x * blockDim.x;
     for (u64 i = lo + (u64)blockIdx.x * blockDim.x + threadIdx.x; i < hi; i += stride) {
         A acc = to_acc(inputs[0][i], A());
         for (int r = 1; r < size; ++r) acc = apply<OP, A>(acc, to_acc(inputs[r][i], A()));
         if (OP == OP_AVG) acc = acc / (A)size;
+        if (scale != A(1)) acc = acc * scale;
         from_acc(acc, &out[i]);
     }
 }
 
-template <typename T, typename A, int OP>
-__device__ void one_shot(const T* input, const T* const* scratch, T* out, u64 n, Sync s) {
+template <typename T, typename A, int OP, typename TO>
+__device__ void one_shot(
+    const T* input, const T* const* scratch, TO* out, u64 n, A scale, Sync s) {
     if (!wait_for(s, s.stage0 - 1)) return;  // peers are done with the previous call
     copy_range(input, (T*)scratch[s.rank], 0, n);
     arrive(s, 0);
     if (!wait_for(s, s.stage0)) return;
-    reduce_range<T, A, OP>(scratch, out, 0, n, s.size);
+    reduce_range<T, A, OP, TO>(scratch, out, 0, n, s.size, scale);
     arrive(s, 1);  // done reading peers' scratch
 }
 
-template <typename T, typename A, int OP>
-__device__ void two_shot(
-    const T* input, const T* const* scratch, T* const* results, T* out, u64 n, Sync s) {
+// results[r] holds rank r's reduced shard in the output type (already scaled and rounded)
+template <typename T, typename A, int OP, typename TO>
+__device__ void two_shot(const T* input, const T* const* scratch, TO* const* results, TO* out,
+                         u64 n, A scale, Sync s) {
     if (!wait_for(s, s.stage0 - 1)) return;
     copy_range(input, (T*)scratch[s.rank], 0, n);
     arrive(s, 0);
     if (!wait_for(s, s.stage0)) return;
     u64 lo, hi;
     shard(n, s.size, s.rank, &lo, &hi);
-    reduce_range<T, A, OP>(scratch, results[s.rank], lo, hi, s.size);
+    reduce_range<T, A, OP, TO>(scratch, results[s.rank], lo, hi, s.size, scale);
     arrive(s, 1);
     if (!wait_for(s, s.stage0 + 1)) return;
     for (int r = 0; r < s.size; ++r) {
         shard(n, s.size, r, &lo, &hi);
-        copy_range((const T*)results[r], out, lo, hi);
+        copy_range((const TO*)results[r], out, lo, hi);
     }
     arrive(s, 2);  // done reading peers' scratch and results
 }
@@ -255,19 +261,25 @@ extern "C" __global__ void allreduce_drain(
 #define SYNC_VALUE \
     resolve(Sync{flags, arrive, arrive_base, stage0, timeout_ns, status, rank, size, sig})
 
-#define INSTANTIATE(NAME, T, A, OP)                                                          \
+// all_reduce kernels take the scale as a double (applied in A); the output type TO is the
+// input's, or float32 for the ``_to_float32`` kernels of 16-bit inputs
+#define INSTANTIATE_AR(NAME, T, A, OP, TO)                                                   \
     extern "C" __global__ void allreduce_one_shot_##NAME(                                     \
-        const T* input, const T* const* scratch, T* out, u64 n, SYNC_PARAMS) {               \
-        one_shot<T, A, OP>(input, scratch, out, n, SYNC_VALUE);                               \
+        const T* input, const T* const* scratch, TO* out, u64 n, double scale,               \
+        SYNC_PARAMS) {                                                                        \
+        one_shot<T, A, OP, TO>(input, scratch, out, n, (A)scale, SYNC_VALUE);                 \
     }                                                                                         \
+    extern "C" __global__ void allreduce_two_shot_##NAME(                                     \
+        const T* input, const T* const* scratch, TO* const* results, TO* out, u64 n,          \
+        double scale, SYNC_PARAMS) {                                                          \
+        two_shot<T, A, OP, TO>(input, scratch, results, out, n, (A)scale, SYNC_VALUE);        \
+    }
+
+#define INSTANTIATE(NAME, T, A, OP)                                                          \
+    INSTANTIATE_AR(NAME, T, A, OP, T)                                                         \
     extern "C" __global__ void reduce_local_##NAME(                                          \
         const T* const* inputs, T* out, u64 n, int count) {                                    \
         reduce_range<T, A, OP>(inputs, out, 0, n, count);                                      \
-    }                                                                                         \
-    extern "C" __global__ void allreduce_two_shot_##NAME(                                     \
-        const T* input, const T* const* scratch, T* const* results, T* out, u64 n,           \
-        SYNC_PARAMS) {                                                                        \
-        two_shot<T, A, OP>(input, scratch, results, out, n, SYNC_VALUE);                      \
     }
 
 #define FOR_OPS(TNAME, T, A)                   \
@@ -277,11 +289,20 @@ extern "C" __global__ void allreduce_drain(
     INSTANTIATE(TNAME##_min, T, A, OP_MIN)     \
     INSTANTIATE(TNAME##_max, T, A, OP_MAX)
 
+#define FOR_OPS_WIDE(TNAME, T)                                    \
+    INSTANTIATE_AR(TNAME##_to_float32_sum, T, float, OP_SUM, float)   \
+    INSTANTIATE_AR(TNAME##_to_float32_avg, T, float, OP_AVG, float)   \
+    INSTANTIATE_AR(TNAME##_to_float32_prod, T, float, OP_PROD, float) \
+    INSTANTIATE_AR(TNAME##_to_float32_min, T, float, OP_MIN, float)   \
+    INSTANTIATE_AR(TNAME##_to_float32_max, T, float, OP_MAX, float)
+
 FOR_OPS(float16, f16, float)
 FOR_OPS(bfloat16, bf16, float)
 FOR_OPS(float32, float, float)
 FOR_OPS(float32_acc64, float, double)
 FOR_OPS(float64, double, double)
+FOR_OPS_WIDE(float16, f16)
+FOR_OPS_WIDE(bfloat16, bf16)
 
 // -- the rest of the family, over the same two stages as one_shot --------------------------
 //

@@ -8,6 +8,7 @@
 typedef long long i64;
 
 static double fa_load(const void* p, i64 i, int dt) {
+    if (dt == 8) return ((const double*)p)[i];
     if (dt == 4) return ((const float*)p)[i];
     uint16_t h = ((const uint16_t*)p)[i];
     if (dt == 2) { uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }
@@ -17,6 +18,7 @@ static double fa_load(const void* p, i64 i, int dt) {
     return s ? -v : v;
 }
 static void fa_store(void* p, i64 i, double x, int dt) {
+    if (dt == 8) { ((double*)p)[i] = x; return; }
     if (dt == 4) { ((float*)p)[i] = (float)x; return; }
     float f = (float)x; uint32_t u; memcpy(&u, &f, 4);
     if (dt == 2) { uint32_t r = u + 0x7fff + ((u >> 16) & 1); ((uint16_t*)p)[i] = (uint16_t)(r >> 16); return; }

@@ -139,10 +139,10 @@ CUresult cuLaunchKernelEx(const CUlaunchConfig* c,void* f,void** params,void** e
   } else if(!strncmp(nm,"allreduce_one_shot_",19) || !strncmp(nm,"allreduce_two_shot_",19)){
     int two = nm[10]=='t'; int k=0;
     char* in=*(char**)params[k++]; char** scratch=*(char***)params[k++]; char** results= two? *(char***)params[k++] : 0;
-    char* out=*(char**)params[k++]; unsigned long long n=*(unsigned long long*)params[k++];
+    char* out=*(char**)params[k++]; unsigned long long n=*(unsigned long long*)params[k++]; double scale=*(double*)params[k++];
     uint64_t** flags=*(uint64_t***)params[k++]; unsigned* arrive=*(unsigned**)params[k++]; unsigned base=*(unsigned*)params[k++];
     uint64_t stage0=*(uint64_t*)params[k++]; k++; int* status=*(int**)params[k++]; int rank=*(int*)params[k++]; int size=*(int*)params[k++];
-    const char* dt=nm+19;
+    const char* dt=nm+19; int wide = strstr(nm,"_to_float32")!=0;
     int es = (!strncmp(dt,"float16",7)||!strncmp(dt,"bfloat16",8)) ? 2 : !strncmp(dt,"float64",7) ? 8 : 4;
     unsigned stages = two?3:2;
     uint64_t* epoch=(uint64_t*)(arrive+2); if(stage0==0) stage0=*epoch+1; /* device-side stages */
@@ -151,7 +151,11 @@ CUresult cuLaunchKernelEx(const CUlaunchConfig* c,void* f,void** params,void** e
     if(*arrive!=0 || base!=0) fprintf(stderr,"[fake] ARRIVE MISMATCH: counter %u, host base %u (both 0: device-side stages)\n",*arrive,base);
     if(flags[0][0] < stage0-1){ *status=1; fprintf(stderr,"[fake] ENTRY: flag %llu < stage0-1 %llu\n",(unsigned long long)flags[0][0],(unsigned long long)(stage0-1)); return 0; }
     if(in!=scratch[0]) memcpy(scratch[0],in,n*es);
-    if(two){ memcpy(results[0],scratch[0],n*es); memcpy(out,results[0],n*es);} else memcpy(out,scratch[0],n*es);
+    if(wide || scale!=1.0){ /* one rank: out = x * scale, rounded once to the output type */
+      int di = !strncmp(dt,"bfloat16",8) ? 2 : !strncmp(dt,"float16",7) ? 1 : !strncmp(dt,"float64",7) ? 8 : 4;
+      memcpy(scratch[0],in,n*es);
+      for(unsigned long long i=0;i<n;i++) fa_store(out,i,fa_load(scratch[0],i,di)*(di==8?scale:(double)(float)scale),wide?4:di);
+    } else if(two){ memcpy(results[0],scratch[0],n*es); memcpy(out,results[0],n*es);} else memcpy(out,scratch[0],n*es);
     flags[0][0]=stage0+stages-1; *epoch=stage0+stages-1; /* the counter ends at 0, as the kernel's */
   } else if(!strncmp(nm,"family_",7) || !strncmp(nm,"reduce_scatter_",15)){
     /* one rank: every part is this rank's own; the stage bookkeeping as the real kernel */

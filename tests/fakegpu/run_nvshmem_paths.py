@@ -361,6 +361,23 @@ def main() -> None:
 
         check("collectives on a __cuda_stream__ stream", foreign_stream)
 
+        def fused() -> str:
+            """out_dtype and scale in the all-reduce kernel (one rank: x * scale)."""
+            x = (np.arange(300) / 7).astype(ml_dtypes.bfloat16)
+            got = comm.all_reduce(x, out_dtype="float32", scale=0.25)
+            assert got.dtype == np.float32, got.dtype
+            want = x.astype(np.float32) * np.float32(0.25)
+            assert got.tobytes() == want.tobytes()
+            got = comm.all_reduce(x, algorithm="two_shot", out_dtype=np.float32)
+            assert got.tobytes() == x.astype(np.float32).tobytes()
+            y = np.arange(10, dtype=np.float32)
+            assert (comm.all_reduce(y, op="avg", scale=3.0) == y * 3).all()
+            bad = error_of(lambda: comm.all_reduce(y, out_dtype="float64"))
+            assert "may widen float16 or bfloat16" in bad, bad
+            return "ok"
+
+        check("GPU all_reduce out_dtype and scale", fused)
+
         def captured() -> str:
             """A call recorded while the stream captures: no host wait, no host stage
             state; eager calls after it (the fake runs kernels at launch) stay in step."""

@@ -295,3 +295,25 @@ def test_gpu_all_reduce_and_all_gather_replay_in_a_cuda_graph(gpu_world: Any) ->
         assert (np.asarray(got) == p).all()
     finally:
         comm.close()
+
+
+@pytest.mark.parametrize("algorithm", ["one_shot", "two_shot"])
+@pytest.mark.parametrize("op", ["sum", "avg"])
+def test_gpu_all_reduce_fused_out_dtype_and_scale(gpu_world: Any, op: str, algorithm: str) -> None:
+    """bfloat16 in, float32 out, scaled in the kernel: bitwise the host's rank-order float32
+    reduction times the scale (one rounding, to float32)."""
+    import collectives
+    from collectives.ops import reduce_into
+
+    w = gpu_world
+    dt = np.dtype(ml_dtypes.bfloat16)
+    n, p = 5000, w.world_size
+    acc = np.dtype(np.float32)
+    with collectives.Communicator(w) as comm:
+        got = comm.all_reduce(
+            _inputs(w.rank, n, dt), op=op, algorithm=algorithm, out_dtype="float32", scale=0.125
+        )
+    want = np.empty(n, acc)
+    reduce_into(want, [_inputs(r, n, dt).astype(acc) for r in range(p)], op, acc, avg_count=p)
+    want *= np.float32(0.125)
+    assert got.dtype == acc and got.tobytes() == want.tobytes()

@@ -22,7 +22,9 @@ from collectives.schedule import shard_of
 from shmem import SUPPORTED_DTYPES, World
 from shmem.errors import (
     ArgumentError,
+    CollectiveArgumentError,
     CollectiveMismatchError,
+    OpError,
     ShmemError,
     SignalTimeoutError,
 )
@@ -570,3 +572,64 @@ def test_closing_a_communicator_releases_everything_it_held(plain: tuple[World, 
     other.close()
     after = world.heap_stats()
     assert after.held == 0 and after.used == before.used, (before, after)
+
+
+@pytest.mark.parametrize("op", ["sum", "avg", "max"])
+@pytest.mark.parametrize("name", ["bfloat16", "float16", "float32"])
+def test_all_reduce_out_dtype_and_scale(world: World, comm: Any, name: str, op: str) -> None:
+    """Issue 17's fused options on the host backend: the rank-order reduction in the
+    accumulation dtype, times ``scale`` there, rounded once to ``out_dtype`` (for a 16-bit
+    input with float32 out: no rounding to the input type on the way). Across nodes the
+    partials are summed per node first: compared within float32's tolerance there."""
+    p, r = world.world_size, world.rank
+
+    def same(got: Any, want: Any) -> None:
+        if world.num_nodes == 1:
+            assert bits(got) == bits(want)
+        else:
+            np.testing.assert_allclose(
+                np.asarray(got, np.float64), np.asarray(want, np.float64), rtol=1e-5, atol=1e-6
+            )
+
+    dt = np.dtype(ml_dtypes.bfloat16) if name == "bfloat16" else np.dtype(name)
+    inputs = [make_input(name, op, 1001, seed) for seed in range(p)]
+    acc = np.dtype(np.float32)
+    wide = [a.astype(acc) for a in inputs]
+    expect = np.empty(1001, acc)
+    collectives.ops.reduce_into(expect, wide, op, acc, avg_count=p)
+    scale = 1.0 / (p + 2)
+    scaled = expect * acc.type(scale)
+    for out_dtype in (np.float32, np.float64, None):
+        odt = dt if out_dtype is None else np.dtype(out_dtype)
+        got = comm.all_reduce(inputs[r], op=op, out_dtype=out_dtype, scale=scale)
+        assert got.dtype == odt and got.shape == (1001,)
+        same(got, scaled.astype(odt))
+    got = comm.all_reduce(inputs[r], op=op, out_dtype=np.float32)  # no scale: unrounded
+    same(got, expect)
+    out = np.empty(1001, np.float32)
+    assert comm.all_reduce(inputs[r], op=op, out=out, out_dtype="float32", scale=scale) is out
+    same(out, scaled)
+    with world.zeros(1001, name) as sym:
+        sym.local()[:] = inputs[r]
+        world.barrier()
+        got = comm.all_reduce(sym, op=op, out_dtype="float32", scale=scale)
+        same(got, scaled)
+        world.barrier()
+
+
+def test_all_reduce_fused_options_refuse_bad_input(world: World, comm: Any) -> None:
+    x = np.ones(4, np.float32)
+    cases = [
+        (dict(x=np.ones(4, np.int32), scale=0.5), "floating-point inputs"),
+        (dict(x=x, out_dtype="int32"), "invalid out_dtype"),
+        (dict(x=x, out_dtype="complex64"), "invalid out_dtype"),
+        (dict(x=x, scale=float("nan")), "invalid scale"),
+        (dict(x=x, scale="2"), "invalid scale"),
+        (dict(x=x, out_dtype="float32", out=np.empty(4, np.float64)), "invalid out"),
+        (dict(x=x, out_dtype="float32", op="band"), "needs an integer"),
+    ]
+    for kwargs, message in cases:
+        with pytest.raises((CollectiveArgumentError, OpError), match=message):
+            comm.all_reduce(**kwargs)
+    # nothing moved: a correct call still works on every rank
+    assert (comm.all_reduce(x, scale=2.0) == 2 * world.world_size).all()
