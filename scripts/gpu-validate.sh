@@ -8,7 +8,7 @@
 # ranks, a CUDA kernel compiles and runs, the nvshmem backend at 1 and 2 ranks (init, a
 # buffer, a put with signal, barrier, finalize). Then the steps, all or those named:
 #   nvrtc gpu-1proc gpu-attention gpu-mpi-1 gpu-mpi-2 gpu-mpi-4 examples bench-gpu-allreduce
-#   bench-gpu-attention
+#   bench-gpu-attention bench-gpu-collectives
 # Every step has a cap, and the run stops starting steps when its time budget (540 s: the
 # device tool stops a command at 600 s) would be exceeded; skipped steps are listed, for a
 # second call to name. SHMEM_REQUIRE_GPU=1: a failed GPU probe fails, never "N skipped".
@@ -153,5 +153,8 @@ selected bench-gpu-allreduce && run bench-gpu-allreduce 300 0 "$PY" benchmarks/g
     --out "$LOGS/gpu_allreduce.jsonl"
 selected bench-gpu-attention && run bench-gpu-attention 240 0 "$PY" benchmarks/gpu_attention.py \
     --out "$LOGS/gpu_attention.jsonl"
+selected bench-gpu-collectives && run bench-gpu-collectives 240 0 "$PY" -m launch -n 2 \
+    --allow-gpu-sharing --timeout 220 --log-dir "$LOGS/bench-gpu-collectives.ranks" \
+    benchmarks/gpu_collectives.py --out "$LOGS/gpu_collectives.jsonl"
 
 [ ${#failed[@]} -eq 0 ]
