@@ -54,24 +54,54 @@ from shmem.errors import (
 )
 from shmem.heap import DeviceSymmetricHeap
 
-from .ops import fused_out_dtype
+from .ops import OPS, check_op, fused_out_dtype
 from .schedule import shard_of
 from .signature import describe, signature
 
 if TYPE_CHECKING:
     from .communicator import Communicator
 
-__all__ = ["GPU_DTYPES", "GPU_OPS", "GpuAllReduce", "grid_blocks"]
+__all__ = ["GPU_DTYPES", "GPU_OPS", "GpuAllReduce", "check_reducible", "grid_blocks"]
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 
-GPU_DTYPES = ("float16", "bfloat16", "float32", "float64")
-GPU_OPS = ("sum", "avg", "prod", "min", "max")
+GPU_FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")  # a kernel per op
+# a kernel per dtype, the op a runtime argument (see the kernel file)
+GPU_OP_ARG_DTYPES = (
+    "int8",
+    "uint8",
+    "int16",
+    "uint16",
+    "int32",
+    "uint32",
+    "int64",
+    "uint64",
+    "bool",
+    "float8_e4m3",
+    "float8_e5m2",
+    "complex64",
+    "complex128",
+)
+GPU_DTYPES = GPU_FLOAT_DTYPES + GPU_OP_ARG_DTYPES  # every host dtype but long double
+GPU_OPS = OPS
+OP_CODES = {op: i for i, op in enumerate(OPS)}  # the kernels' OP_* numbers
 KERNELS = "collectives/kernels/allreduce.cu"
 THREADS = 512
 STAGES = {"one_shot": 2, "two_shot": 3}
 ONE_SHOT_MAX_NBYTES = 512 << 10  # measured crossover to fill in on a GPU (docs/gpu-validation)
+
+
+def check_reducible(dtype: np.dtype[Any], op: str, where: str) -> None:
+    """Raise unless the GPU kernels reduce ``dtype`` with ``op`` (the host's rules, and a
+    GPU type for the dtype: every host dtype but long double)."""
+    name = dtype_name(dtype)
+    if name not in GPU_DTYPES:
+        raise GpuCollectiveError(
+            f"{where}: a GPU has no long double type (got {name}; reduce it on the host "
+            f"backend; the GPU reductions take {list(GPU_DTYPES)})"
+        )
+    check_op(op, dtype, where)
 
 
 def grid_blocks(count: int, multiprocessors: int) -> int:
@@ -132,6 +162,10 @@ class GpuAllReduce:
         self, algorithm: str, dtype: np.dtype[Any], op: str, out_dtype: np.dtype[Any]
     ) -> Any:
         name = dtype_name(dtype)
+        if name in GPU_OP_ARG_DTYPES:  # the op is the launch's argument
+            return shmem_cuda.load_kernel(
+                self.heap.device.id, KERNELS, f"allreduce_{algorithm}_{name}_op"
+            )
         if name == "float32" and self._acc64:
             name = "float32_acc64"
         if out_dtype != dtype:  # float32 out of a 16-bit input
@@ -166,15 +200,7 @@ class GpuAllReduce:
 
     def _check(self, x: Any, op: str, where: str) -> Buffer:
         buf = self._source(x, where)
-        name = dtype_name(buf.dtype)
-        if name not in GPU_DTYPES:
-            raise GpuCollectiveError(
-                f"{where}: the GPU all-reduce takes {list(GPU_DTYPES)} (got {name})"
-            )
-        if op not in GPU_OPS:
-            raise GpuCollectiveError(
-                f"{where}: the GPU all-reduce takes ops {list(GPU_OPS)} (got {op!r})"
-            )
+        check_reducible(buf.dtype, op, where)
         return buf
 
     def all_reduce(
@@ -300,11 +326,7 @@ class GpuAllReduce:
         src = self._source(x, where)
         n, size = src.num_elements, self.size
         if name == "reduce_scatter":
-            if dtype_name(src.dtype) not in GPU_DTYPES or op not in GPU_OPS:
-                raise GpuCollectiveError(
-                    f"{where}: the GPU reduce_scatter takes {list(GPU_DTYPES)} and ops "
-                    f"{list(GPU_OPS)} (got {dtype_name(src.dtype)}, {op!r})"
-                )
+            check_reducible(src.dtype, op, where)
             lo, hi = shard_of(n, size, self.rank)
             count = hi - lo
         elif name == "all_gather":
@@ -356,7 +378,9 @@ class GpuAllReduce:
             key = dtype_name(src.dtype)
             if key == "float32" and self._acc64:
                 key = "float32_acc64"
-            fn = shmem_cuda.load_kernel(device, KERNELS, f"reduce_scatter_{key}_{op}")
+            op_arg = key in GPU_OP_ARG_DTYPES
+            kname = f"reduce_scatter_{key}_op" if op_arg else f"reduce_scatter_{key}_{op}"
+            fn = shmem_cuda.load_kernel(device, KERNELS, kname)
             lo, hi = shard_of(n, size, self.rank)
             step = max(1, cap // isz)
             for a in range(0, max(n, 1), step):
@@ -372,6 +396,8 @@ class GpuAllReduce:
                     np.uint64(plo - a),
                     np.uint64(phi - a),
                 ]
+                if op_arg:
+                    data.append(np.int32(OP_CODES[op]))
                 blocks = grid_blocks(max(b - a, 1), self._sms)
                 self._staged(name, "one_shot", fn, blocks, data, 2, stream)
             return
@@ -482,6 +508,8 @@ class GpuAllReduce:
             np.uint64(count),
             np.float64(scale),
         ]
+        if dtype_name(src.dtype) in GPU_OP_ARG_DTYPES:
+            data.append(np.int32(OP_CODES[op]))
         fn = self._kernel(algo, src.dtype, op, dst.dtype)
         self._staged(
             "all_reduce", algo, fn, grid_blocks(count, self._sms), data, STAGES[algo], stream

@@ -403,3 +403,265 @@ FOR_OPS_RS(bfloat16, bf16, float)
 FOR_OPS_RS(float32, float, float)
 FOR_OPS_RS(float32_acc64, float, double)
 FOR_OPS_RS(float64, double, double)
+
+// -- every other dtype of the host backend: integers, bool, float8, complex -----------------
+//
+// The op is a runtime argument here (one kernel per dtype and algorithm, not per op: eight
+// integer types times eight ops would be hundreds of kernels). Semantics are the host's
+// (collectives/ops.py): integers accumulate in their own type and wrap (two's complement, as
+// numpy), avg truncates toward zero; bool: sum/max/bor are or, prod/min/band are and, bxor is
+// xor; float8 accumulates in float32 and rounds once (round to nearest even, as ml_dtypes:
+// e4m3fn overflows to NaN, e5m2 to infinity); complex sums and multiplies componentwise
+// without fused multiply-adds (as numpy) and divides avg by the real count. long double has
+// no GPU type: the host refuses it on the nvshmem backend.
+
+#define OP_BAND 5
+#define OP_BOR 6
+#define OP_BXOR 7
+
+typedef signed char i8;
+typedef short i16;
+typedef long long i64;
+typedef unsigned short u16x;
+struct boolean { u8 v; };
+struct e4m3 { u8 bits; };
+struct e5m2 { u8 bits; };
+struct c64 { float re, im; };
+struct c128 { double re, im; };
+
+// BEGIN fp8 conversions (plain C as well: tests/unit/test_gpu_fp8.py compiles this section
+// with the host's C compiler and checks it against ml_dtypes bit for bit)
+#ifndef FP8_HD
+#define FP8_HD __device__ __forceinline__
+#endif
+FP8_HD unsigned int fp8_f32_bits(float f) {
+    unsigned int u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+FP8_HD float fp8_bits_f32(unsigned int u) {
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+// float32 -> float8 with ``mbits`` mantissa bits and exponent bias ``bias``; ``fn``: the
+// e4m3fn encoding (no infinity, one NaN code 0x7f, overflow to NaN), else IEEE-like e5m2
+FP8_HD unsigned char fp8_from_f32(float f, int mbits, int bias, int fn) {
+    unsigned int u = fp8_f32_bits(f);
+    unsigned int sign = (u >> 24) & 0x80u;
+    unsigned int a = u & 0x7fffffffu;
+    unsigned int nan_code = fn ? 0x7fu : 0x7eu;
+    unsigned int max_code = fn ? 0x7eu : 0x7bu;  // 448 and 57344
+    unsigned int over_code = fn ? 0x7fu : 0x7cu;  // NaN, infinity
+    if (a > 0x7f800000u) return (unsigned char)(sign | nan_code);
+    if (a == 0x7f800000u) return (unsigned char)(sign | over_code);
+    int e = (int)(a >> 23) - 127;
+    unsigned int code;
+    if (e < 1 - bias) {  // below the smallest normal: a multiple of the subnormal step
+        // |f| / 2^(1 - bias - mbits), rounded half to even (exact scaling by a power of 2)
+        float scaled = fp8_bits_f32(a) * fp8_bits_f32((unsigned int)(127 + bias - 1 + mbits) << 23);
+        unsigned int q = (unsigned int)scaled;
+        float rest = scaled - (float)q;
+        if (rest > 0.5f || (rest == 0.5f && (q & 1u))) q += 1;
+        code = q;  // q == 1 << mbits is the smallest normal: the encodings are contiguous
+    } else {
+        unsigned int shift = 23 - (unsigned int)mbits;
+        unsigned int t = a - ((unsigned int)(127 - bias) << 23);  // rebias the exponent
+        t += (1u << (shift - 1)) - 1 + ((t >> shift) & 1u);      // round half to even
+        code = t >> shift;
+    }
+    if (code > max_code) code = over_code;
+    return (unsigned char)(sign | code);
+}
+FP8_HD float fp8_to_f32(unsigned char c, int mbits, int bias, int fn) {
+    unsigned int sign = ((unsigned int)c & 0x80u) << 24;
+    unsigned int mag = c & 0x7fu;
+    unsigned int ebits = 7 - (unsigned int)mbits;
+    unsigned int e = mag >> mbits, m = mag & ((1u << mbits) - 1);
+    if (fn ? mag == 0x7fu : e == (1u << ebits) - 1) {
+        if (!fn && m == 0) return fp8_bits_f32(sign | 0x7f800000u);
+        return fp8_bits_f32(sign | 0x7fc00000u);
+    }
+    if (e == 0) {  // subnormal: m * 2^(1 - bias - mbits), exact in float32
+        float v = (float)m * fp8_bits_f32((unsigned int)(127 + 1 - bias - mbits) << 23);
+        return fp8_bits_f32(sign | fp8_f32_bits(v));
+    }
+    return fp8_bits_f32(sign | ((e - (unsigned int)bias + 127) << 23) | (m << (23 - mbits)));
+}
+// END fp8 conversions
+
+__device__ __forceinline__ float ld(e4m3 x) { return fp8_to_f32(x.bits, 3, 7, 1); }
+__device__ __forceinline__ float ld(e5m2 x) { return fp8_to_f32(x.bits, 2, 15, 0); }
+__device__ __forceinline__ void st(float a, e4m3* o) { o->bits = fp8_from_f32(a, 3, 7, 1); }
+__device__ __forceinline__ void st(float a, e5m2* o) { o->bits = fp8_from_f32(a, 2, 15, 0); }
+template <typename T>
+__device__ __forceinline__ T ld(T x) { return x; }
+template <typename T>
+__device__ __forceinline__ void st(T a, T* o) { *o = a; }
+
+#define WRAP(T, U)                                                                            \
+    __device__ __forceinline__ T add_wrap(T a, T b) { return (T)((U)a + (U)b); }            \
+    __device__ __forceinline__ T mul_wrap(T a, T b) { return (T)((U)a * (U)b); }            \
+    __device__ __forceinline__ T rt_apply(int op, T a, T b) {                                 \
+        switch (op) {                                                                         \
+            case OP_SUM: case OP_AVG: return add_wrap(a, b);                                  \
+            case OP_PROD: return mul_wrap(a, b);                                              \
+            case OP_MIN: return a < b ? a : b;                                                \
+            case OP_MAX: return a > b ? a : b;                                                \
+            case OP_BAND: return (T)(a & b);                                                  \
+            case OP_BOR: return (T)(a | b);                                                   \
+            default: return (T)(a ^ b);                                                       \
+        }                                                                                     \
+    }
+WRAP(i8, u32)
+WRAP(u8, u32)
+WRAP(i16, u32)
+WRAP(u16x, u32)
+WRAP(int, u32)
+WRAP(u32, u32)
+WRAP(i64, u64)
+WRAP(u64, u64)
+
+// avg of an integer sum: truncated toward zero (the host's int_avg)
+#define AVG_SIGNED(T)                                                                         \
+    __device__ __forceinline__ T rt_avg(T s, int n) {                                         \
+        i64 w = (i64)s;                                                                       \
+        u64 q = (w < 0 ? (u64)0 - (u64)w : (u64)w) / (u64)n;                                  \
+        return (T)(w < 0 ? (i64)((u64)0 - q) : (i64)q);                                       \
+    }
+#define AVG_UNSIGNED(T) \
+    __device__ __forceinline__ T rt_avg(T s, int n) { return (T)((u64)s / (u64)n); }
+AVG_SIGNED(i8)
+AVG_SIGNED(i16)
+AVG_SIGNED(int)
+AVG_SIGNED(i64)
+AVG_UNSIGNED(u8)
+AVG_UNSIGNED(u16x)
+AVG_UNSIGNED(u32)
+AVG_UNSIGNED(u64)
+
+__device__ __forceinline__ boolean rt_apply(int op, boolean a, boolean b) {
+    switch (op) {
+        case OP_SUM: case OP_MAX: case OP_BOR: return boolean{(u8)(a.v | b.v)};
+        case OP_PROD: case OP_MIN: case OP_BAND: return boolean{(u8)(a.v & b.v)};
+        default: return boolean{(u8)(a.v ^ b.v)};
+    }
+}
+__device__ __forceinline__ boolean rt_avg(boolean s, int) { return s; }  // refused on the host
+
+__device__ __forceinline__ float rt_apply(int op, float a, float b) {
+    switch (op) {
+        case OP_PROD: return apply<OP_PROD, float>(a, b);
+        case OP_MIN: return apply<OP_MIN, float>(a, b);
+        case OP_MAX: return apply<OP_MAX, float>(a, b);
+        default: return apply<OP_SUM, float>(a, b);
+    }
+}
+__device__ __forceinline__ float rt_avg(float s, int n) { return s / (float)n; }
+
+__device__ __forceinline__ c64 rt_apply(int op, c64 a, c64 b) {
+    if (op == OP_PROD)
+        return c64{__fsub_rn(__fmul_rn(a.re, b.re), __fmul_rn(a.im, b.im)),
+                   __fadd_rn(__fmul_rn(a.re, b.im), __fmul_rn(a.im, b.re))};
+    return c64{__fadd_rn(a.re, b.re), __fadd_rn(a.im, b.im)};
+}
+__device__ __forceinline__ c64 rt_avg(c64 s, int n) {
+    return c64{__fdiv_rn(s.re, (float)n), __fdiv_rn(s.im, (float)n)};
+}
+__device__ __forceinline__ c128 rt_apply(int op, c128 a, c128 b) {
+    if (op == OP_PROD)
+        return c128{__dsub_rn(__dmul_rn(a.re, b.re), __dmul_rn(a.im, b.im)),
+                    __dadd_rn(__dmul_rn(a.re, b.im), __dmul_rn(a.im, b.re))};
+    return c128{__dadd_rn(a.re, b.re), __dadd_rn(a.im, b.im)};
+}
+__device__ __forceinline__ c128 rt_avg(c128 s, int n) {
+    return c128{__ddiv_rn(s.re, (double)n), __ddiv_rn(s.im, (double)n)};
+}
+
+template <typename A>
+__device__ __forceinline__ A rt_scale(A a, double) { return a; }  // scale: floating only
+__device__ __forceinline__ float rt_scale(float a, double s) { return s == 1.0 ? a : a * (float)s; }
+
+template <typename T, typename A>
+__device__ __forceinline__ void reduce_range_rt(
+    const T* const* inputs, T* out, u64 lo, u64 hi, int size, int op, double scale, u64 shift) {
+    u64 stride = (u64)gridDim.x * blockDim.x;
+    for (u64 i = lo + (u64)blockIdx.x * blockDim.x + threadIdx.x; i < hi; i += stride) {
+        A acc = ld(inputs[0][i]);
+        for (int r = 1; r < size; ++r) acc = rt_apply(op, acc, (A)ld(inputs[r][i]));
+        if (op == OP_AVG) acc = rt_avg(acc, size);
+        st(rt_scale(acc, scale), &out[i - shift]);
+    }
+}
+
+template <typename T, typename A>
+__device__ void one_shot_rt(
+    const T* input, const T* const* scratch, T* out, u64 n, double scale, int op, Sync s) {
+    if (!wait_for(s, s.stage0 - 1)) return;
+    copy_range(input, (T*)scratch[s.rank], 0, n);
+    arrive(s, 0);
+    if (!wait_for(s, s.stage0)) return;
+    reduce_range_rt<T, A>(scratch, out, 0, n, s.size, op, scale, 0);
+    arrive(s, 1);
+}
+
+template <typename T, typename A>
+__device__ void two_shot_rt(const T* input, const T* const* scratch, T* const* results, T* out,
+                            u64 n, double scale, int op, Sync s) {
+    if (!wait_for(s, s.stage0 - 1)) return;
+    copy_range(input, (T*)scratch[s.rank], 0, n);
+    arrive(s, 0);
+    if (!wait_for(s, s.stage0)) return;
+    u64 lo, hi;
+    shard(n, s.size, s.rank, &lo, &hi);
+    reduce_range_rt<T, A>(scratch, results[s.rank], lo, hi, s.size, op, scale, 0);
+    arrive(s, 1);
+    if (!wait_for(s, s.stage0 + 1)) return;
+    for (int r = 0; r < s.size; ++r) {
+        shard(n, s.size, r, &lo, &hi);
+        copy_range((const T*)results[r], out, lo, hi);
+    }
+    arrive(s, 2);
+}
+
+template <typename T, typename A>
+__device__ void reduce_scatter_rt(const T* input, const T* const* scratch, T* out, u64 n, u64 lo,
+                                  u64 hi, int op, Sync s) {
+    if (!wait_for(s, s.stage0 - 1)) return;
+    copy_range(input, (T*)scratch[s.rank], 0, n);
+    arrive(s, 0);
+    if (!wait_for(s, s.stage0)) return;
+    reduce_range_rt<T, A>(scratch, out, lo, hi, s.size, op, 1.0, lo);
+    arrive(s, 1);
+}
+
+#define INSTANTIATE_RT(NAME, T, A)                                                           \
+    extern "C" __global__ void allreduce_one_shot_##NAME##_op(                                \
+        const T* input, const T* const* scratch, T* out, u64 n, double scale, int op,        \
+        SYNC_PARAMS) {                                                                        \
+        one_shot_rt<T, A>(input, scratch, out, n, scale, op, SYNC_VALUE);                     \
+    }                                                                                         \
+    extern "C" __global__ void allreduce_two_shot_##NAME##_op(                                \
+        const T* input, const T* const* scratch, T* const* results, T* out, u64 n,           \
+        double scale, int op, SYNC_PARAMS) {                                                  \
+        two_shot_rt<T, A>(input, scratch, results, out, n, scale, op, SYNC_VALUE);            \
+    }                                                                                         \
+    extern "C" __global__ void reduce_scatter_##NAME##_op(                                    \
+        const T* input, const T* const* scratch, T* out, u64 n, u64 lo, u64 hi, int op,      \
+        SYNC_PARAMS) {                                                                        \
+        reduce_scatter_rt<T, A>(input, scratch, out, n, lo, hi, op, SYNC_VALUE);              \
+    }
+
+INSTANTIATE_RT(int8, i8, i8)
+INSTANTIATE_RT(uint8, u8, u8)
+INSTANTIATE_RT(int16, i16, i16)
+INSTANTIATE_RT(uint16, u16x, u16x)
+INSTANTIATE_RT(int32, int, int)
+INSTANTIATE_RT(uint32, u32, u32)
+INSTANTIATE_RT(int64, i64, i64)
+INSTANTIATE_RT(uint64, u64, u64)
+INSTANTIATE_RT(bool, boolean, boolean)
+INSTANTIATE_RT(float8_e4m3, e4m3, float)
+INSTANTIATE_RT(float8_e5m2, e5m2, float)
+INSTANTIATE_RT(complex64, c64, c64)
+INSTANTIATE_RT(complex128, c128, c128)

@@ -97,6 +97,14 @@ CUresult cuLibraryGetKernel(void** k,void* lib,const char* name){
   for(int i=0;i<g_nk;i++) if(!strcmp(g_kerns[i].name,name)){*k=&g_kerns[i];LOG("cuLibraryGetKernel %s (again)",name);return 0;}
   snprintf(g_kerns[g_nk].name,128,"%s",name); *k=&g_kerns[g_nk++]; LOG("cuLibraryGetKernel %s",name); return 0;}
 CUresult cuKernelGetFunction(void** f,void* k){*f=k;return 0;}
+/* element size of the dtype token at the start of dt ("int8_op", "bfloat16_to_float32_sum") */
+static int tok(const char* dt, const char* name){ size_t n=strlen(name); return !strncmp(dt,name,n) && dt[n]=='_'; }
+static int fake_es(const char* dt){
+  if(tok(dt,"complex128")) return 16;
+  if(tok(dt,"complex64")||tok(dt,"float64")||tok(dt,"int64")||tok(dt,"uint64")) return 8;
+  if(tok(dt,"float16")||tok(dt,"bfloat16")||tok(dt,"int16")||tok(dt,"uint16")) return 2;
+  if(tok(dt,"float8_e4m3")||tok(dt,"float8_e5m2")||tok(dt,"int8")||tok(dt,"uint8")||tok(dt,"bool")) return 1;
+  return 4; }
 #include "fake_attention.h"
 CUresult cuLaunchKernelEx(const CUlaunchConfig* c,void* f,void** params,void** extra){chk_stream("cuLaunchKernelEx",c->hStream);
   const char* nm = ((FKern*)f)->name;
@@ -140,13 +148,15 @@ CUresult cuLaunchKernelEx(const CUlaunchConfig* c,void* f,void** params,void** e
     int two = nm[10]=='t'; int k=0;
     char* in=*(char**)params[k++]; char** scratch=*(char***)params[k++]; char** results= two? *(char***)params[k++] : 0;
     char* out=*(char**)params[k++]; unsigned long long n=*(unsigned long long*)params[k++]; double scale=*(double*)params[k++];
+    int opk = strlen(nm)>3 && !strcmp(nm+strlen(nm)-3,"_op"); int op = opk ? *(int*)params[k++] : -1;
     uint64_t** flags=*(uint64_t***)params[k++]; unsigned* arrive=*(unsigned**)params[k++]; unsigned base=*(unsigned*)params[k++];
     uint64_t stage0=*(uint64_t*)params[k++]; k++; int* status=*(int**)params[k++]; int rank=*(int*)params[k++]; int size=*(int*)params[k++];
     const char* dt=nm+19; int wide = strstr(nm,"_to_float32")!=0;
-    int es = (!strncmp(dt,"float16",7)||!strncmp(dt,"bfloat16",8)) ? 2 : !strncmp(dt,"float64",7) ? 8 : 4;
+    int es = fake_es(dt);
     unsigned stages = two?3:2;
     uint64_t* epoch=(uint64_t*)(arrive+2); if(stage0==0) stage0=*epoch+1; /* device-side stages */
-    LOG("  allreduce %s n=%llu es=%d rank=%d size=%d stage0=%llu base=%u arrive=%u",nm,n,es,rank,size,(unsigned long long)stage0,base,*arrive);
+    LOG("  allreduce %s n=%llu es=%d op=%d rank=%d size=%d stage0=%llu base=%u arrive=%u",nm,n,es,op,rank,size,(unsigned long long)stage0,base,*arrive);
+    if(opk && (op<0 || op>7)) fprintf(stderr,"[fake] OPCODE %d out of range\n",op);
     if(size!=1){fprintf(stderr,"[fake] allreduce emulated for one rank only\n"); return 1;}
     if(*arrive!=0 || base!=0) fprintf(stderr,"[fake] ARRIVE MISMATCH: counter %u, host base %u (both 0: device-side stages)\n",*arrive,base);
     if(flags[0][0] < stage0-1){ *status=1; fprintf(stderr,"[fake] ENTRY: flag %llu < stage0-1 %llu\n",(unsigned long long)flags[0][0],(unsigned long long)(stage0-1)); return 0; }
@@ -162,7 +172,7 @@ CUresult cuLaunchKernelEx(const CUlaunchConfig* c,void* f,void** params,void** e
     int rs = nm[0]=='r'; int bc = !strcmp(nm,"family_broadcast"); int a2a = !strcmp(nm,"family_all_to_all");
     int k=0; char* in=*(char**)params[k++]; char** scratch=*(char***)params[k++]; char* out=*(char**)params[k++];
     unsigned long long n=*(unsigned long long*)params[k++]; unsigned long long lo=0, hi=0, stride=0; int root=0;
-    if(rs){ lo=*(unsigned long long*)params[k++]; hi=*(unsigned long long*)params[k++]; }
+    if(rs){ lo=*(unsigned long long*)params[k++]; hi=*(unsigned long long*)params[k++]; if(!strcmp(nm+strlen(nm)-3,"_op")){ int op=*(int*)params[k++]; if(op<0||op>7) fprintf(stderr,"[fake] OPCODE %d out of range\n",op);} }
     else if(bc) root=*(int*)params[k++]; else stride=*(unsigned long long*)params[k++];
     uint64_t** flags=*(uint64_t***)params[k++]; unsigned* arrive=*(unsigned**)params[k++]; unsigned base=*(unsigned*)params[k++];
     uint64_t stage0=*(uint64_t*)params[k++]; k++; int* status=*(int**)params[k++]; int rank=*(int*)params[k++]; int size=*(int*)params[k++];
@@ -171,7 +181,7 @@ CUresult cuLaunchKernelEx(const CUlaunchConfig* c,void* f,void** params,void** e
     if(size!=1){fprintf(stderr,"[fake] family emulated for one rank only\n"); return 1;}
     if(*arrive!=0 || base!=0) fprintf(stderr,"[fake] ARRIVE MISMATCH: counter %u, host base %u (both 0: device-side stages)\n",*arrive,base);
     if(flags[0][0] < stage0-1){ *status=1; fprintf(stderr,"[fake] ENTRY: flag %llu < stage0-1 %llu\n",(unsigned long long)flags[0][0],(unsigned long long)(stage0-1)); return 0; }
-    if(rs){ const char* dt=nm+15; int es = (!strncmp(dt,"float16",7)||!strncmp(dt,"bfloat16",8)) ? 2 : !strncmp(dt,"float64",7) ? 8 : 4;
+    if(rs){ const char* dt=nm+15; int es = fake_es(dt);
       memcpy(scratch[0],in,n*es); if(hi>lo) memcpy(out,scratch[0]+lo*es,(hi-lo)*es); }
     else { memcpy(scratch[0],in,n); memcpy(out,scratch[0],n); (void)a2a; }
     flags[0][0]=stage0+1; *epoch=stage0+1;

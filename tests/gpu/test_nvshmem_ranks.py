@@ -317,3 +317,53 @@ def test_gpu_all_reduce_fused_out_dtype_and_scale(gpu_world: Any, op: str, algor
     reduce_into(want, [_inputs(r, n, dt).astype(acc) for r in range(p)], op, acc, avg_count=p)
     want *= np.float32(0.125)
     assert got.dtype == acc and got.tobytes() == want.tobytes()
+
+
+OP_ARG_DTYPES = ["int8", "uint16", "int32", "uint32", "int64", "uint64", "bool",
+                 "float8_e4m3", "float8_e5m2", "complex64", "complex128"]  # fmt: skip
+
+
+def _any_inputs(rank: int, n: int, dt: np.dtype[Any]) -> np.ndarray[Any, Any]:
+    rng = np.random.default_rng(2000 + rank)
+    if dt.kind == "b":
+        return rng.integers(0, 2, n).astype(bool)
+    if dt.kind in "iu":
+        info = np.iinfo(dt)
+        return rng.integers(max(info.min, -(2**62)), min(info.max, 2**62), n).astype(dt)
+    if dt.kind == "c":
+        return (rng.standard_normal(n) + 1j * rng.standard_normal(n)).astype(dt)
+    return (rng.standard_normal(n) * 4).astype(dt)
+
+
+@pytest.mark.parametrize("algorithm", ["one_shot", "two_shot"])
+@pytest.mark.parametrize("dtype", OP_ARG_DTYPES)
+def test_gpu_reductions_of_every_other_dtype_equal_the_host(
+    gpu_world: Any, dtype: str, algorithm: str
+) -> None:
+    """Integers (wrapping, avg truncated toward zero), bool, float8 (float32 accumulation,
+    one rounding as ml_dtypes) and complex: every op the host allows for the dtype, the
+    all-reduce and the reduce-scatter, bitwise the host's reduce_into."""
+    import collectives
+    from collectives.ops import OPS, accumulate_dtype, reduce_into
+    from collectives.schedule import shard_of
+    from shmem.errors import OpError
+
+    w = gpu_world
+    dt = shmem.dtypes.as_dtype(dtype)
+    n, p = 3001, w.world_size
+    mine = _any_inputs(w.rank, n, dt)
+    every = [_any_inputs(r, n, dt) for r in range(p)]
+    acc = accumulate_dtype(dt, np.dtype(np.float32))
+    with collectives.Communicator(w) as comm:
+        for op in OPS:
+            try:
+                collectives.ops.check_op(op, dt, "test")
+            except OpError:
+                continue
+            got = comm.all_reduce(mine, op=op, algorithm=algorithm)
+            want = np.empty(n, dt)
+            reduce_into(want, every, op, acc, avg_count=p)
+            assert got.tobytes() == want.tobytes(), (dtype, op)
+            part = comm.reduce_scatter(mine, op=op)
+            lo, hi = shard_of(n, p, w.rank)
+            assert part.tobytes() == want[lo:hi].tobytes(), (dtype, op)
