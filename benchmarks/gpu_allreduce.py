@@ -26,26 +26,10 @@ from typing import Any
 
 import ml_dtypes
 import numpy as np
-from harness import append_jsonl
+from harness import append_jsonl, cuda_median_seconds
 
 from collectives.gpu import KERNELS, THREADS, grid_blocks
 from shmem.config import parse_size
-
-
-def timed(stream: Any, fn: Any, repeat: int) -> float:
-    """Median seconds per call, CUDA events around each call."""
-    from cuda.core import EventOptions
-
-    fn()
-    stream.sync()
-    times = []
-    for _ in range(repeat):
-        start = stream.record(options=EventOptions(timing_enabled=True))
-        fn()
-        end = stream.record(options=EventOptions(timing_enabled=True))
-        end.sync()
-        times.append((end - start) / 1e3)
-    return float(np.median(times))
 
 
 def main() -> None:
@@ -87,7 +71,7 @@ def main() -> None:
             def d2d(a: Any = copy_src, b: Any = copy_dst, size: int = nbytes) -> None:
                 shmem_cuda.memcpy_async(int(b.handle), int(a.handle), size, stream)
 
-            t_copy = timed(stream, d2d, args.repeat)
+            t_copy = cuda_median_seconds(stream, d2d, args.repeat)
             copy_bw = 2 * nbytes / t_copy
             nv_rec = _nvshmem_reduce(nv, stream, nbytes, dtype, args.repeat) if nv else None
             for p in (int(x) for x in args.ranks.split(",")):
@@ -124,7 +108,7 @@ def main() -> None:
                         np.int32(ranks),
                     )
 
-                t_ours = timed(stream, ours, args.repeat)
+                t_ours = cuda_median_seconds(stream, ours, args.repeat)
                 bw = (p + 1) * nbytes / t_ours
                 rec: dict[str, Any] = {
                     "bench": "gpu_allreduce",
@@ -195,7 +179,7 @@ def _nvshmem_reduce(nv: Any, stream: Any, nbytes: int, dtype: str, repeat: int) 
                 "reduce", team, dst, src, dtype=name[dtype], op="sum", stream=stream
             )
 
-        t = timed(stream, run, repeat)
+        t = cuda_median_seconds(stream, run, repeat)
     finally:
         nv.free(dst)
         nv.free(src)

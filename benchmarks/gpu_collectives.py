@@ -24,8 +24,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-from harness import append_jsonl
+from harness import append_jsonl, cuda_median_seconds
 
 COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "all_to_all")
 NVSHMEM_NAME = {
@@ -35,22 +34,6 @@ NVSHMEM_NAME = {
     "broadcast": "broadcast",
     "all_to_all": "alltoall",
 }
-
-
-def timed(stream: Any, fn: Any, repeat: int) -> float:
-    """Median seconds per call (CUDA events on ``stream`` around each call)."""
-    from cuda.core import EventOptions
-
-    fn()
-    stream.sync()
-    times = []
-    for _ in range(repeat):
-        start = stream.record(options=EventOptions(timing_enabled=True))
-        fn()
-        end = stream.record(options=EventOptions(timing_enabled=True))
-        end.sync()
-        times.append((end - start) / 1e3)
-    return float(np.median(times))
 
 
 def sizes_of(name: str, per_rank: int, p: int) -> tuple[int, int]:
@@ -95,8 +78,10 @@ def main() -> None:
             x = Buffer.zeros((in_bytes // 4,), "float32", device=device)
             out = Buffer.zeros((out_bytes // 4,), "float32", device=device)
             w.barrier()
-            t_ours = timed(stream, _ours(comm, name, x, out), args.repeat)
-            t_copy = timed(stream, _copy(x, out, min(in_bytes, out_bytes), stream), args.repeat)
+            t_ours = cuda_median_seconds(stream, _ours(comm, name, x, out), args.repeat)
+            t_copy = cuda_median_seconds(
+                stream, _copy(x, out, min(in_bytes, out_bytes), stream), args.repeat
+            )
             rec: dict[str, Any] = {
                 "bench": "gpu_collectives",
                 "collective": name,
@@ -157,7 +142,7 @@ def _nvshmem(
             )
 
         w.barrier()
-        return {"nvshmem_us": timed(stream, run, repeat) * 1e6}
+        return {"nvshmem_us": cuda_median_seconds(stream, run, repeat) * 1e6}
     except Exception as exc:  # reported: the comparison is missing for this point
         return {"nvshmem_error": f"{type(exc).__name__}: {exc}"[:300]}
     finally:

@@ -58,6 +58,23 @@ def median_seconds(fn: Callable[[], object], repeat: int) -> float:
     return float(np.median(times))
 
 
+def cuda_median_seconds(stream: Any, fn: Callable[[], object], repeat: int) -> float:
+    """Median seconds per call of ``fn`` on a cuda.core ``stream``: CUDA events around each
+    call, after one warm-up call."""
+    from cuda.core import EventOptions
+
+    fn()
+    stream.sync()
+    times = []
+    for _ in range(repeat):
+        start = stream.record(options=EventOptions(timing_enabled=True))
+        fn()
+        end = stream.record(options=EventOptions(timing_enabled=True))
+        end.sync()
+        times.append((end - start) / 1e3)
+    return float(np.median(times))
+
+
 def timed_max_over_ranks(fn: Callable[[], object], iters: int, comm: Any) -> float:
     """Seconds per call of ``fn`` over ``iters`` back-to-back calls, the slowest rank's
     (collective over ``comm``, an mpi4py communicator; ranks start together)."""
