@@ -21,6 +21,7 @@ __all__ = [
     "Kernel",
     "as_stream",
     "compile_module",
+    "default_stream_synchronize",
     "device_synchronize",
     "is_capturing",
     "launch",
@@ -132,3 +133,9 @@ def as_stream(stream: object, device: Device, where: str) -> CudaStream | None:
 def is_capturing(stream: CudaStream) -> bool:
     """Whether ``stream`` is capturing a CUDA graph (a call must not wait on the host then)."""
     return bool(_cuda.is_capturing(stream))
+
+
+def default_stream_synchronize(device: Device) -> None:
+    """Wait for the work queued on ``device``'s default stream, where Buffers are allocated
+    stream-ordered: before another stream uses a new Buffer, so its allocation came first."""
+    _cuda.default_sync(device)

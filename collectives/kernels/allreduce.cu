@@ -429,7 +429,7 @@ struct e5m2 { u8 bits; };
 struct c64 { float re, im; };
 struct c128 { double re, im; };
 
-// BEGIN fp8 conversions (plain C as well: tests/unit/test_gpu_fp8.py compiles this section
+// BEGIN fp8 conversions (plain C as well: tests/compile/test_gpu_fp8.py compiles this section
 // with the host's C compiler and checks it against ml_dtypes bit for bit)
 #ifndef FP8_HD
 #define FP8_HD __device__ __forceinline__

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from shmem import Buffer, DeviceContext
-from shmem._cuda_memory import default_sync
+from shmem import cuda as shmem_cuda
 from shmem.dtypes import dtype_name
 from shmem.errors import ArgumentError, AttentionArgumentError
 
@@ -190,8 +190,6 @@ def _context(device_id: int) -> DeviceContext:
 
 def _stream(stream: Any, device: Any, where: str) -> tuple[Any, bool]:
     """``(cuda.core stream, whether the call waits for it)``."""
-    from shmem import cuda as shmem_cuda
-
     try:
         got = shmem_cuda.as_stream(stream, device, where)
     except ArgumentError as exc:
@@ -228,10 +226,9 @@ def _order_buffer(
 def _counter_buffer(device: Any, stream: Any) -> Buffer:
     """The queued scheduler's two counters for one launch, zeroed on its stream (launches
     on different streams may overlap: each has its own; a memset node under capture)."""
-    from shmem import cuda as shmem_cuda
-
     buf = Buffer("int32", (2,), device=device)
-    default_sync(device)  # its stream-ordered allocation, before the launch stream uses it
+    # its stream-ordered allocation comes before the launch stream uses it
+    shmem_cuda.default_stream_synchronize(device)
     shmem_cuda.memset_async(buf.unsafe_ptr(), 0, 8, stream)
     return buf
 
@@ -281,8 +278,6 @@ def attention_gpu(
 ) -> Any:
     """The forward pass on a GPU (called by :func:`collectives.mha.attention`, which has
     checked shapes, dtypes, the mask and the offsets)."""
-    from shmem import cuda as shmem_cuda
-
     where = "attention"
     qb, kb, vb = (_device_buffer(a, n, where) for a, n in ((q, "q"), (k, "k"), (v, "v")))
     device = qb.device
@@ -369,7 +364,8 @@ def attention_gpu(
         args.append(np.int32(d))
     fn = shmem_cuda.load_kernel(device.id, KERNELS, name)
     if not wait:
-        default_sync(device)  # out and lse: their stream-ordered allocations come first
+        # out and lse: their stream-ordered allocations come first
+        shmem_cuda.default_stream_synchronize(device)
     shmem_cuda.launch(cuda_stream, fn, grid, THREADS, *args)
     if wait:
         cuda_stream.sync()
@@ -396,8 +392,6 @@ def attention_backward_gpu(
 ) -> tuple[Any, Any, Any]:
     """``(dq, dk, dv)`` on a GPU (FA2 backward; P recomputed from ``lse``); gradients in the
     inputs' dtype (computed in float32), deterministic."""
-    from shmem import cuda as shmem_cuda
-
     where = "attention_backward"
     names = ("q", "k", "v", "out", "lse", "dout")
     bufs = [
@@ -444,7 +438,8 @@ def attention_backward_gpu(
     cuda_stream, wait = _stream(stream, device, where)
     offs_buf = _upload(np.asarray(offsets, np.int64), device) if ragged else None
     if not wait:
-        default_sync(device)  # the outputs' stream-ordered allocations come first
+        # the outputs' stream-ordered allocations come first
+        shmem_cuda.default_stream_synchronize(device)
     if rows and longest:
         tiles = -(-longest // 32)
         common = [

@@ -16,6 +16,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+pytestmark = pytest.mark.compile
+
 SOURCE = Path(__file__).resolve().parents[2] / "collectives" / "kernels" / "allreduce.cu"
 FORMATS = {  # name: (dtype, mantissa bits, bias, e4m3fn encoding)
     "e4m3": (ml_dtypes.float8_e4m3fn, 3, 7, 1),
