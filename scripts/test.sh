@@ -66,6 +66,9 @@ run_step mypy no-count timeout 600 "$PY" -m mypy
 # the tiers (tests/README.md): unit needs nothing; compile needs NVRTC; processes spawns local
 # processes; fakegpu a C compiler; mpi an MPI job; jobs and examples run the launcher
 run_step unit strict timeout 600 "${PYTEST[@]}" --timeout=120 $(junit unit) tests/unit
+# one NVRTC cubin cache for this run: the compile tier fills it and the fake-GPU run loads
+# the same kernels from it instead of compiling them again (NVRTC is the slow part)
+export TESTS_KERNEL_CACHE="$PWD/$LOGS/kernel-cache"
 run_step compile strict timeout 600 env SHMEM_REQUIRE_NVRTC=1 "${PYTEST[@]}" --timeout=300 \
     $(junit compile) tests/compile
 run_step processes strict timeout 600 "${PYTEST[@]}" --timeout=120 $(junit processes) \

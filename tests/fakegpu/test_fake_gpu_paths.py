@@ -30,10 +30,11 @@ def test_gpu_paths_run_end_to_end_on_the_fake_driver(tmp_path: Path) -> None:
     )
     (tmp_path / "libcuda.so").symlink_to(lib.name)
     env = {
-        **os.environ,
+        **{k: v for k, v in os.environ.items() if k != "TESTS_KERNEL_CACHE"},
         "LD_LIBRARY_PATH": f"{tmp_path}:{os.environ.get('LD_LIBRARY_PATH', '')}",
         "PYTHONPATH": f"{FAKE}:{ROOT}",
-        "SHMEM_KERNEL_CACHE": str(tmp_path / "kernels"),
+        # the compile tier's cubins when the run shares them (scripts/test.sh)
+        "SHMEM_KERNEL_CACHE": os.environ.get("TESTS_KERNEL_CACHE", str(tmp_path / "kernels")),
         "SHMEM_BACKEND": "nvshmem",
     }
     env.pop("FAKE_LOG", None)
