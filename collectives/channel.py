@@ -34,6 +34,7 @@ from shmem import SHMEMBuffer, SignalPad, World
 from shmem.errors import (
     CollectiveMismatchError,
     PeerFailedError,
+    ShmemError,
     ShmemStateError,
     SignalTimeoutError,
 )
@@ -190,7 +191,7 @@ class Channel:
         """Wait for the peers' last ``DONE`` (unless broken), then free flags, pad, scratch."""
         if not self.broken:
             # a peer that abandoned a call reads nothing of ours any more
-            with contextlib.suppress(PeerFailedError):
+            with contextlib.suppress(PeerFailedError, CollectiveMismatchError):
                 self.wait_peers(Flag.DONE, self.seq, "close")
         # drop every view of the buffers first: a view that outlived close() would keep
         # its block allocated (shmem.quarantine)
@@ -399,6 +400,7 @@ class Channel:
         the same ``XSEQ`` before and after ``XSIG`` read the signature of that call)."""
         if self.signature > 0:
             self.my_flags[Flag.XSEQ] = -1
+            self.heap.fence()  # (weakly ordered CPUs: -1 is visible before the new XSIG)
             self.my_flags[Flag.XSIG] = self.signature
             self.heap.fence()
             self.my_flags[Flag.XSEQ] = self.seq
@@ -432,7 +434,9 @@ class Channel:
                     failed_rank=r,
                 )
             first = fetch(Flag.XSEQ)
+            self.heap.fence()  # the seqlock's reads in order (local views on weak CPUs)
             sig = fetch(Flag.XSIG)
+            self.heap.fence()
             if first == s and fetch(Flag.XSEQ) == s and sig > 0:
                 theirs[r] = sig
         if any(sig != mine for sig in theirs.values()):
@@ -447,7 +451,8 @@ class Channel:
         """Take part in the exchange :meth:`gather_signed` would make, with a block marked
         abandoned (signature -1), after this rank failed before it: the members on other
         nodes raise ``CollectiveMismatchError`` at once instead of waiting out the deadline."""
-        with contextlib.suppress(MPI.Exception, SignalTimeoutError, CollectiveMismatchError):
+        # (the board may report the peer that failed first: that is not this call's error)
+        with contextlib.suppress(MPI.Exception, ShmemError):
             signed.gather_rows(self, comm, signed.signed_block(nbytes, -1), what, "member", False)
 
     def gather_signed(

@@ -29,7 +29,7 @@ from .allreduce import all_reduce as _all_reduce
 from .allreduce import choose as _choose
 from .broadcast import broadcast as _broadcast
 from .channel import Channel, CommStats
-from .operand import Array
+from .operand import Array, Operand
 from .ops import ReduceOp, accumulate_dtype, check_op, fused_out_dtype
 from .reduce_scatter import reduce_scatter as _reduce_scatter
 from .schedule import Algorithm, AlgorithmTable
@@ -426,7 +426,7 @@ class Communicator:
             )  # fmt: skip
         if isinstance(x, Buffer) or isinstance(out, Buffer):
             return self._gpu_all_reduce(x, op, out, algorithm, stream)  # refuses them
-        src = np.asarray(x.local() if isinstance(x, SHMEMBuffer) else x)
+        src = Operand(x, where, "x").array  # the normal path's checks and errors
         odt = fused_out_dtype(src.dtype, out_dtype, scale, where)
         check_op(op, src.dtype, where)
         target: Array | None = None
@@ -444,13 +444,15 @@ class Communicator:
                     f"{where}: invalid out (got {got} elements; expected a writeable "
                     f"{dtype_name(odt)} array of {src.size})"
                 )
-        acc = accumulate_dtype(src.dtype, self._acc32)
+        # the final accumulation dtype (a float32 all-reduce may accumulate in float64):
+        # the inner call then rounds nothing, and the cast below is the one rounding
+        acc = accumulate_dtype(accumulate_dtype(src.dtype, self._acc32), self._acc32)
         wide = self.all_reduce(np.ascontiguousarray(src, dtype=acc), op, algorithm=algorithm)
         if scale is not None:
             np.multiply(wide, acc.type(scale), out=wide)
         if target is None:
             return wide.astype(odt, copy=False).reshape(src.shape)
-        np.copyto(target.reshape(-1), wide.reshape(-1), casting="unsafe")
+        np.copyto(target, wide.reshape(target.shape), casting="unsafe")  # any layout of out
         return out  # type: ignore[return-value]
 
     def _gpu_all_reduce(

@@ -108,6 +108,13 @@ def accumulate_dtype(dtype: np.dtype[Any], float32_in: np.dtype[Any]) -> np.dtyp
     return dtype
 
 
+def _finite(value: Any) -> bool:
+    try:
+        return bool(np.isfinite(float(value)))
+    except OverflowError:  # an int beyond float's range
+        return False
+
+
 def fused_out_dtype(
     dtype: np.dtype[Any], out_dtype: Any, scale: float | None, where: str
 ) -> np.dtype[Any]:
@@ -122,7 +129,7 @@ def fused_out_dtype(
     is_float = (dtype.kind == "f" or dtype in _LOW_PRECISION) and dtype.kind != "c"
     if not is_float:
         raise CollectiveArgumentError(
-            f"{where}: out_dtype and scale apply to floating-point inputs (got {dtype_name(dtype)})"
+            f"{where}: out_dtype and scale apply to floating-point inputs (got {dtype})"
         )
     odt = dtype if out_dtype is None else as_dtype(out_dtype, where)
     if not (odt.kind == "f" or odt in _LOW_PRECISION):
@@ -133,7 +140,7 @@ def fused_out_dtype(
     if scale is not None and (
         isinstance(scale, bool)
         or not isinstance(scale, int | float | np.floating | np.integer)
-        or not np.isfinite(float(scale))
+        or not _finite(scale)
     ):
         raise CollectiveArgumentError(
             f"{where}: invalid scale (got {scale!r}; expected a finite real number)"

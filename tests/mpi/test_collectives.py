@@ -631,5 +631,11 @@ def test_all_reduce_fused_options_refuse_bad_input(world: World, comm: Any) -> N
     for kwargs, message in cases:
         with pytest.raises((CollectiveArgumentError, OpError), match=message):
             comm.all_reduce(**kwargs)
+    for bad in (dict(x=np.array([object()]), scale=2.0), dict(x=x, scale=10**400)):
+        with pytest.raises(ArgumentError):  # clear errors, not KeyError or OverflowError
+            comm.all_reduce(**bad)
+    out = np.zeros((2, 2), np.float32, order="F")  # any layout of out receives the result
+    assert comm.all_reduce(x.reshape(2, 2), out=out, scale=3.0) is out
+    assert (out == 3 * world.world_size).all()
     # nothing moved: a correct call still works on every rank
     assert (comm.all_reduce(x, scale=2.0) == 2 * world.world_size).all()
