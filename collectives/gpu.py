@@ -234,7 +234,7 @@ class GpuAllReduce:
             self._launch(algo, src, dst, lo, count, op, factor, cu_stream)
         self.comm.stats.count(algo)
         if isinstance(out, np.ndarray):
-            np.copyto(out.reshape(-1), dst.to_numpy().reshape(-1))
+            np.copyto(out, dst.to_numpy().reshape(out.shape))  # any layout of out
             return out
         if host_out:
             return dst.to_numpy().reshape(np.shape(x))
@@ -303,7 +303,7 @@ class GpuAllReduce:
         self.comm.stats.count(f"gpu_{name}")
         target = x if (name == "broadcast" and out is None) else out
         if isinstance(target, np.ndarray):
-            np.copyto(target.reshape(-1), dst.to_numpy().reshape(-1))
+            np.copyto(target, dst.to_numpy().reshape(target.shape))
             return target
         if target is None:
             return dst.to_numpy() if isinstance(x, np.ndarray) else dst
