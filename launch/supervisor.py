@@ -15,7 +15,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from .cleanup import remove_stale_segments
 from .command import LaunchCommand
@@ -212,6 +212,26 @@ def _kill_job(proc: subprocess.Popen[bytes], log_dir: Path, dump_stacks: bool) -
             break
 
 
+class _Terminated(BaseException):
+    """The launcher received SIGTERM or SIGHUP while its job runs."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _raise_terminated(signum: int, frame: object) -> None:
+    raise _Terminated(signum)
+
+
+def _catch_termination() -> dict[int, Any]:
+    """Turn SIGTERM and SIGHUP into :class:`_Terminated` (main thread only); the previous
+    handlers, to restore."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    return {sig: signal.signal(sig, _raise_terminated) for sig in (signal.SIGTERM, signal.SIGHUP)}
+
+
 def run_job(
     cmd: LaunchCommand,
     *,
@@ -248,6 +268,9 @@ def run_job(
         watch = _DeathWatch(logs)
         watch.start()
         timed_out = False
+        # mpiexec runs in its own session: a launcher stopped by SIGTERM (``timeout``) or
+        # SIGHUP (a closed terminal) must take the job down itself, or it is orphaned
+        previous = _catch_termination()
         try:
             while proc.poll() is None:
                 time.sleep(_POLL_S)
@@ -258,7 +281,12 @@ def run_job(
         except KeyboardInterrupt:
             _kill_job(proc, logs, dump_stacks=False)
             raise
+        except _Terminated as stop:
+            _kill_job(proc, logs, dump_stacks=False)
+            raise SystemExit(128 + stop.signum) from None  # the shell's code for a signal
         finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
             if proc.poll() is None:
                 _kill_job(proc, logs, dump_stacks=False)
             proc.wait()

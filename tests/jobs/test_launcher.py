@@ -195,3 +195,41 @@ def test_views_kept_across_finalize_do_not_crash(split: str) -> None:
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "stale views ok" in proc.stdout
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGHUP"])
+def test_a_terminated_launcher_takes_its_job_down(tmp_path: Path, sig: str) -> None:
+    """``timeout`` (SIGTERM) or a closed terminal (SIGHUP) stopping ``python -m launch`` ends
+    the whole job: mpiexec runs in its own session, so before, it and the ranks were left
+    running, orphaned (a hanging rank spun for hours after its launcher was gone)."""
+    import os
+    import signal
+
+    event = tmp_path / "event"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "launch", "-n", "2", "--timeout", "60",
+         str(JOBS / "faulty.py"), "hang", str(event)],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.time() + 30
+    while not event.exists() and time.time() < deadline:
+        time.sleep(0.05)
+    assert event.exists(), "the ranks did not start"
+    os.kill(proc.pid, getattr(signal, sig))
+    _, err = proc.communicate(timeout=20)
+    assert proc.returncode == 128 + getattr(signal, sig), (proc.returncode, err[-2000:])
+    # nothing of the job is left: no process still runs the job's script
+    end = time.time() + 10
+    while time.time() < end:
+        left = []
+        for status in Path("/proc").glob("[0-9]*/cmdline"):
+            try:
+                cmdline = status.read_bytes().replace(b"\0", b" ")
+            except OSError:
+                continue
+            if str(event).encode() in cmdline:
+                left.append(cmdline.decode(errors="replace"))
+        if not left:
+            break
+        time.sleep(0.2)
+    assert not left, left
