@@ -268,7 +268,7 @@ class Channel:
             def ready(v: memoryview = view) -> bool:
                 return bool(v[flag] >= value or v[Flag.ABORT])
 
-            ok = self._poll(ready, deadline, what)
+            ok = self._poll(ready, deadline, what, remote=False)
             if view[Flag.ABORT]:
                 raise PeerFailedError(
                     f"{what}: rank {self.rank} stopped: rank {r} failed in its call "
@@ -373,14 +373,19 @@ class Channel:
 
     # -- between nodes -------------------------------------------------------------------------
 
-    def _poll(self, ready: Callable[[], bool], deadline: float, what: str) -> bool:
+    def _poll(
+        self, ready: Callable[[], bool], deadline: float, what: str, remote: bool = True
+    ) -> bool:
         """Poll ``ready`` until ``deadline``. A wait still unfinished after
         ``BOARD_GRACE_S`` puts this call on the board (:meth:`announce`) and reads every
         other rank's (:meth:`check_board`), then again at doubling intervals: a rank in the
         same call with another signature is a mismatch no flag or exchange shows (an
         ``all_reduce`` waiting on flags or on one MPI communicator, a family call or
         ``collect`` on another, never meet), and a rank that abandoned a call will not
-        come; both raise at once instead of at the deadline. Fast waits never get here."""
+        come; both raise at once instead of at the deadline. Fast waits never get here.
+        Node-local waits (``remote=False``) read only the node's boards: a one-sided read of
+        another node blocks until that rank's MPI progresses, which a rank computing in
+        Python may not do for a while (the node-local peer in the MPI exchange reads them)."""
         interval = BOARD_GRACE_S
         announced = False
         while True:
@@ -392,7 +397,7 @@ class Channel:
             if not announced:
                 self.announce()
                 announced = True
-            self.check_board(what)
+            self.check_board(what, remote)
             interval = min(2 * interval, BOARD_MAX_INTERVAL_S)
 
     def announce(self) -> None:
@@ -406,7 +411,7 @@ class Channel:
             self.my_flags[Flag.XSEQ] = self.seq
             self.heap.fence()
 
-    def check_board(self, what: str) -> None:
+    def check_board(self, what: str, remote: bool = True) -> None:
         """Read every other rank's board (node-local peers through their flag views, ranks
         on other nodes one-sided: no peer takes part): raise ``PeerFailedError`` if one
         abandoned a call, ``CollectiveMismatchError`` (the calls listed) if one is in this
@@ -415,7 +420,7 @@ class Channel:
         if mine <= 0:
             return
         theirs: dict[int, int] = {}
-        for r in self.local_peers + self.remote_ranks:
+        for r in self.local_peers + (self.remote_ranks if remote else []):
             if r == self.rank:
                 continue
             view = self.peer_flags.get(r)
