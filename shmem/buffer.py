@@ -63,6 +63,10 @@ class SHMEMBuffer(OpenShmemMethods):
         # RMA, made on first use; only for dtypes MPI knows (the put fast path), emptied by
         # close() and finalize()
         self._remote: dict[int, tuple[Any, Any, int]] = {}
+        # the same in C where shmem._rmafast is built (shmem.backends.rma_accel): its
+        # Putter, and that Putter's bound put (None until a rank is reached through RMA)
+        self._putter: Any = None
+        self._fast: Any = None
         self._locks_held: set[int] = set()  # lock elements this rank holds (shmem.sync)
         # the arrays every view given out is made from (by rank copy), held weakly: alive
         # exactly while a view is, so close() knows (shmem.quarantine)
@@ -260,7 +264,20 @@ class SHMEMBuffer(OpenShmemMethods):
             target = heap.rma_target(rank, self._offset) if flat is None else None
             if target is not None and self._dtype.isbuiltin:
                 self._remote[rank] = (target[0].Put, target[0].Flush, target[1])
+                if self._putter is None:
+                    self._putter = heap.rma_putter(self._nbytes, self._dtype)
+                if self._putter is not None:
+                    self._putter.enable(rank, target[1])
+                    self._fast = self._putter.put
             return flat
+
+    def _forget_remote(self) -> None:
+        """Drop the put fast path's windows (close(), finalize(): the window goes)."""
+        self._remote.clear()
+        self._fast = None
+        if self._putter is not None:
+            self._putter.clear()
+            self._putter = None
 
     def put(
         self,
@@ -279,7 +296,13 @@ class SHMEMBuffer(OpenShmemMethods):
         ``"same_kind"`` refuses values the buffer's dtype cannot hold instead of wrapping
         them, ``"unsafe"`` allows any cast with numpy's C semantics.
         """
-        if type(src) is np.ndarray and type(rank) is int and signal is None:
+        fast = self._fast
+        if fast is not None:
+            # C (shmem._rmafast): the checks below and Put + Flush; False leaves the call
+            # to the general path (close() and finalize() drop it, so a live buffer is implied)
+            if signal is None and fast(rank, src, offset):
+                return
+        elif type(src) is np.ndarray and type(rank) is int and signal is None:
             remote = self._remote.get(rank)  # a rank off this node, already checked once
             if (
                 remote is not None
@@ -673,7 +696,7 @@ class SHMEMBuffer(OpenShmemMethods):
         self._world._free(self)
         self._closed = True
         self._flat.clear()
-        self._remote.clear()
+        self._forget_remote()
         self._sources.clear()
 
     def __enter__(self) -> SHMEMBuffer:

@@ -62,6 +62,11 @@ class SymmetricHeap(Protocol):
         backend), else None (load/store reachable, or device memory)."""
         ...
 
+    def rma_putter(self, nbytes: int, dtype: np.dtype[Any]) -> Any:
+        """A ``shmem._rmafast.Putter`` for a buffer of ``nbytes`` of ``dtype`` (its ranks are
+        enabled with :meth:`rma_target`'s displacements), or None where puts stay in Python."""
+        ...
+
     def address(self, offset: int) -> int:
         """The virtual address of byte ``offset`` of this rank's slab."""
         ...

@@ -484,7 +484,7 @@ class World:
             log.debug("finalize: %d buffer(s) still open are released", len(self._live))
         for buf in list(self._live.values()):
             buf._closed = True
-            buf._remote.clear()  # the put fast path's windows go with the heap
+            buf._forget_remote()  # the put fast path's windows go with the heap
         self._live.clear()
         try:
             self.ctx.close()
@@ -506,7 +506,7 @@ class World:
                 _current = None
         for buf in list(self._live.values()):
             buf._closed = True
-            buf._remote.clear()  # the put fast path's windows go with the heap
+            buf._forget_remote()  # the put fast path's windows go with the heap
         self._live.clear()
         with contextlib.suppress(Exception):
             self.ctx.close()

@@ -52,7 +52,7 @@ from ..config import HeapConfig
 from ..errors import ArgumentError, RemoteTimeoutError
 from ..heap import ATOMIC_DTYPES, FLOAT_ATOMIC_DTYPES
 from ..signals import poll_until
-from . import _cpu_atomics
+from . import _cpu_atomics, rma_accel
 
 __all__ = ["HostHeap", "strided_view"]
 
@@ -321,6 +321,11 @@ class HostHeap:
         if self._local_of[rank] >= 0:
             return None
         return self._remote_window(), self._rma_base[rank] + offset
+
+    def rma_putter(self, nbytes: int, dtype: np.dtype[Any]) -> Any:
+        if self._rma_win is None:
+            return None
+        return rma_accel.putter(self._rma_win, nbytes, dtype, self.world_size)
 
     def address(self, offset: int) -> int:
         return self._base_address + offset

@@ -209,6 +209,9 @@ class NvshmemHeap:
     def rma_target(self, rank: int, offset: int) -> None:
         return None  # device memory: nvshmem moves it
 
+    def rma_putter(self, nbytes: int, dtype: np.dtype[Any]) -> None:
+        return None
+
     # -- data movement -----------------------------------------------------------------------
 
     def _cc_buffer(self, ptr: int, nbytes: int) -> Any:

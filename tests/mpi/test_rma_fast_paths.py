@@ -1,11 +1,16 @@
 """The RMA path's per-call shortcuts (issue 19): ``SHMEMBuffer.put`` straight to
-``Win.Put`` + ``Flush`` for a rank off this node, blocking atomics and signals with reused
+``MPI_Put`` + ``MPI_Win_flush`` for a rank off this node (in C where ``shmem._rmafast`` is
+built, else through mpi4py's ``Win.Put`` + ``Flush``), blocking atomics and signals with reused
 origin/result arrays. Every shortcut must move the same data and refuse the same bad input
-as the general path, and stop at ``close()``/``finalize()``."""
+as the general path, and stop at ``close()``/``finalize()``. The put tests run on both the C
+path and the pure-Python one."""
 
 from __future__ import annotations
 
 import itertools
+import os
+import shutil
+import sysconfig
 from collections.abc import Iterator
 from typing import Any
 
@@ -13,14 +18,22 @@ import numpy as np
 import pytest
 
 import shmem
+from shmem.backends import rma_accel
 from shmem.errors import ArgumentError, ShmemStateError
 
 pytestmark = pytest.mark.mpi
 
 
-@pytest.fixture
-def world() -> Iterator[Any]:
+def _init(path: str) -> Any:
     w = shmem.init(heap_nbytes="4MiB")
+    if path == "python":  # the fallback a build without the C extension takes
+        w.heap.rma_putter = lambda nbytes, dtype: None  # type: ignore[method-assign]
+    return w
+
+
+@pytest.fixture(params=["c", "python"])
+def world(request: pytest.FixtureRequest) -> Iterator[Any]:
+    w = _init(request.param)
     try:
         yield w
     finally:
@@ -31,27 +44,72 @@ def _right(w: Any) -> int:
     return int((w.rank + 1) % w.world_size)
 
 
+def _check_path(w: Any, buf: Any, to: int) -> None:
+    """Off the node the put shortcut is armed for ``to``: in C unless the test disabled it."""
+    if w.heap.is_local(to):
+        assert buf._fast is None and not buf._remote
+        return
+    assert to in buf._remote
+    if rma_accel.status().startswith("C:") and "rma_putter" not in vars(w.heap):
+        assert buf._fast is not None and to in buf._putter.enabled()
+    else:
+        assert buf._fast is None
+
+
+def test_the_c_put_is_built_where_it_can_be() -> None:
+    """The editable install builds shmem._rmafast when a C compiler and Python's headers are
+    there (CI has both): a silent fall back to the pure-Python put would go unnoticed."""
+    headers = os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h"))
+    if not headers or not (shutil.which("cc") or shutil.which("gcc")):
+        pytest.skip("no C compiler or Python headers: the pure-Python put is expected")
+    assert rma_accel.status().startswith("C:"), rma_accel.status()
+
+
 def test_put_shortcut_moves_what_the_general_path_moves(world: Any) -> None:
     w = world
     to = _right(w)
     buf = w.zeros(64, "int64")
     src = np.arange(64, dtype=np.int64) + 1000 * w.rank
     buf.put(to, src[:8])  # first put fills the cache; the rest take the shortcut if off-node
+    _check_path(w, buf, to)
     buf.put(to, src[8:16], offset=8 * 8)
     buf.put(to, src[16:64:2], offset=16 * 8)  # a strided 1-D source: BufferError -> copied
     buf.put(to, src[40:48].reshape(2, 4), offset=40 * 8)  # 2-D: the general path
     buf.put(to, src[48:56].astype(np.int32), offset=48 * 8)  # another dtype: cast
+    ro = src[56:60].copy()
+    ro.flags.writeable = False
+    buf.put(to, ro, offset=56 * 8)  # a read-only source is fine
+    buf.put(to, src[60:62].astype(">i8"), offset=60 * 8)  # big-endian: cast, not raw bytes
+    buf.put(np.int64(to), src[62:63], offset=62 * 8)  # a numpy integer rank
+    buf.put(to, src[63:64].view(np.ndarray), offset=np.int64(63 * 8))  # numpy offset
+    buf.put(to, src[:0], offset=64 * 8)  # nothing, at the very end
     w.barrier()
     frm = (w.rank - 1) % w.world_size
     want = np.zeros(64, np.int64)
     want[:16] = np.arange(16) + 1000 * frm
     want[16:40] = (np.arange(64) + 1000 * frm)[16:64:2]
-    want[40:56] = np.arange(40, 56) + 1000 * frm
+    want[40:64] = np.arange(40, 64) + 1000 * frm
     np.testing.assert_array_equal(buf.local(), want)
     w.barrier()
-    if w.num_nodes > 1:
-        assert to in buf._remote or w.heap.is_local(to)
     buf.close()
+
+
+def test_put_shortcut_takes_every_builtin_dtype_and_subclasses(world: Any) -> None:
+    w = world
+    to = _right(w)
+    frm = (w.rank - 1) % w.world_size
+    for name in ("bool", "uint8", "int16", "float16", "float32", "complex128", "bfloat16"):
+        buf = w.zeros(16, name)
+        src = (np.arange(16) % 2 + w.rank).astype(buf.dtype)
+        buf.put(to, src[:1])
+        buf.put(to, src[1:], offset=buf.dtype.itemsize)  # the shortcut for builtin dtypes
+        sub = np.ma.MaskedArray(src[3:5])  # an ndarray subclass: the general path
+        buf.put(to, sub, offset=3 * buf.dtype.itemsize)
+        w.barrier()
+        want = (np.arange(16) % 2 + frm).astype(buf.dtype)
+        np.testing.assert_array_equal(buf.local(), want, err_msg=name)
+        w.barrier()
+        buf.close()
 
 
 @pytest.mark.parametrize(
@@ -60,9 +118,12 @@ def test_put_shortcut_moves_what_the_general_path_moves(world: Any) -> None:
         (True, 0, 1, "rank"),
         (-1, 0, 1, "rank"),
         (None, 0, 1, "rank"),
+        (1 << 70, 0, 1, "rank"),
         ("right", 4, 1, "offset"),  # not a multiple of the item size
         ("right", -8, 1, "offset"),
         ("right", 8 * 60, 8, "out of bounds"),
+        ("right", 8 * 65, 0, "out of bounds"),
+        ("right", 1 << 70, 1, "offset"),
         ("right", 8.0, 1, "offset"),
     ],
 )
@@ -82,19 +143,23 @@ def test_put_shortcut_refuses_what_the_general_path_refuses(
     buf.close()
 
 
-def test_put_shortcut_ends_at_close_and_finalize() -> None:
-    w = shmem.init(heap_nbytes="4MiB")
+@pytest.mark.parametrize("path", ["c", "python"])
+def test_put_shortcut_ends_at_close_and_finalize(path: str) -> None:
+    w = _init(path)
     buf = w.zeros(8, "float64")
     keep = w.zeros(8, "float64")
     to = _right(w)
     buf.put(to, np.ones(8))
     keep.put(to, np.ones(8))
+    putter = keep._putter
     buf.close()
-    assert not buf._remote
+    assert not buf._remote and buf._fast is None
     with pytest.raises(ShmemStateError):
         buf.put(to, np.ones(8))
     w.finalize()
-    assert not keep._remote
+    assert not keep._remote and keep._fast is None and keep._putter is None
+    if putter is not None:
+        assert putter.enabled() == []  # nothing left pointing at the freed window
     with pytest.raises(ShmemStateError):
         keep.put(to, np.ones(8))
 

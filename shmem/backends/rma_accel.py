@@ -1,0 +1,111 @@
+"""The blocking put to an off-node rank in C (:mod:`shmem._rmafast`), bound to mpi4py's MPI.
+
+``SHMEMBuffer.put`` to a rank reached through MPI RMA is ``MPI_Put`` + ``MPI_Win_flush``.
+Through mpi4py a small put spends more time in Python (two method calls, mpi4py's buffer and
+target parsing, our argument checks) than in MPI; :mod:`shmem._rmafast` makes the same checks
+and the two calls in C. It is an optional extension, built when the project is installed
+with a C compiler and Python's headers; without it (or with an MPI this module cannot bind
+to) puts take the pure-Python path, which is the same operation, only slower.
+
+Binding: the addresses of ``MPI_Put`` and ``MPI_Win_flush`` come from the libmpi that mpi4py
+loaded (found among the process's mapped libraries, checked to report mpi4py's library
+version), and the handle width from mpi4py (``MPI._sizeof(MPI.Win)``: 4 bytes for MPICH and
+its ABI, 8 for Open MPI and the MPI 5 standard ABI).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+from functools import cache
+from typing import Any
+
+import numpy as np
+from mpi4py import MPI
+
+__all__ = ["putter", "status"]
+
+log = logging.getLogger(__name__)
+
+_status = "not tried"
+
+
+def status() -> str:
+    """Why puts to off-node ranks do or do not take the C path (for logs and tests)."""
+    _bound()
+    return _status
+
+
+def _libmpi_candidates() -> list[str]:
+    """Paths of loaded libraries named libmpi* (Linux: /proc/self/maps)."""
+    paths: list[str] = []
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
+            for line in maps:
+                path = line.rstrip("\n").partition("/")[2]
+                if path and os.path.basename("/" + path).startswith("libmpi"):
+                    full = "/" + path
+                    if full not in paths:
+                        paths.append(full)
+    except OSError:
+        pass
+    return paths
+
+
+def _library_version(lib: ctypes.CDLL) -> str | None:
+    fn = getattr(lib, "MPI_Get_library_version", None)
+    if fn is None:
+        return None
+    size = max(MPI.MAX_LIBRARY_VERSION_STRING, 8192)
+    text = ctypes.create_string_buffer(size)
+    length = ctypes.c_int(0)
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_int)]
+    if fn(text, ctypes.byref(length)) != 0:
+        return None
+    return text.raw[: length.value].decode(errors="replace")
+
+
+@cache
+def _bound() -> Any:
+    """The bound :mod:`shmem._rmafast` module, or None (``status()`` says why)."""
+    global _status
+    try:
+        from .. import _rmafast  # type: ignore[attr-defined]
+    except ImportError as exc:
+        _status = f"pure Python: the C extension shmem._rmafast is not built ({exc})"
+        return None
+    handle_bytes = MPI._sizeof(MPI.Win)
+    if handle_bytes not in (4, 8) or MPI._sizeof(MPI.Datatype) != handle_bytes:
+        _status = f"pure Python: unexpected MPI handle width {handle_bytes}"
+        return None
+    wanted = MPI.Get_library_version()
+    mode = getattr(os, "RTLD_NOLOAD", 0) | os.RTLD_LAZY
+    for path in _libmpi_candidates():
+        try:
+            lib = ctypes.CDLL(path, mode=mode)
+        except OSError:
+            continue
+        if not hasattr(lib, "MPI_Put") or not hasattr(lib, "MPI_Win_flush"):
+            continue
+        if _library_version(lib) != wanted:  # another MPI than mpi4py's
+            continue
+        put = ctypes.cast(lib.MPI_Put, ctypes.c_void_p).value
+        flush = ctypes.cast(lib.MPI_Win_flush, ctypes.c_void_p).value
+        byte = MPI._handleof(MPI.BYTE) & ((1 << 64) - 1)  # C takes the low handle_bytes
+        _rmafast.bind(put, flush, handle_bytes, byte, np.ndarray, MPI.Exception)
+        _status = f"C: MPI_Put + MPI_Win_flush from {path} ({handle_bytes}-byte handles)"
+        log.debug("rma_accel: %s", _status)
+        return _rmafast
+    _status = "pure Python: mpi4py's libmpi was not found among the loaded libraries"
+    return None
+
+
+def putter(win: MPI.Win, nbytes: int, dtype: np.dtype[Any], nranks: int) -> Any:
+    """A ``shmem._rmafast.Putter`` for a buffer of ``nbytes`` of ``dtype`` reached through
+    ``win``, or None when the C path is not available."""
+    mod = _bound()
+    if mod is None:
+        return None
+    return mod.Putter(MPI._handleof(win), nbytes, dtype, nranks)
