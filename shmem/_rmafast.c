@@ -1,4 +1,4 @@
-/* shmem._rmafast: the blocking put to a rank off this node, out of Python.
+/* shmem._rmafast: the blocking put and the signal to a rank off this node, out of Python.
  *
  * SHMEMBuffer.put to a rank reached through MPI RMA is MPI_Put + MPI_Win_flush on the host
  * heap's window. Through mpi4py that costs about 0.3 us of Python per call on top of MPI's
@@ -8,40 +8,81 @@
  * (another dtype or layout, a rank not reached through the window, an odd offset) returns
  * False, and SHMEMBuffer.put takes its general path, which raises the errors.
  *
- * No MPI header is needed: shmem.backends.rma_accel finds MPI_Put and MPI_Win_flush in the
- * libmpi mpi4py loaded and passes their addresses and the handle width of its ABI (4 bytes:
+ * Signals (SignalPad.signal, "set" or "add" on an int64 slot) are MPI_Win_sync (the release
+ * fence) + MPI_Rget_accumulate + MPI_Test: the request completes once the target applied
+ * it. When it has not at the first test, a Pending object (owning the request and the
+ * origin/result words MPI still uses) goes back to Python, which polls it against the
+ * deadline as it polls mpi4py requests (Test, Wait).
+ *
+ * No MPI header is needed: shmem.backends.rma_accel finds the MPI functions in the libmpi
+ * mpi4py loaded and passes their addresses and the handle width of its ABI (4 bytes:
  * MPICH and its derivatives; 8: Open MPI and the MPI 5 standard ABI) to bind(). The GIL is
- * released around the MPI calls, as mpi4py does (a put waits for an idle target's progress).
+ * released around the blocking calls (a put waits for an idle target's progress).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <limits.h>
+#include <stddef.h>
 #include <stdint.h>
 
-typedef int (*put32_fn)(const void *, int, int32_t, int, intptr_t, int, int32_t, int32_t);
-typedef int (*flush32_fn)(int, int32_t);
-typedef int (*put64_fn)(const void *, int, intptr_t, int, intptr_t, int, intptr_t, intptr_t);
-typedef int (*flush64_fn)(int, intptr_t);
+/* MPI's functions for either handle width (h: int32_t or intptr_t) */
+#define MPI_FNS(h, sfx)                                                                    \
+    typedef int (*put##sfx)(const void *, int, h, int, intptr_t, int, h, h);              \
+    typedef int (*flush##sfx)(int, h);                                                     \
+    typedef int (*sync##sfx)(h);                                                           \
+    typedef int (*rgacc##sfx)(const void *, int, h, void *, int, h, int, intptr_t, int, h, \
+                              h, h, h *);                                                  \
+    typedef int (*test##sfx)(h *, int *, void *);                                          \
+    typedef int (*wait##sfx)(h *, void *);
+MPI_FNS(int32_t, 32)
+MPI_FNS(intptr_t, 64)
 
 static void *put_addr;   /* MPI_Put */
 static void *flush_addr; /* MPI_Win_flush */
+static void *sync_addr;  /* MPI_Win_sync */
+static void *rgacc_addr; /* MPI_Rget_accumulate */
+static void *test_addr;  /* MPI_Test */
+static void *wait_addr;  /* MPI_Wait */
 static int handle_bytes; /* 4 or 8 */
-static intptr_t byte_type; /* MPI_BYTE's handle */
-static PyObject *ndarray_type; /* numpy.ndarray */
+static intptr_t byte_type;  /* MPI_BYTE */
+static intptr_t int64_type; /* MPI_INT64_T */
+static intptr_t op_replace; /* MPI_REPLACE */
+static intptr_t op_sum;     /* MPI_SUM */
+static PyObject *ndarray_type;  /* numpy.ndarray */
 static PyObject *mpi_exception; /* mpi4py.MPI.Exception */
 static PyObject *str_dtype;
+
+/* room for an MPI_Status of any ABI (MPICH 20 bytes, Open MPI 24, the MPI 5 ABI 32) */
+typedef struct {
+    int64_t words[8];
+} status_t;
+
+/* a request handle of either width */
+typedef union {
+    int32_t h32;
+    intptr_t h64;
+} request_t;
+
+static PyObject *raise_mpi(int rc) {
+    PyObject *code = PyLong_FromLong(rc);
+    if (code != NULL) {
+        PyErr_SetObject(mpi_exception, code);
+        Py_DECREF(code);
+    }
+    return NULL;
+}
 
 static int call_put(const void *buf, int count, int rank, intptr_t disp, intptr_t win) {
     int rc;
     if (handle_bytes == 4) {
-        rc = ((put32_fn)put_addr)(buf, count, (int32_t)byte_type, rank, disp, count,
+        rc = ((put32)put_addr)(buf, count, (int32_t)byte_type, rank, disp, count,
                                   (int32_t)byte_type, (int32_t)win);
         if (rc == 0)
-            rc = ((flush32_fn)flush_addr)(rank, (int32_t)win);
+            rc = ((flush32)flush_addr)(rank, (int32_t)win);
     } else {
-        rc = ((put64_fn)put_addr)(buf, count, byte_type, rank, disp, count, byte_type, win);
+        rc = ((put64)put_addr)(buf, count, byte_type, rank, disp, count, byte_type, win);
         if (rc == 0)
-            rc = ((flush64_fn)flush_addr)(rank, win);
+            rc = ((flush64)flush_addr)(rank, win);
     }
     return rc;
 }
@@ -56,9 +97,12 @@ typedef struct {
     PyObject *dtype;       /* the buffer's numpy dtype (identity is compared) */
     Py_ssize_t nranks;
     Py_ssize_t *disp;      /* per rank: the displacement of the buffer's byte 0, or -1 */
+    PyObject *weakrefs;
 } Putter;
 
 static void Putter_dealloc(Putter *self) {
+    if (self->weakrefs != NULL)
+        PyObject_ClearWeakRefs((PyObject *)self);
     Py_XDECREF(self->dtype);
     PyMem_Free(self->disp);
     Py_TYPE(self)->tp_free((PyObject *)self);
@@ -193,14 +237,8 @@ static PyObject *Putter_put(Putter *self, PyObject *const *args, Py_ssize_t narg
     rc = call_put(view.buf, (int)view.len, (int)rank, disp, self->win);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&view);
-    if (rc != 0) {
-        PyObject *code = PyLong_FromLong(rc);
-        if (code != NULL) {
-            PyErr_SetObject(mpi_exception, code);
-            Py_DECREF(code);
-        }
-        return NULL;
-    }
+    if (rc != 0)
+        return raise_mpi(rc);
     Py_RETURN_TRUE;
 }
 
@@ -220,6 +258,7 @@ static PyMethodDef Putter_methods[] = {
 static PyTypeObject PutterType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "shmem._rmafast.Putter",
     .tp_basicsize = sizeof(Putter),
+    .tp_weaklistoffset = offsetof(Putter, weakrefs),
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "Putter(win, nbytes, dtype, nranks): one buffer's blocking puts through an "
               "MPI window (win: the window's handle, mpi4py.MPI._handleof).",
@@ -228,22 +267,304 @@ static PyTypeObject PutterType = {
     .tp_methods = Putter_methods,
 };
 
-/* bind(put, flush, handle_bytes, byte_type, ndarray, exception) */
+/* -- Pending: a signal whose request did not complete at once ------------------------- */
+
+typedef struct {
+    PyObject_HEAD
+    request_t req;
+    int done;
+    int64_t *words; /* origin and result: MPI's until the request completes */
+} Pending;
+
+static void Pending_dealloc(Pending *self) {
+    /* a request never completed still owns its words: leave them (16 bytes) to MPI */
+    if (self->done)
+        PyMem_RawFree(self->words);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *Pending_Test(Pending *self, PyObject *unused) {
+    if (!self->done) {
+        int flag = 0, rc;
+        status_t st;
+        if (handle_bytes == 4)
+            rc = ((test32)test_addr)(&self->req.h32, &flag, &st);
+        else
+            rc = ((test64)test_addr)(&self->req.h64, &flag, &st);
+        if (rc != 0)
+            return raise_mpi(rc);
+        self->done = flag;
+    }
+    return PyBool_FromLong(self->done);
+}
+
+static PyObject *Pending_Wait(Pending *self, PyObject *unused) {
+    if (!self->done) {
+        int rc;
+        status_t st;
+        Py_BEGIN_ALLOW_THREADS
+        if (handle_bytes == 4)
+            rc = ((wait32)wait_addr)(&self->req.h32, &st);
+        else
+            rc = ((wait64)wait_addr)(&self->req.h64, &st);
+        Py_END_ALLOW_THREADS
+        if (rc != 0)
+            return raise_mpi(rc);
+        self->done = 1;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef Pending_methods[] = {
+    {"Test", (PyCFunction)Pending_Test, METH_NOARGS, "Test() -> bool: complete (MPI_Test)."},
+    {"Wait", (PyCFunction)Pending_Wait, METH_NOARGS, "Wait(): until complete (MPI_Wait)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject PendingType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "shmem._rmafast.Pending",
+    .tp_basicsize = sizeof(Pending),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A signal's request still in flight (Test/Wait as an mpi4py Request).",
+    .tp_dealloc = (destructor)Pending_dealloc,
+    .tp_methods = Pending_methods,
+};
+
+/* -- Signaller: one signal pad's slots on the ranks reached through one window ------------- */
+
+typedef struct {
+    PyObject_HEAD
+    intptr_t win;
+    intptr_t extra; /* a second window to MPI_Win_sync first (0: none) */
+    Py_ssize_t slots;
+    Py_ssize_t nranks;
+    Py_ssize_t *disp; /* per rank: the displacement of slot 0, or -1 */
+    int64_t *words;   /* origin and result of the next signal */
+    PyObject *weakrefs;
+} Signaller;
+
+static void Signaller_dealloc(Signaller *self) {
+    if (self->weakrefs != NULL)
+        PyObject_ClearWeakRefs((PyObject *)self);
+    PyMem_Free(self->disp);
+    PyMem_RawFree(self->words);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *Signaller_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    static char *kwlist[] = {"win", "disps", "slots", "extra", NULL};
+    PyObject *win_obj, *disps, *extra_obj = Py_None;
+    Py_ssize_t slots;
+    if (rgacc_addr == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "shmem._rmafast.Signaller: bind() was not called");
+        return NULL;
+    }
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOn|O", kwlist, &win_obj, &disps, &slots,
+                                     &extra_obj))
+        return NULL;
+    PyObject *seq = PySequence_Fast(disps, "Signaller: disps must be a sequence");
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    if (n <= 0 || slots <= 0) {
+        Py_DECREF(seq);
+        PyErr_SetString(PyExc_ValueError, "shmem._rmafast.Signaller: no ranks or no slots");
+        return NULL;
+    }
+    Signaller *self = (Signaller *)type->tp_alloc(type, 0);
+    if (self == NULL) {
+        Py_DECREF(seq);
+        return NULL;
+    }
+    self->disp = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)n);
+    self->words = PyMem_RawMalloc(2 * sizeof(int64_t));
+    if (self->disp == NULL || self->words == NULL) {
+        Py_DECREF(seq);
+        Py_DECREF(self);
+        return PyErr_NoMemory();
+    }
+    for (Py_ssize_t r = 0; r < n; r++) {
+        self->disp[r] = PyLong_AsSsize_t(PySequence_Fast_GET_ITEM(seq, r));
+        if (self->disp[r] == -1 && PyErr_Occurred()) {
+            Py_DECREF(seq);
+            Py_DECREF(self);
+            return NULL;
+        }
+        if (self->disp[r] < 0)
+            self->disp[r] = -1;
+    }
+    Py_DECREF(seq);
+    self->nranks = n;
+    self->slots = slots;
+    self->win = (intptr_t)PyLong_AsUnsignedLongLongMask(win_obj);
+    self->extra = extra_obj == Py_None ? 0 : (intptr_t)PyLong_AsUnsignedLongLongMask(extra_obj);
+    if (PyErr_Occurred()) {
+        Py_DECREF(self);
+        return NULL;
+    }
+    return (PyObject *)self;
+}
+
+static int op_code(PyObject *op) {
+    /* 1: set, 2: add, 0: anything else (str subclasses such as StrEnum members count) */
+    if (!PyUnicode_Check(op))
+        return 0;
+    if (PyUnicode_CompareWithASCIIString(op, "set") == 0)
+        return 1;
+    if (PyUnicode_CompareWithASCIIString(op, "add") == 0)
+        return 2;
+    return 0;
+}
+
+/* signal(rank, slot, value, op) -> True (applied at the target), a Pending (started, not yet
+   complete), or False (not for this path: the caller's general path takes it) */
+static PyObject *Signaller_signal(Signaller *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "Signaller.signal(rank, slot, value, op)");
+        return NULL;
+    }
+    PyObject *rank_obj = args[0], *slot_obj = args[1], *value_obj = args[2];
+    if (!PyLong_CheckExact(rank_obj) || !PyLong_CheckExact(slot_obj) ||
+        !PyLong_CheckExact(value_obj))
+        Py_RETURN_FALSE;
+    int overflow;
+    long rank = PyLong_AsLongAndOverflow(rank_obj, &overflow);
+    if (overflow || rank < 0 || rank >= self->nranks || self->disp[rank] < 0)
+        Py_RETURN_FALSE;
+    long slot = PyLong_AsLongAndOverflow(slot_obj, &overflow);
+    if (overflow || slot < 0 || slot >= self->slots)
+        Py_RETURN_FALSE;
+    long long value = PyLong_AsLongLongAndOverflow(value_obj, &overflow);
+    if (overflow)
+        Py_RETURN_FALSE;
+    int code = op_code(args[3]);
+    if (code == 0)
+        Py_RETURN_FALSE;
+    intptr_t op = code == 1 ? op_replace : op_sum;
+    intptr_t disp = (intptr_t)(self->disp[rank] + slot * (Py_ssize_t)sizeof(int64_t));
+    int64_t *w = self->words;
+    w[0] = value;
+    request_t req;
+    int flag = 0, rc;
+    status_t st;
+    if (handle_bytes == 4) {
+        rc = self->extra ? ((sync32)sync_addr)((int32_t)self->extra) : 0;
+        if (rc == 0)
+            rc = ((sync32)sync_addr)((int32_t)self->win);
+        if (rc == 0)
+            rc = ((rgacc32)rgacc_addr)(w, 1, (int32_t)int64_type, w + 1, 1, (int32_t)int64_type,
+                                       (int)rank, disp, 1, (int32_t)int64_type, (int32_t)op,
+                                       (int32_t)self->win, &req.h32);
+        if (rc == 0)
+            rc = ((test32)test_addr)(&req.h32, &flag, &st);
+    } else {
+        rc = self->extra ? ((sync64)sync_addr)(self->extra) : 0;
+        if (rc == 0)
+            rc = ((sync64)sync_addr)(self->win);
+        if (rc == 0)
+            rc = ((rgacc64)rgacc_addr)(w, 1, int64_type, w + 1, 1, int64_type, (int)rank, disp,
+                                       1, int64_type, op, self->win, &req.h64);
+        if (rc == 0)
+            rc = ((test64)test_addr)(&req.h64, &flag, &st);
+    }
+    if (rc != 0)
+        return raise_mpi(rc); /* (a request started and then failing its test is MPI's) */
+    if (flag)
+        Py_RETURN_TRUE;
+    /* in flight: the words go with the request; the next signal gets new ones */
+    Pending *pending = PyObject_New(Pending, &PendingType);
+    int64_t *fresh = PyMem_RawMalloc(2 * sizeof(int64_t));
+    if (pending == NULL || fresh == NULL) {
+        /* cannot track it: complete it here rather than leave MPI writing into our words */
+        Py_XDECREF(pending);
+        PyMem_RawFree(fresh);
+        Py_BEGIN_ALLOW_THREADS
+        if (handle_bytes == 4)
+            rc = ((wait32)wait_addr)(&req.h32, &st);
+        else
+            rc = ((wait64)wait_addr)(&req.h64, &st);
+        Py_END_ALLOW_THREADS
+        return rc != 0 ? raise_mpi(rc) : PyErr_NoMemory();
+    }
+    pending->req = req;
+    pending->done = 0;
+    pending->words = w;
+    self->words = fresh;
+    return (PyObject *)pending;
+}
+
+static PyObject *Signaller_clear(Signaller *self, PyObject *unused) {
+    for (Py_ssize_t r = 0; r < self->nranks; r++)
+        self->disp[r] = -1;
+    Py_RETURN_NONE;
+}
+
+static PyObject *Signaller_enabled(Signaller *self, PyObject *unused) {
+    PyObject *out = PyList_New(0);
+    if (out == NULL)
+        return NULL;
+    for (Py_ssize_t r = 0; r < self->nranks; r++) {
+        if (self->disp[r] < 0)
+            continue;
+        PyObject *v = PyLong_FromSsize_t(r);
+        if (v == NULL || PyList_Append(out, v) < 0) {
+            Py_XDECREF(v);
+            Py_DECREF(out);
+            return NULL;
+        }
+        Py_DECREF(v);
+    }
+    return out;
+}
+
+static PyMethodDef Signaller_methods[] = {
+    {"signal", (PyCFunction)(void (*)(void))Signaller_signal, METH_FASTCALL,
+     "signal(rank, slot, value, op) -> True | Pending | False: MPI_Win_sync, then "
+     "MPI_Rget_accumulate of the int64 value into rank's slot (op 'set' or 'add') and "
+     "MPI_Test; False when the arguments are not for this path."},
+    {"clear", (PyCFunction)Signaller_clear, METH_NOARGS,
+     "clear(): forget every rank (the window is about to be freed)."},
+    {"enabled", (PyCFunction)Signaller_enabled, METH_NOARGS, "enabled() -> ranks enabled."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject SignallerType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "shmem._rmafast.Signaller",
+    .tp_basicsize = sizeof(Signaller),
+    .tp_weaklistoffset = offsetof(Signaller, weakrefs),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Signaller(win, disps, slots, extra=None): a signal pad's int64 slots on the "
+              "ranks reached through an MPI window (disps: per rank, the displacement of "
+              "slot 0, or -1; extra: a second window to sync first).",
+    .tp_new = Signaller_new,
+    .tp_dealloc = (destructor)Signaller_dealloc,
+    .tp_methods = Signaller_methods,
+};
+
+/* bind(fns, handle_bytes, handles, ndarray, exception) */
 static PyObject *bind(PyObject *module, PyObject *args) {
-    unsigned long long put, flush, byte;
+    unsigned long long put, flush, sync, rgacc, test, wait, byte, i64, replace, sum;
     int hb;
     PyObject *nd, *exc;
-    if (!PyArg_ParseTuple(args, "KKiKOO", &put, &flush, &hb, &byte, &nd, &exc))
+    if (!PyArg_ParseTuple(args, "(KKKKKK)i(KKKK)OO", &put, &flush, &sync, &rgacc, &test, &wait,
+                          &hb, &byte, &i64, &replace, &sum, &nd, &exc))
         return NULL;
-    if (!put || !flush || (hb != 4 && hb != 8) || !PyType_Check(nd) ||
-        !PyExceptionClass_Check(exc)) {
+    if (!put || !flush || !sync || !rgacc || !test || !wait || (hb != 4 && hb != 8) ||
+        !PyType_Check(nd) || !PyExceptionClass_Check(exc)) {
         PyErr_SetString(PyExc_ValueError, "shmem._rmafast.bind: invalid arguments");
         return NULL;
     }
     put_addr = (void *)(uintptr_t)put;
     flush_addr = (void *)(uintptr_t)flush;
+    sync_addr = (void *)(uintptr_t)sync;
+    rgacc_addr = (void *)(uintptr_t)rgacc;
+    test_addr = (void *)(uintptr_t)test;
+    wait_addr = (void *)(uintptr_t)wait;
     handle_bytes = hb;
     byte_type = (intptr_t)byte;
+    int64_type = (intptr_t)i64;
+    op_replace = (intptr_t)replace;
+    op_sum = (intptr_t)sum;
     Py_INCREF(nd);
     Py_XSETREF(ndarray_type, nd);
     Py_INCREF(exc);
@@ -253,20 +574,24 @@ static PyObject *bind(PyObject *module, PyObject *args) {
 
 static PyMethodDef module_methods[] = {
     {"bind", bind, METH_VARARGS,
-     "bind(put, flush, handle_bytes, byte_type, ndarray, exception): the addresses of "
-     "MPI_Put and MPI_Win_flush, the ABI's handle width, MPI_BYTE's handle, numpy.ndarray "
-     "and the exception raised for an MPI error code."},
+     "bind((put, flush, sync, rget_accumulate, test, wait), handle_bytes, (byte, int64, "
+     "replace, sum), ndarray, exception): the addresses of MPI_Put, MPI_Win_flush, "
+     "MPI_Win_sync, MPI_Rget_accumulate, MPI_Test and MPI_Wait, the ABI's handle width, the "
+     "handles of MPI_BYTE, MPI_INT64_T, MPI_REPLACE and MPI_SUM, numpy.ndarray and the "
+     "exception raised for an MPI error code."},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module_def = {
     PyModuleDef_HEAD_INIT, "shmem._rmafast",
-    "The blocking put to a rank off the node, out of Python (see shmem.backends.rma_accel).",
-    -1, module_methods,
+    "The blocking put and the signal to a rank off the node, out of Python "
+    "(see shmem.backends.rma_accel).",
+    -1, module_methods, NULL, NULL, NULL, NULL,
 };
 
 PyMODINIT_FUNC PyInit__rmafast(void) {
-    if (PyType_Ready(&PutterType) < 0)
+    if (PyType_Ready(&PutterType) < 0 || PyType_Ready(&SignallerType) < 0 ||
+        PyType_Ready(&PendingType) < 0)
         return NULL;
     str_dtype = PyUnicode_InternFromString("dtype");
     if (str_dtype == NULL)
@@ -274,9 +599,9 @@ PyMODINIT_FUNC PyInit__rmafast(void) {
     PyObject *m = PyModule_Create(&module_def);
     if (m == NULL)
         return NULL;
-    Py_INCREF(&PutterType);
-    if (PyModule_AddObject(m, "Putter", (PyObject *)&PutterType) < 0) {
-        Py_DECREF(&PutterType);
+    if (PyModule_AddObjectRef(m, "Putter", (PyObject *)&PutterType) < 0 ||
+        PyModule_AddObjectRef(m, "Signaller", (PyObject *)&SignallerType) < 0 ||
+        PyModule_AddObjectRef(m, "Pending", (PyObject *)&PendingType) < 0) {
         Py_DECREF(m);
         return NULL;
     }

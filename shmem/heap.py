@@ -67,6 +67,16 @@ class SymmetricHeap(Protocol):
         enabled with :meth:`rma_target`'s displacements), or None where puts stay in Python."""
         ...
 
+    def rma_signaller(self, offset: int, slots: int) -> Any:
+        """A ``shmem._rmafast.Signaller`` for a signal pad of ``slots`` at heap byte
+        ``offset`` (its ranks off this node), or None where signals stay in Python."""
+        ...
+
+    def wait_started(self, req: Any, rank: int, what: str, timeout_s: float | None) -> None:
+        """Poll an operation on ``rank`` started by a fast path until it completes, within
+        ``timeout_s`` (the heap's deadline when None): ``RemoteTimeoutError`` after."""
+        ...
+
     def address(self, offset: int) -> int:
         """The virtual address of byte ``offset`` of this rank's slab."""
         ...

@@ -161,6 +161,11 @@ class SignalPad:
     by the owner of the heap memory (the World or a Communicator); all slots start at 0.
     """
 
+    # signals to ranks off the node in C where shmem._rmafast is built (the bound
+    # Signaller.signal of the user slots, and of every slot for the pad's own use)
+    _fast: Any = None
+    _fast_raw: Any = None
+
     def __init__(self, heap: SymmetricHeap, offset: int, slots: int, timeout_s: float) -> None:
         self._heap = heap
         self.offset = offset
@@ -178,6 +183,11 @@ class SignalPad:
         for r in range(self._size):
             view = heap.peer_view(r, offset, nbytes)
             self._peers.append(None if view is None else _int64_view(view))
+        user = heap.rma_signaller(offset, slots)
+        every = heap.rma_signaller(offset, slots + _BARRIER_ROUNDS)
+        if user is not None and every is not None:
+            self._signallers = (user, every)  # bound methods keep them alive anyway
+            self._fast, self._fast_raw = user.signal, every.signal
 
     @staticmethod
     def nbytes_for(slots: int) -> int:
@@ -187,14 +197,22 @@ class SignalPad:
     # -- arguments --------------------------------------------------------------------------
 
     def _check_rank(self, where: str, rank: int) -> None:
-        if not isinstance(rank, int | np.integer) or not 0 <= rank < self._heap.world_size:
+        if (
+            isinstance(rank, bool)
+            or not isinstance(rank, int | np.integer)
+            or not 0 <= rank < self._heap.world_size
+        ):
             raise ArgumentError(
                 f"{where}: invalid rank (got {rank!r}; expected 0 <= rank < "
                 f"{self._heap.world_size})"
             )
 
     def _check_slot(self, where: str, slot: int) -> None:
-        if not isinstance(slot, int | np.integer) or not 0 <= slot < self.slots:
+        if (
+            isinstance(slot, bool)
+            or not isinstance(slot, int | np.integer)
+            or not 0 <= slot < self.slots
+        ):
             raise ArgumentError(
                 f"{where}: invalid slot (got {slot!r}; expected 0 <= slot < {self.slots})"
             )
@@ -214,6 +232,14 @@ class SignalPad:
             A signed 64-bit value.
         op : {"set", "add"}
         """
+        fast = self._fast
+        if fast is not None:  # C: these checks, the fence and the atomic (off the node)
+            started = fast(rank, slot, value, op)
+            if started is True:
+                return
+            if started is not False:  # in flight: poll it against the deadline
+                self._heap.wait_started(started, rank, "signal", self.timeout_s)
+                return
         if type(rank) is not int or not 0 <= rank < self._size:
             self._check_rank("signal", rank)
         if type(slot) is not int or not 0 <= slot < self.slots:
@@ -230,6 +256,15 @@ class SignalPad:
         self, rank: int, slot: int, value: int, op: str, timeout_s: float | None = None
     ) -> None:
         heap = self._heap
+        fast = self._fast_raw
+        if fast is not None:
+            started = fast(rank, slot, value, op)
+            if started is True:
+                return
+            if started is not False:
+                limit = self.timeout_s if timeout_s is None else timeout_s
+                heap.wait_started(started, rank, "signal", limit)
+                return
         heap.fence()
         if op == "set":
             peer = self._peers[rank]

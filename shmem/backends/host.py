@@ -41,6 +41,7 @@ from __future__ import annotations
 import logging
 import platform
 import time
+import weakref
 from collections.abc import Callable
 from contextlib import ExitStack
 from typing import Any, cast
@@ -210,7 +211,11 @@ class HostHeap:
         self.nbytes = -(-config.nbytes // config.alignment) * config.alignment
         self.timeout_s = timeout_s
         self._comm = comm
-        self._pending: list[MPI.Request] = []  # remote atomics that passed their deadline
+        # remote atomics and signals that passed their deadline (mpi4py Requests, or
+        # shmem._rmafast Pendings: both have Test and Wait)
+        self._pending: list[Any] = []
+        # the C fast paths made on this heap's window (shmem._rmafast), cleared at close
+        self._accel: weakref.WeakSet[Any] = weakref.WeakSet()
         # origin/result arrays of blocking atomics on the world window, by dtype: taken
         # out while in use (a second thread, or a request left pending, makes new ones)
         self._atomic_arrays: dict[np.dtype[Any], tuple[Any, Any, Any, Any, Any]] = {}
@@ -323,9 +328,43 @@ class HostHeap:
         return self._remote_window(), self._rma_base[rank] + offset
 
     def rma_putter(self, nbytes: int, dtype: np.dtype[Any]) -> Any:
-        if self._rma_win is None:
+        if self._rma_win is None or self._closed:
             return None
-        return rma_accel.putter(self._rma_win, nbytes, dtype, self.world_size)
+        putter = rma_accel.putter(self._rma_win, nbytes, dtype, self.world_size)
+        if putter is not None:
+            self._accel.add(putter)  # cleared when the window goes (close)
+        return putter
+
+    def rma_signaller(self, offset: int, slots: int) -> Any:
+        """A ``shmem._rmafast.Signaller`` for a signal pad at heap byte ``offset`` (its
+        off-node ranks), or None where signals stay in Python."""
+        if self._rma_win is None or self._closed:
+            return None
+        # fence() syncs the shared window too on weakly ordered CPUs: so does the C path
+        extra = None
+        if not _TOTAL_STORE_ORDER and self._shm_win is not self._rma_win:
+            extra = self._shm_win
+        disps = [
+            -1 if self._local_of[r] >= 0 else self._rma_base[r] + offset
+            for r in range(self.world_size)
+        ]
+        signaller = rma_accel.signaller(self._rma_win, disps, slots, extra)
+        if signaller is not None:
+            self._accel.add(signaller)
+        return signaller
+
+    def wait_started(self, req: Any, rank: int, what: str, timeout_s: float | None) -> None:
+        """Poll ``req`` (an operation on ``rank`` started by :mod:`shmem._rmafast` or
+        mpi4py; ``Test()``) until it completes, within the deadline (``RemoteTimeoutError``;
+        the request then completes later, when the peer progresses)."""
+        limit = self.timeout_s if timeout_s is None else timeout_s
+        if not poll_until(req.Test, time.monotonic() + limit, self.progress):
+            self._pending.append(req)
+            raise RemoteTimeoutError(
+                f"{what}: rank {self.rank}: the operation on rank {rank} did not complete "
+                f"within {limit:g} s (rank {rank} made no MPI progress)",
+                peer=rank,
+            )
 
     def address(self, offset: int) -> int:
         return self._base_address + offset
@@ -502,14 +541,7 @@ class HostHeap:
             if req.Test():
                 self._atomic_arrays[dtype] = arrays
                 return int(result.item())
-        limit = self.timeout_s if timeout_s is None else timeout_s
-        if not poll_until(req.Test, time.monotonic() + limit, self.progress):
-            self._pending.append(req)  # completes later, when the peer progresses
-            raise RemoteTimeoutError(
-                f"atomic_fetch_op: rank {self.rank}: the atomic on rank {rank} did not complete "
-                f"within {limit:g} s (rank {rank} made no MPI progress)",
-                peer=rank,
-            )
+        self.wait_started(req, rank, "atomic_fetch_op", timeout_s)
         return int(result[0])
 
     def atomic_fetch_op_nbi(
@@ -621,12 +653,15 @@ class HostHeap:
         if self._closed:
             return
         self._closed = True
+        for accel in list(self._accel):
+            accel.clear()  # nothing may reach the windows once they are freed
         self._slabs = []
         self._slab = np.empty(0, dtype=np.uint8)
         if not collective:
             return
         if self._rma_win is not None:
-            MPI.Request.Waitall(self._pending)  # every peer is here, making progress
+            for req in self._pending:  # every peer is here, making progress
+                req.Wait()
             self._pending = []
             if self._rma_win is not self._shm_win:
                 self._rma_win.Unlock_all()

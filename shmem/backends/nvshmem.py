@@ -212,6 +212,12 @@ class NvshmemHeap:
     def rma_putter(self, nbytes: int, dtype: np.dtype[Any]) -> None:
         return None
 
+    def rma_signaller(self, offset: int, slots: int) -> None:
+        return None
+
+    def wait_started(self, req: Any, rank: int, what: str, timeout_s: float | None) -> None:
+        raise NotImplementedError("NvshmemHeap starts no host RMA requests")  # pragma: no cover
+
     # -- data movement -----------------------------------------------------------------------
 
     def _cc_buffer(self, ptr: int, nbytes: int) -> Any:

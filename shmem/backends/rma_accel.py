@@ -1,16 +1,18 @@
-"""The blocking put to an off-node rank in C (:mod:`shmem._rmafast`), bound to mpi4py's MPI.
+"""The blocking put and the signal to an off-node rank in C (:mod:`shmem._rmafast`).
 
-``SHMEMBuffer.put`` to a rank reached through MPI RMA is ``MPI_Put`` + ``MPI_Win_flush``.
-Through mpi4py a small put spends more time in Python (two method calls, mpi4py's buffer and
-target parsing, our argument checks) than in MPI; :mod:`shmem._rmafast` makes the same checks
-and the two calls in C. It is an optional extension, built when the project is installed
-with a C compiler and Python's headers; without it (or with an MPI this module cannot bind
-to) puts take the pure-Python path, which is the same operation, only slower.
+``SHMEMBuffer.put`` to a rank reached through MPI RMA is ``MPI_Put`` + ``MPI_Win_flush``; a
+signal is ``MPI_Win_sync`` + ``MPI_Rget_accumulate`` + ``MPI_Test``. Through mpi4py a small
+put or signal spends more time in Python (method calls, mpi4py's buffer and target parsing,
+our argument checks) than in MPI; :mod:`shmem._rmafast` makes the same checks and calls in
+C. It is an optional extension, built when the project is installed with a C compiler and
+Python's headers; without it (or with an MPI this module cannot bind to) these take the
+pure-Python path, which is the same operation, only slower.
 
-Binding: the addresses of ``MPI_Put`` and ``MPI_Win_flush`` come from the libmpi that mpi4py
-loaded (found among the process's mapped libraries, checked to report mpi4py's library
-version), and the handle width from mpi4py (``MPI._sizeof(MPI.Win)``: 4 bytes for MPICH and
-its ABI, 8 for Open MPI and the MPI 5 standard ABI).
+Binding: the functions' addresses come from the libmpi that mpi4py loaded (found among the
+process's mapped libraries, checked to report mpi4py's library version), the handles of the
+datatypes and operations from mpi4py (``MPI._handleof``), and the handle width from mpi4py
+(``MPI._sizeof(MPI.Win)``: 4 bytes for MPICH and its ABI, 8 for Open MPI and the MPI 5
+standard ABI).
 """
 
 from __future__ import annotations
@@ -24,7 +26,16 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-__all__ = ["putter", "status"]
+__all__ = ["putter", "signaller", "status"]
+
+_FUNCTIONS = (
+    "MPI_Put",
+    "MPI_Win_flush",
+    "MPI_Win_sync",
+    "MPI_Rget_accumulate",
+    "MPI_Test",
+    "MPI_Wait",
+)
 
 log = logging.getLogger(__name__)
 
@@ -87,15 +98,17 @@ def _bound() -> Any:
             lib = ctypes.CDLL(path, mode=mode)
         except OSError:
             continue
-        if not hasattr(lib, "MPI_Put") or not hasattr(lib, "MPI_Win_flush"):
+        if not all(hasattr(lib, name) for name in _FUNCTIONS):
             continue
         if _library_version(lib) != wanted:  # another MPI than mpi4py's
             continue
-        put = ctypes.cast(lib.MPI_Put, ctypes.c_void_p).value
-        flush = ctypes.cast(lib.MPI_Win_flush, ctypes.c_void_p).value
-        byte = MPI._handleof(MPI.BYTE) & ((1 << 64) - 1)  # C takes the low handle_bytes
-        _rmafast.bind(put, flush, handle_bytes, byte, np.ndarray, MPI.Exception)
-        _status = f"C: MPI_Put + MPI_Win_flush from {path} ({handle_bytes}-byte handles)"
+        fns = tuple(ctypes.cast(getattr(lib, name), ctypes.c_void_p).value for name in _FUNCTIONS)
+        mask = (1 << 64) - 1  # C takes the low handle_bytes of each handle
+        handles = tuple(
+            MPI._handleof(h) & mask for h in (MPI.BYTE, MPI.INT64_T, MPI.REPLACE, MPI.SUM)
+        )
+        _rmafast.bind(fns, handle_bytes, handles, np.ndarray, MPI.Exception)
+        _status = f"C: puts and signals through {path} ({handle_bytes}-byte handles)"
         log.debug("rma_accel: %s", _status)
         return _rmafast
     _status = "pure Python: mpi4py's libmpi was not found among the loaded libraries"
@@ -109,3 +122,15 @@ def putter(win: MPI.Win, nbytes: int, dtype: np.dtype[Any], nranks: int) -> Any:
     if mod is None:
         return None
     return mod.Putter(MPI._handleof(win), nbytes, dtype, nranks)
+
+
+def signaller(win: MPI.Win, disps: list[int], slots: int, extra: MPI.Win | None = None) -> Any:
+    """A ``shmem._rmafast.Signaller`` for a signal pad of ``slots`` int64 words whose slot 0
+    is at window displacement ``disps[rank]`` (-1: a rank not reached through ``win``),
+    syncing ``extra`` too before each signal; or None when the C path is not available."""
+    mod = _bound()
+    if mod is None:
+        return None
+    return mod.Signaller(
+        MPI._handleof(win), disps, slots, None if extra is None else MPI._handleof(extra)
+    )

@@ -1,9 +1,9 @@
 """The RMA path's per-call shortcuts (issue 19): ``SHMEMBuffer.put`` straight to
-``MPI_Put`` + ``MPI_Win_flush`` for a rank off this node (in C where ``shmem._rmafast`` is
-built, else through mpi4py's ``Win.Put`` + ``Flush``), blocking atomics and signals with reused
-origin/result arrays. Every shortcut must move the same data and refuse the same bad input
-as the general path, and stop at ``close()``/``finalize()``. The put tests run on both the C
-path and the pure-Python one."""
+``MPI_Put`` + ``MPI_Win_flush`` and signals straight to ``MPI_Rget_accumulate`` for a rank off
+this node (in C where ``shmem._rmafast`` is built, else through mpi4py), blocking atomics with
+reused origin/result arrays. Every shortcut must move the same data and refuse the same bad
+input as the general path, and stop at ``close()``/``finalize()``. The put and signal tests
+run on both the C path and the pure-Python one."""
 
 from __future__ import annotations
 
@@ -11,15 +11,17 @@ import itertools
 import os
 import shutil
 import sysconfig
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import pytest
+from mpi4py import MPI
 
 import shmem
 from shmem.backends import rma_accel
-from shmem.errors import ArgumentError, ShmemStateError
+from shmem.errors import ArgumentError, RemoteTimeoutError, ShmemStateError
 
 pytestmark = pytest.mark.mpi
 
@@ -28,7 +30,12 @@ def _init(path: str) -> Any:
     w = shmem.init(heap_nbytes="4MiB")
     if path == "python":  # the fallback a build without the C extension takes
         w.heap.rma_putter = lambda nbytes, dtype: None  # type: ignore[method-assign]
+        w.signals._fast = w.signals._fast_raw = None
     return w
+
+
+def _c_built() -> bool:
+    return rma_accel.status().startswith("C:")
 
 
 @pytest.fixture(params=["c", "python"])
@@ -50,7 +57,7 @@ def _check_path(w: Any, buf: Any, to: int) -> None:
         assert buf._fast is None and not buf._remote
         return
     assert to in buf._remote
-    if rma_accel.status().startswith("C:") and "rma_putter" not in vars(w.heap):
+    if _c_built() and "rma_putter" not in vars(w.heap):
         assert buf._fast is not None and to in buf._putter.enabled()
     else:
         assert buf._fast is None
@@ -62,7 +69,7 @@ def test_the_c_put_is_built_where_it_can_be() -> None:
     headers = os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h"))
     if not headers or not (shutil.which("cc") or shutil.which("gcc")):
         pytest.skip("no C compiler or Python headers: the pure-Python put is expected")
-    assert rma_accel.status().startswith("C:"), rma_accel.status()
+    assert _c_built(), rma_accel.status()
 
 
 def test_put_shortcut_moves_what_the_general_path_moves(world: Any) -> None:
@@ -162,6 +169,117 @@ def test_put_shortcut_ends_at_close_and_finalize(path: str) -> None:
         assert putter.enabled() == []  # nothing left pointing at the freed window
     with pytest.raises(ShmemStateError):
         keep.put(to, np.ones(8))
+
+
+def test_signals_land_on_both_paths(world: Any) -> None:
+    """Set and add, int64 extremes, many writers: the same result through C and Python."""
+    w = world
+    to, frm = _right(w), (w.rank - 1) % w.world_size
+    pad = w.signals
+    off_node = [r for r in range(w.world_size) if not w.heap.is_local(r)]
+    if pad._fast is not None:
+        assert off_node and _c_built()
+    elif off_node and _c_built():
+        assert "rma_putter" in vars(w.heap)  # only where the test turned it off
+    w.barrier()
+    w.signal(to, 0, -(1 << 63))
+    w.signal(to, 1, (1 << 63) - 1)
+    w.signal(to, 2, 7 + w.rank, shmem.SignalOp.SET)  # an enum member is a str too
+    for r in range(w.world_size):
+        w.signal(r, 3, w.rank + 1, "add")  # every rank adds into every rank's slot
+    w.barrier()
+    assert w.wait_until(0, "eq", -(1 << 63)) == -(1 << 63)
+    assert w.wait_until(1, "eq", (1 << 63) - 1) == (1 << 63) - 1
+    assert w.signals.read(2) == 7 + frm  # from the left neighbour
+    assert w.wait_until(3, "eq", w.world_size * (w.world_size + 1) // 2)
+    w.barrier()
+
+
+@pytest.mark.parametrize(
+    ("rank", "slot", "value", "op", "match"),
+    [
+        (True, 0, 1, "set", "rank"),
+        ("right", False, 1, "set", "slot"),
+        (-1, 0, 1, "set", "rank"),
+        (1 << 70, 0, 1, "set", "rank"),
+        ("right", -1, 1, "set", "slot"),
+        ("right", "slots", 1, "set", "slot"),  # the first barrier slot is not the user's
+        ("right", 0, 1 << 63, "set", "value"),
+        ("right", 0, 1.5, "set", "value"),
+        ("right", 0, 1, "xor", "op"),
+        ("right", 0, 1, b"set", "op"),
+    ],
+)
+def test_signal_refuses_bad_arguments_on_both_paths(
+    world: Any, rank: Any, slot: Any, value: Any, op: Any, match: str
+) -> None:
+    w = world
+    target = _right(w) if rank == "right" else rank
+    slot = w.signals.slots if slot == "slots" else slot
+    before = [w.signals.read(s) for s in range(w.signals.slots)]
+    with pytest.raises(ArgumentError, match=match):
+        w.signal(target, slot, value, op)
+    w.barrier()
+    assert [w.signals.read(s) for s in range(w.signals.slots)] == before
+    w.barrier()
+    w.barrier()  # the barrier slots still work
+
+
+def test_a_signal_in_flight_completes_when_the_target_progresses(world: Any) -> None:
+    """On a window MPI serves through the target's progress engine (``Win.Create``) the C
+    signal cannot complete at once: it hands back a Pending that completes once the target
+    calls MPI, and the heap's deadline poll raises RemoteTimeoutError before that."""
+    w = world
+    if w.world_size < 2 or not _c_built():
+        pytest.skip("needs two ranks and the C extension")
+    comm = w.comm
+    mem = np.zeros(4, np.int64)
+    win = MPI.Win.Create(mem, 1, comm=comm)
+    win.Lock_all(MPI.MODE_NOCHECK)
+    sig = rma_accel.signaller(win, [0] * w.world_size, 4)
+    failure: BaseException | None = None  # raised after the collective steps (no hang)
+    comm.Barrier()
+    added: Any = True
+    if w.rank == 0:
+        try:
+            started = sig.signal(1, 2, -5, "set")
+            if started is not True:  # MPICH: served by rank 1's progress engine
+                assert started.Test() is False  # rank 1 sleeps
+                try:
+                    w.heap.wait_started(started, 1, "signal", 0.05)
+                except RemoteTimeoutError as exc:
+                    assert "rank 1" in str(exc)
+                    assert started in w.heap._pending  # completed later, by progress()
+                else:
+                    # on one node MPICH may finish it from the origin's side; across
+                    # "nodes" only rank 1's progress can
+                    assert w.heap.is_local(1), "the signal completed without rank 1"
+            added = sig.signal(1, 3, 4, "add")
+        except BaseException as exc:
+            failure = exc
+    elif w.rank == 1:
+        time.sleep(0.4)  # no MPI call: no progress
+    comm.Barrier()  # rank 1 progresses here
+    if w.rank == 0:
+        if added is not True:
+            added.Wait()
+        t0 = time.monotonic()
+        while w.heap._pending and time.monotonic() - t0 < 5:
+            w.heap.progress()  # tests what it left pending, where the heap has an RMA window
+            if w.heap._rma_win is None:  # one node: this test's window is not the heap's
+                w.heap._pending = [p for p in w.heap._pending if not p.Test()]
+    comm.Barrier()
+    win.Sync()
+    got = mem.tolist()
+    sig.clear()
+    win.Unlock_all()
+    win.Free()
+    if failure is not None:
+        raise failure
+    assert not w.heap._pending
+    if w.rank == 1:
+        assert got == [0, 0, -5, 4]
+    assert sig.enabled() == [] and sig.signal(1, 2, 1, "set") is False
 
 
 def test_pooled_atomics_and_signals_return_each_old_value(world: Any) -> None:
