@@ -354,15 +354,24 @@ def test_a_failing_rank_stops_the_others_quickly(
     from collectives.mha._units import PeerFailedError
 
     failing = world.world_size - 1
+    module: Any = _sp_dynamic if direction == "forward" else _sp_backward
+    name = "_forward_unit" if direction == "forward" else "_backward_unit"
     if world.rank == failing:
 
         def boom(*args: Any, **kwargs: Any) -> Any:
             raise RuntimeError("a unit failed on purpose")
 
-        if direction == "forward":
-            monkeypatch.setattr(_sp_dynamic, "_forward_unit", boom)
-        else:
-            monkeypatch.setattr(_sp_backward, "_backward_unit", boom)
+        monkeypatch.setattr(module, name, boom)
+    else:
+        # the others are slow, so the failing rank surely takes a unit: with work stealing
+        # a late start could otherwise leave it none (seen once at 4 ranks, 2 nodes)
+        real = getattr(module, name)
+
+        def slow(*args: Any, **kwargs: Any) -> Any:
+            time.sleep(0.02)
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(module, name, slow)
     q_all, k_all, v_all, do_all = full_inputs(2, 1, 16, total=256)
     shard = sharder(world, "dynamic", 256)
     q, k, v, do = (shard(x) for x in (q_all, k_all, v_all, do_all))
