@@ -87,6 +87,31 @@ static int call_put(const void *buf, int count, int rank, intptr_t disp, intptr_
     return rc;
 }
 
+/* -- per-rank displacement tables (Putter, Signaller): -1 is a rank not reached ------------ */
+
+static void forget_ranks(Py_ssize_t *disp, Py_ssize_t nranks) {
+    for (Py_ssize_t r = 0; r < nranks; r++)
+        disp[r] = -1;
+}
+
+static PyObject *enabled_ranks(const Py_ssize_t *disp, Py_ssize_t nranks) {
+    PyObject *out = PyList_New(0);
+    if (out == NULL)
+        return NULL;
+    for (Py_ssize_t r = 0; r < nranks; r++) {
+        if (disp[r] < 0)
+            continue;
+        PyObject *v = PyLong_FromSsize_t(r);
+        if (v == NULL || PyList_Append(out, v) < 0) {
+            Py_XDECREF(v);
+            Py_DECREF(out);
+            return NULL;
+        }
+        Py_DECREF(v);
+    }
+    return out;
+}
+
 /* -- Putter: one SHMEMBuffer's puts through one window ----------------------------------- */
 
 typedef struct {
@@ -146,8 +171,7 @@ static PyObject *Putter_new(PyTypeObject *type, PyObject *args, PyObject *kwds) 
         Py_DECREF(self);
         return PyErr_NoMemory();
     }
-    for (Py_ssize_t r = 0; r < nranks; r++)
-        self->disp[r] = -1;
+    forget_ranks(self->disp, nranks);
     self->win = (intptr_t)win;
     self->nbytes = nbytes;
     self->itemsize = itemsize;
@@ -176,27 +200,12 @@ static PyObject *Putter_enable(Putter *self, PyObject *const *args, Py_ssize_t n
 }
 
 static PyObject *Putter_clear(Putter *self, PyObject *unused) {
-    for (Py_ssize_t r = 0; r < self->nranks; r++)
-        self->disp[r] = -1;
+    forget_ranks(self->disp, self->nranks);
     Py_RETURN_NONE;
 }
 
 static PyObject *Putter_enabled(Putter *self, PyObject *unused) {
-    PyObject *out = PyList_New(0);
-    if (out == NULL)
-        return NULL;
-    for (Py_ssize_t r = 0; r < self->nranks; r++) {
-        if (self->disp[r] < 0)
-            continue;
-        PyObject *v = PyLong_FromSsize_t(r);
-        if (v == NULL || PyList_Append(out, v) < 0) {
-            Py_XDECREF(v);
-            Py_DECREF(out);
-            return NULL;
-        }
-        Py_DECREF(v);
-    }
-    return out;
+    return enabled_ranks(self->disp, self->nranks);
 }
 
 /* put(rank, src, offset) -> True when done, False when the general path must take it. */
@@ -494,27 +503,12 @@ static PyObject *Signaller_signal(Signaller *self, PyObject *const *args, Py_ssi
 }
 
 static PyObject *Signaller_clear(Signaller *self, PyObject *unused) {
-    for (Py_ssize_t r = 0; r < self->nranks; r++)
-        self->disp[r] = -1;
+    forget_ranks(self->disp, self->nranks);
     Py_RETURN_NONE;
 }
 
 static PyObject *Signaller_enabled(Signaller *self, PyObject *unused) {
-    PyObject *out = PyList_New(0);
-    if (out == NULL)
-        return NULL;
-    for (Py_ssize_t r = 0; r < self->nranks; r++) {
-        if (self->disp[r] < 0)
-            continue;
-        PyObject *v = PyLong_FromSsize_t(r);
-        if (v == NULL || PyList_Append(out, v) < 0) {
-            Py_XDECREF(v);
-            Py_DECREF(out);
-            return NULL;
-        }
-        Py_DECREF(v);
-    }
-    return out;
+    return enabled_ranks(self->disp, self->nranks);
 }
 
 static PyMethodDef Signaller_methods[] = {
