@@ -70,13 +70,36 @@ def stale_segments(since: float, directory: Path = SHM_DIR) -> list[Path]:
     return [p for p in candidates if str(p) not in mapped]
 
 
-def remove_stale_segments(since: float, directory: Path = SHM_DIR) -> tuple[int, int]:
-    """Remove :func:`stale_segments`: ``(files removed, bytes freed)``."""
+def remove_stale_segments(
+    since: float, directory: Path = SHM_DIR, settle_s: float = 0.0
+) -> tuple[int, int]:
+    """Remove :func:`stale_segments`: ``(files removed, bytes freed)``. With ``settle_s``,
+    segments made at or after ``since`` that some process still maps (a rank of the job
+    still exiting when mpiexec has gone) are looked at again until they are free or
+    ``settle_s`` has passed; those still mapped then are left (another job may own them)."""
     count = freed = 0
-    for path in stale_segments(since, directory):
-        with contextlib.suppress(OSError):
-            size = path.stat().st_size
-            path.unlink()
-            count += 1
-            freed += size
-    return count, freed
+    deadline = time.monotonic() + settle_s
+    while True:
+        for path in stale_segments(since, directory):
+            with contextlib.suppress(OSError):
+                size = path.stat().st_size
+                path.unlink()
+                count += 1
+                freed += size
+        if time.monotonic() >= deadline or not _recent(since, directory):
+            return count, freed
+        time.sleep(0.05)
+
+
+def _recent(since: float, directory: Path) -> bool:
+    """Whether this user's MPI segments made at or after ``since`` remain (mapped ones)."""
+    uid = os.getuid()
+    with contextlib.suppress(OSError):
+        for path in directory.iterdir():
+            if not path.name.startswith(_PREFIXES):
+                continue
+            with contextlib.suppress(OSError):
+                st = path.lstat()
+                if st.st_uid == uid and stat.S_ISREG(st.st_mode) and st.st_mtime >= since - 1.0:
+                    return True
+    return False

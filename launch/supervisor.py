@@ -33,6 +33,7 @@ __all__ = ["JobResult", "OutputForwarder", "console_ranks", "run_job"]
 
 TIMEOUT_EXIT = 124
 _POLL_S = 0.02
+_SETTLE_S = 2.0  # how long the clean-up waits for exiting ranks to unmap their segments
 _DEATH_LATENCY_S = 0.05
 
 
@@ -268,6 +269,7 @@ def run_job(
         watch = _DeathWatch(logs)
         watch.start()
         timed_out = False
+        terminated = 0  # the signal that stopped the launcher, if one did
         # mpiexec runs in its own session: a launcher stopped by SIGTERM (``timeout``) or
         # SIGHUP (a closed terminal) must take the job down itself, or it is orphaned
         previous = _catch_termination()
@@ -280,10 +282,10 @@ def run_job(
                     break
         except KeyboardInterrupt:
             _kill_job(proc, logs, dump_stacks=False)
-            raise
+            terminated = signal.SIGINT
         except _Terminated as stop:
             _kill_job(proc, logs, dump_stacks=False)
-            raise SystemExit(128 + stop.signum) from None  # the shell's code for a signal
+            terminated = stop.signum
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
@@ -292,10 +294,18 @@ def run_job(
             proc.wait()
             watch.stop()
             forwarder.stop()
+    if terminated:  # the killed ranks never unlinked their MPI shared memory either
+        remove_stale_segments(job_started, settle_s=_SETTLE_S)
+        if not keep_logs:
+            shutil.rmtree(logs, ignore_errors=True)
+        if terminated == signal.SIGINT:
+            raise KeyboardInterrupt
+        raise SystemExit(128 + terminated)  # the shell's code for a signal
     rc = proc.returncode if proc.returncode >= 0 else 128 - proc.returncode
     result = _summarise(logs, nranks, rc, timed_out, timeout_s, watch, verbose)
     if result.exit_code != 0:  # dead ranks never unlinked their MPI shared memory
-        removed, freed = remove_stale_segments(job_started)
+        # (ranks still exiting when mpiexec has gone still map theirs: settle)
+        removed, freed = remove_stale_segments(job_started, settle_s=_SETTLE_S)
         if removed:
             result.summary.append(
                 f"launch: removed {removed} shared-memory segment(s) ({freed / 2**20:.1f} MiB) "

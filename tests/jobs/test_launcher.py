@@ -205,6 +205,10 @@ def test_a_terminated_launcher_takes_its_job_down(tmp_path: Path, sig: str) -> N
     import os
     import signal
 
+    from launch.cleanup import SHM_DIR, stale_segments
+
+    started = time.time()
+    before = {p.name for p in SHM_DIR.iterdir()} if SHM_DIR.is_dir() else set()
     event = tmp_path / "event"
     proc = subprocess.Popen(
         [sys.executable, "-m", "launch", "-n", "2", "--timeout", "60",
@@ -233,3 +237,6 @@ def test_a_terminated_launcher_takes_its_job_down(tmp_path: Path, sig: str) -> N
             break
         time.sleep(0.2)
     assert not left, left
+    # nor its shared memory: the killed ranks never unlinked their MPI segments
+    leaked = [p for p in stale_segments(started) if p.name not in before]
+    assert not leaked, f"segments left in /dev/shm: {leaked}\n{err[-2000:]}"
