@@ -351,12 +351,13 @@ class Channel:
         """Wait for a non-blocking MPI exchange between nodes, within the deadline (and
         reading the board while it lasts: :meth:`_poll`)."""
         test = req.Test
-        for _ in range(_INLINE_TESTS):  # small exchanges finish within microseconds: no
-            if test():  # clock, frame or closure for them (the deadline loop costs ~0.3 us)
-                return
         done = False
         try:
-            done = self._poll(req.Test, time.monotonic() + self.timeout_s, what)
+            for _ in range(_INLINE_TESTS):  # small exchanges finish within microseconds:
+                if test():  # no clock, frame or closure for them (the loop costs ~0.3 us)
+                    done = True
+                    return
+            done = self._poll(test, time.monotonic() + self.timeout_s, what)
         finally:
             if not done:
                 # a non-blocking collective cannot be cancelled: keep it (and its buffers,

@@ -14,6 +14,7 @@ import contextlib
 import os
 import stat
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 __all__ = ["SHM_DIR", "remove_stale_segments", "stale_segments"]
@@ -71,22 +72,26 @@ def stale_segments(since: float, directory: Path = SHM_DIR) -> list[Path]:
 
 
 def remove_stale_segments(
-    since: float, directory: Path = SHM_DIR, settle_s: float = 0.0
+    since: float,
+    directory: Path = SHM_DIR,
+    settle_s: float = 0.0,
+    exiting: Callable[[], bool] | None = None,
 ) -> tuple[int, int]:
-    """Remove :func:`stale_segments`: ``(files removed, bytes freed)``. With ``settle_s``,
-    segments made at or after ``since`` that some process still maps (a rank of the job
-    still exiting when mpiexec has gone) are looked at again until they are free or
-    ``settle_s`` has passed; those still mapped then are left (another job may own them)."""
+    """Remove :func:`stale_segments`: ``(files removed, bytes freed)``. While ``exiting()``
+    says the job's processes are still going (ranks that outlive mpiexec for a moment still
+    map their segments), segments made at or after ``since`` are looked at again, for at
+    most ``settle_s``; whatever is still mapped after that is left (it is someone's)."""
     count = freed = 0
     deadline = time.monotonic() + settle_s
     while True:
+        gone = exiting is None or not exiting()  # before the scan: then it is the last
         for path in stale_segments(since, directory):
             with contextlib.suppress(OSError):
                 size = path.stat().st_size
                 path.unlink()
                 count += 1
                 freed += size
-        if time.monotonic() >= deadline or not _recent(since, directory):
+        if gone or time.monotonic() >= deadline or not _recent(since, directory):
             return count, freed
         time.sleep(0.05)
 

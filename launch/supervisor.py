@@ -213,6 +213,17 @@ def _kill_job(proc: subprocess.Popen[bytes], log_dir: Path, dump_stacks: bool) -
             break
 
 
+def _remove_segments(logs: Path, job_started: float) -> tuple[int, int]:
+    """Remove the MPI segments the job's dead ranks left: ``(files, bytes)``. Ranks still
+    exiting when mpiexec has gone still map theirs: those are looked at again while any
+    of this host's ranks is alive, for at most ``_SETTLE_S``."""
+    host = socket.gethostname()
+    pids = [s.pid for s in load_starts(logs).values() if s.host == host]
+    return remove_stale_segments(
+        job_started, settle_s=_SETTLE_S, exiting=lambda: any(_pid_alive(p) for p in pids)
+    )
+
+
 class _Terminated(BaseException):
     """The launcher received SIGTERM or SIGHUP while its job runs."""
 
@@ -295,7 +306,7 @@ def run_job(
             watch.stop()
             forwarder.stop()
     if terminated:  # the killed ranks never unlinked their MPI shared memory either
-        remove_stale_segments(job_started, settle_s=_SETTLE_S)
+        _remove_segments(logs, job_started)
         if not keep_logs:
             shutil.rmtree(logs, ignore_errors=True)
         if terminated == signal.SIGINT:
@@ -304,8 +315,7 @@ def run_job(
     rc = proc.returncode if proc.returncode >= 0 else 128 - proc.returncode
     result = _summarise(logs, nranks, rc, timed_out, timeout_s, watch, verbose)
     if result.exit_code != 0:  # dead ranks never unlinked their MPI shared memory
-        # (ranks still exiting when mpiexec has gone still map theirs: settle)
-        removed, freed = remove_stale_segments(job_started, settle_s=_SETTLE_S)
+        removed, freed = _remove_segments(logs, job_started)
         if removed:
             result.summary.append(
                 f"launch: removed {removed} shared-memory segment(s) ({freed / 2**20:.1f} MiB) "

@@ -348,7 +348,10 @@ typedef struct {
     Py_ssize_t slots;
     Py_ssize_t nranks;
     Py_ssize_t *disp; /* per rank: the displacement of slot 0, or -1 */
-    int64_t *words;   /* origin and result of the next signal */
+    /* the next signal's Pending, made before the signal is sent: its words are the
+       origin and result; it goes back to the caller only if the request is still in
+       flight after the first test (so nothing is allocated once MPI has been called) */
+    Pending *spare;
     PyObject *weakrefs;
 } Signaller;
 
@@ -356,8 +359,24 @@ static void Signaller_dealloc(Signaller *self) {
     if (self->weakrefs != NULL)
         PyObject_ClearWeakRefs((PyObject *)self);
     PyMem_Free(self->disp);
-    PyMem_RawFree(self->words);
+    Py_XDECREF(self->spare);
     Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* an idle Pending with its own words (done: its dealloc frees them), or NULL (raised) */
+static Pending *new_pending(void) {
+    Pending *p = PyObject_New(Pending, &PendingType);
+    if (p == NULL)
+        return NULL;
+    p->done = 1;
+    p->req.h64 = 0;
+    p->words = PyMem_RawMalloc(2 * sizeof(int64_t));
+    if (p->words == NULL) {
+        Py_DECREF(p);
+        PyErr_NoMemory();
+        return NULL;
+    }
+    return p;
 }
 
 static PyObject *Signaller_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
@@ -386,8 +405,7 @@ static PyObject *Signaller_new(PyTypeObject *type, PyObject *args, PyObject *kwd
         return NULL;
     }
     self->disp = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)n);
-    self->words = PyMem_RawMalloc(2 * sizeof(int64_t));
-    if (self->disp == NULL || self->words == NULL) {
+    if (self->disp == NULL) {
         Py_DECREF(seq);
         Py_DECREF(self);
         return PyErr_NoMemory();
@@ -451,55 +469,51 @@ static PyObject *Signaller_signal(Signaller *self, PyObject *const *args, Py_ssi
         Py_RETURN_FALSE;
     intptr_t op = code == 1 ? op_replace : op_sum;
     intptr_t disp = (intptr_t)(self->disp[rank] + slot * (Py_ssize_t)sizeof(int64_t));
-    int64_t *w = self->words;
+    if (self->spare == NULL && (self->spare = new_pending()) == NULL)
+        return NULL; /* MemoryError before anything was sent */
+    Pending *p = self->spare;
+    int64_t *w = p->words;
     w[0] = value;
-    request_t req;
-    int flag = 0, rc;
+    int flag = 0, rc, started = 0;
     status_t st;
     if (handle_bytes == 4) {
         rc = self->extra ? ((sync32)sync_addr)((int32_t)self->extra) : 0;
         if (rc == 0)
             rc = ((sync32)sync_addr)((int32_t)self->win);
-        if (rc == 0)
+        if (rc == 0) {
             rc = ((rgacc32)rgacc_addr)(w, 1, (int32_t)int64_type, w + 1, 1, (int32_t)int64_type,
                                        (int)rank, disp, 1, (int32_t)int64_type, (int32_t)op,
-                                       (int32_t)self->win, &req.h32);
+                                       (int32_t)self->win, &p->req.h32);
+            started = rc == 0;
+        }
         if (rc == 0)
-            rc = ((test32)test_addr)(&req.h32, &flag, &st);
+            rc = ((test32)test_addr)(&p->req.h32, &flag, &st);
     } else {
         rc = self->extra ? ((sync64)sync_addr)(self->extra) : 0;
         if (rc == 0)
             rc = ((sync64)sync_addr)(self->win);
-        if (rc == 0)
+        if (rc == 0) {
             rc = ((rgacc64)rgacc_addr)(w, 1, int64_type, w + 1, 1, int64_type, (int)rank, disp,
-                                       1, int64_type, op, self->win, &req.h64);
+                                       1, int64_type, op, self->win, &p->req.h64);
+            started = rc == 0;
+        }
         if (rc == 0)
-            rc = ((test64)test_addr)(&req.h64, &flag, &st);
+            rc = ((test64)test_addr)(&p->req.h64, &flag, &st);
     }
-    if (rc != 0)
-        return raise_mpi(rc); /* (a request started and then failing its test is MPI's) */
-    if (flag)
-        Py_RETURN_TRUE;
-    /* in flight: the words go with the request; the next signal gets new ones */
-    Pending *pending = PyObject_New(Pending, &PendingType);
-    int64_t *fresh = PyMem_RawMalloc(2 * sizeof(int64_t));
-    if (pending == NULL || fresh == NULL) {
-        /* cannot track it: complete it here rather than leave MPI writing into our words */
-        Py_XDECREF(pending);
-        PyMem_RawFree(fresh);
-        Py_BEGIN_ALLOW_THREADS
-        if (handle_bytes == 4)
-            rc = ((wait32)wait_addr)(&req.h32, &st);
-        else
-            rc = ((wait64)wait_addr)(&req.h64, &st);
-        Py_END_ALLOW_THREADS
-        return rc != 0 ? raise_mpi(rc) : PyErr_NoMemory();
+    if (flag && rc == 0)
+        Py_RETURN_TRUE; /* applied at the target; the spare stays for the next signal */
+    if (started) {
+        /* in flight (or its test failed): the words are MPI's until the request completes,
+           so the Pending leaves this Signaller with them (dropped undone, it leaks them) */
+        p->done = 0;
+        self->spare = NULL;
+        if (rc != 0) {
+            Py_DECREF(p);
+            return raise_mpi(rc);
+        }
+        return (PyObject *)p;
     }
-    pending->req = req;
-    pending->done = 0;
-    pending->words = w;
-    self->words = fresh;
-    return (PyObject *)pending;
+    return raise_mpi(rc);
 }
 
 static PyObject *Signaller_clear(Signaller *self, PyObject *unused) {

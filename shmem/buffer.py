@@ -267,7 +267,8 @@ class SHMEMBuffer(OpenShmemMethods):
                 if self._putter is None:
                     self._putter = heap.rma_putter(self._nbytes, self._dtype)
                 if self._putter is not None:
-                    self._putter.enable(rank, target[1])
+                    for r, armed in self._remote.items():  # (another thread's ranks too)
+                        self._putter.enable(r, armed[2])
                     self._fast = self._putter.put
             return flat
 

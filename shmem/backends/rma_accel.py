@@ -8,8 +8,9 @@ C. It is an optional extension, built when the project is installed with a C com
 Python's headers; without it (or with an MPI this module cannot bind to) these take the
 pure-Python path, which is the same operation, only slower.
 
-Binding: the functions' addresses come from the libmpi that mpi4py loaded (found among the
-process's mapped libraries, checked to report mpi4py's library version), the handles of the
+Binding: the functions' addresses come from the libmpi that mpi4py loaded (looked up through
+mpi4py's own extension module, else among the process's mapped libraries; checked to report
+mpi4py's library version), the handles of the
 datatypes and operations from mpi4py (``MPI._handleof``), and the handle width from mpi4py
 (``MPI._sizeof(MPI.Win)``: 4 bytes for MPICH and its ABI, 8 for Open MPI and the MPI 5
 standard ABI).
@@ -80,20 +81,33 @@ def _library_version(lib: ctypes.CDLL) -> str | None:
 
 @cache
 def _bound() -> Any:
-    """The bound :mod:`shmem._rmafast` module, or None (``status()`` says why)."""
+    """The bound :mod:`shmem._rmafast` module, or None (``status()`` says why). Any failure
+    to bind leaves the pure-Python path, which does the same operations."""
     global _status
     try:
         from .. import _rmafast  # type: ignore[attr-defined]
     except ImportError as exc:
         _status = f"pure Python: the C extension shmem._rmafast is not built ({exc})"
         return None
+    try:
+        return _bind(_rmafast)
+    except Exception as exc:  # another mpi4py, ctypes, an odd library: degrade, say why
+        _status = f"pure Python: binding shmem._rmafast failed ({type(exc).__name__}: {exc})"
+        log.debug("rma_accel: %s", _status)
+        return None
+
+
+def _bind(mod: Any) -> Any:
+    global _status
     handle_bytes = MPI._sizeof(MPI.Win)
     if handle_bytes not in (4, 8) or MPI._sizeof(MPI.Datatype) != handle_bytes:
         _status = f"pure Python: unexpected MPI handle width {handle_bytes}"
         return None
     wanted = MPI.Get_library_version()
     mode = getattr(os, "RTLD_NOLOAD", 0) | os.RTLD_LAZY
-    for path in _libmpi_candidates():
+    # mpi4py's own extension first: a lookup through it finds the symbols of the very libmpi
+    # it was linked and loaded with (its dependency), whatever the file is called
+    for path in [str(MPI.__file__), *_libmpi_candidates()]:
         try:
             lib = ctypes.CDLL(path, mode=mode)
         except OSError:
@@ -107,10 +121,10 @@ def _bound() -> Any:
         handles = tuple(
             MPI._handleof(h) & mask for h in (MPI.BYTE, MPI.INT64_T, MPI.REPLACE, MPI.SUM)
         )
-        _rmafast.bind(fns, handle_bytes, handles, np.ndarray, MPI.Exception)
+        mod.bind(fns, handle_bytes, handles, np.ndarray, MPI.Exception)
         _status = f"C: puts and signals through {path} ({handle_bytes}-byte handles)"
         log.debug("rma_accel: %s", _status)
-        return _rmafast
+        return mod
     _status = "pure Python: mpi4py's libmpi was not found among the loaded libraries"
     return None
 

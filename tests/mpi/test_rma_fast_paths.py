@@ -268,6 +268,34 @@ def test_a_signal_in_flight_completes_when_the_target_progresses(world: Any) -> 
     assert sig.enabled() == [] and sig.signal(1, 2, 1, "set") is False
 
 
+def test_a_signal_that_cannot_allocate_sends_nothing(world: Any) -> None:
+    """The C signal makes what it needs before calling MPI: out of memory it raises
+    MemoryError with nothing sent (an "add" retried after it must not count twice)."""
+    w = world
+    testcapi = pytest.importorskip("_testcapi")
+    to, frm = _right(w), (w.rank - 1) % w.world_size
+    pad = w.signals
+    sig = w.heap.rma_signaller(pad.offset, pad.slots)  # a fresh one: nothing made yet
+    sends = sig is not None and not w.heap.is_local(to)
+    w.barrier()
+    if sends:
+        send, stop = sig.signal, testcapi.remove_mem_hooks  # (bound now: no allocation later)
+        failed = False
+        testcapi.set_nomemory(0, 1)  # the next allocation fails
+        try:
+            send(to, 4, 1, "add")
+        except MemoryError:
+            failed = True
+        finally:
+            stop()
+        assert failed
+        assert sig.signal(to, 4, 1, "add") is True  # then it works
+    w.barrier()
+    if sig is not None and not w.heap.is_local(frm):  # frm sent to me through C
+        assert pad.read(4) == 1, "the failed add was applied, or the second one lost"
+    w.barrier()
+
+
 def test_an_operation_past_its_deadline_raises_and_completes_later(world: Any) -> None:
     """heap.wait_started (the C signal's slow path, and the atomics'): RemoteTimeoutError
     naming the peer at the deadline; the request is kept and completed by progress()."""

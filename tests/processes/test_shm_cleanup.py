@@ -46,7 +46,9 @@ def test_a_segment_still_mapped_by_an_exiting_rank_is_removed_once_it_is_gone() 
     child = _hold(path, 0.4)
     try:
         t0 = time.monotonic()
-        removed, freed = remove_stale_segments(started, settle_s=5.0)
+        removed, freed = remove_stale_segments(
+            started, settle_s=5.0, exiting=lambda: child.poll() is None
+        )
         waited = time.monotonic() - t0
         assert not os.path.exists(path), "the segment outlived its last mapping"
         assert removed >= 1 and freed >= 4096
@@ -64,8 +66,11 @@ def test_a_segment_mapped_by_a_live_process_is_never_removed() -> None:
     child = _hold(path, 30)
     try:
         t0 = time.monotonic()
-        remove_stale_segments(started, settle_s=0.3)
+        remove_stale_segments(started, settle_s=0.3, exiting=lambda: True)
         assert time.monotonic() - t0 < 3.0  # bounded by the settle time
+        t0 = time.monotonic()
+        remove_stale_segments(started, settle_s=30, exiting=lambda: False)
+        assert time.monotonic() - t0 < 3.0  # the job's processes are gone: no waiting
         assert os.path.exists(path)  # another job's memory (or a rank still running)
         assert path not in {str(p) for p in stale_segments(started)}
     finally:
