@@ -19,6 +19,7 @@ standard ABI).
 from __future__ import annotations
 
 import ctypes
+import importlib
 import logging
 import os
 from functools import cache
@@ -85,7 +86,7 @@ def _bound() -> Any:
     to bind leaves the pure-Python path, which does the same operations."""
     global _status
     try:
-        from .. import _rmafast  # type: ignore[attr-defined]
+        _rmafast = importlib.import_module("shmem._rmafast")  # (no stub: it is C)
     except ImportError as exc:
         _status = f"pure Python: the C extension shmem._rmafast is not built ({exc})"
         return None
