@@ -48,23 +48,12 @@ def _mapped() -> set[str]:
 def stale_segments(since: float, directory: Path = SHM_DIR) -> list[Path]:
     """This user's MPI segments in ``directory`` that nobody maps: made at or after
     ``since`` (a ``time.time()``), or older than the grace period."""
-    try:
-        entries = list(directory.iterdir())
-    except OSError:
-        return []
-    uid, now = os.getuid(), time.time()
-    candidates = []
-    for path in entries:
-        if not path.name.startswith(_PREFIXES):
-            continue
-        try:
-            st = path.lstat()
-        except OSError:
-            continue
-        if st.st_uid != uid or not stat.S_ISREG(st.st_mode):
-            continue
-        if st.st_mtime >= since - 1.0 or now - st.st_mtime > _GRACE_S:
-            candidates.append(path)
+    now = time.time()
+    candidates = [
+        path
+        for path, mtime in _own_segments(directory)
+        if mtime >= since - 1.0 or now - mtime > _GRACE_S
+    ]
     if not candidates:
         return []
     mapped = _mapped()
@@ -96,15 +85,26 @@ def remove_stale_segments(
         time.sleep(0.05)
 
 
+def _own_segments(directory: Path) -> list[tuple[Path, float]]:
+    """This user's MPI segment files in ``directory`` (regular files), with their mtimes."""
+    try:
+        entries = list(directory.iterdir())
+    except OSError:
+        return []
+    uid = os.getuid()
+    found = []
+    for path in entries:
+        if not path.name.startswith(_PREFIXES):
+            continue
+        try:
+            st = path.lstat()
+        except OSError:
+            continue
+        if st.st_uid == uid and stat.S_ISREG(st.st_mode):
+            found.append((path, st.st_mtime))
+    return found
+
+
 def _recent(since: float, directory: Path) -> bool:
     """Whether this user's MPI segments made at or after ``since`` remain (mapped ones)."""
-    uid = os.getuid()
-    with contextlib.suppress(OSError):
-        for path in directory.iterdir():
-            if not path.name.startswith(_PREFIXES):
-                continue
-            with contextlib.suppress(OSError):
-                st = path.lstat()
-                if st.st_uid == uid and stat.S_ISREG(st.st_mode) and st.st_mtime >= since - 1.0:
-                    return True
-    return False
+    return any(mtime >= since - 1.0 for _, mtime in _own_segments(directory))

@@ -185,8 +185,7 @@ class SignalPad:
             self._peers.append(None if view is None else _int64_view(view))
         user = heap.rma_signaller(offset, slots)
         every = heap.rma_signaller(offset, slots + _BARRIER_ROUNDS)
-        if user is not None and every is not None:
-            self._signallers = (user, every)  # bound methods keep them alive anyway
+        if user is not None and every is not None:  # (their bound methods keep them alive)
             self._fast, self._fast_raw = user.signal, every.signal
 
     @staticmethod

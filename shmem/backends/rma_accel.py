@@ -10,10 +10,9 @@ pure-Python path, which is the same operation, only slower.
 
 Binding: the functions' addresses come from the libmpi that mpi4py loaded (looked up through
 mpi4py's own extension module, else among the process's mapped libraries; checked to report
-mpi4py's library version), the handles of the
-datatypes and operations from mpi4py (``MPI._handleof``), and the handle width from mpi4py
-(``MPI._sizeof(MPI.Win)``: 4 bytes for MPICH and its ABI, 8 for Open MPI and the MPI 5
-standard ABI).
+mpi4py's library version), the handles of the datatypes and operations from mpi4py
+(``MPI._handleof``), and the handle width from mpi4py (``MPI._sizeof(MPI.Win)``: 4 bytes for
+MPICH and its ABI, 8 for Open MPI and the MPI 5 standard ABI).
 """
 
 from __future__ import annotations
