@@ -10,6 +10,7 @@ identical on every rank, though it may differ from one-shot in the last bit for 
 
 from __future__ import annotations
 
+import importlib
 import logging
 import operator
 from typing import TYPE_CHECKING, Any, cast
@@ -50,6 +51,27 @@ DONE, READY, SHARD, SRC, SIG = Flag.DONE, Flag.READY, Flag.SHARD, Flag.SRC, Flag
 _DONE, _READY, _SIG0, _SRC = int(DONE), int(READY), int(SIG), int(SRC)  # the hot path's
 _SRC_WORD = operator.itemgetter(_SRC)
 _SPIN = 64  # flag loads a replay makes itself before the bounded wait (a few microseconds)
+_C_SPIN_NS = 20_000  # how long the C replay spins on a flag before Python's wait takes over
+
+try:  # the C replay (collectives/_replay.c), built by the install where a compiler is
+    _c_replay: Any = importlib.import_module("collectives._replay")
+    _C_REPLAY_WHY = "C"
+except ImportError as exc:
+    _c_replay = None
+    _C_REPLAY_WHY = f"pure Python: the C extension collectives._replay is not built ({exc})"
+
+# what the C replay reduces (its code, by numpy kind and itemsize; by op): exactly the
+# operations whose C expression gives numpy's bits (not float min/max: NaNs and signed zeros)
+_C_TYPES = {("f", 4): 0, ("f", 8): 1, ("i", 1): 2, ("i", 2): 3, ("i", 4): 4, ("i", 8): 5}
+_C_TYPES.update({("u", 1): 6, ("u", 2): 7, ("u", 4): 8, ("u", 8): 9})
+_C_OPS = {"sum": 0, "prod": 1, "min": 2, "max": 3, "band": 4, "bor": 5, "bxor": 6}
+_C_FLOAT_OPS = ("sum", "prod")
+_C_DONE, _C_UNTOUCHED, _C_AFTER_READY = 0, 1, 2  # Replay.run's answers (3: after DONE)
+
+
+def replay_status() -> str:
+    """Whether cached small all-reduces replay in C (``"C"``) or in Python, and why."""
+    return _C_REPLAY_WHY
 
 
 def _spin(flags: memoryview, flag: int, value: int) -> bool:
@@ -187,6 +209,7 @@ class _Replay:
         self.inputs: list[np.ndarray[Any, Any]] = []
         self.shm: SHMEMBuffer | None = None  # the last zero-copy input, and its SRC word
         self.shm_word = 0
+        self.fast: Any = None  # the C replay (collectives._replay.Replay), where it applies
         self.scratch = ch.scratch_buf
         # x86-64 orders loads before a later store (TSO): the release fence is a no-op there
         self.fence_needed = ch.release_fence_needed
@@ -195,11 +218,22 @@ class _Replay:
         self.auto = choice == self.algorithm
 
     def close(self) -> None:
-        """Release what the plan holds beyond memory (nothing here)."""
+        """Release what the plan holds beyond memory (the C replay's addresses)."""
+        if self.fast is not None:
+            self.fast.close()
+            self.fast = None
 
     def exchange(
         self, ch: Channel, s: int, x: np.ndarray[Any, Any], shm: SHMEMBuffer | None
     ) -> list[np.ndarray[Any, Any]]:
+        """Call ``s``'s exchange: :meth:`publish`, then :meth:`wait_inputs`."""
+        self.publish(ch, s, x, shm)
+        return self.wait_inputs(ch, s)
+
+    def publish(
+        self, ch: Channel, s: int, x: np.ndarray[Any, Any], shm: SHMEMBuffer | None
+    ) -> None:
+        """Wait for the peers' ``DONE`` of call ``s - 1``, publish my input, raise ``READY``."""
         prev = s - 1
         for f in self.flags:
             if f[_DONE] < prev and not _spin(f, _DONE, prev):
@@ -215,14 +249,22 @@ class _Replay:
             self.stage[...] = x  # the plan's dtype: no cast (cheaper than np.copyto here)
             mine[SRC] = self.stage_word
             ch.stats.staged_bytes += self.nbytes
-        elif shm is self.shm:  # the same buffer as last time: its offset is known
-            mine[SRC] = self.shm_word
         else:
-            mine[SRC] = self.shm_word = shm.offset | self.tag
-            self.shm = shm
+            mine[SRC] = self.shm_src(shm)
         if self.fence_needed:  # release (Channel.post, inlined)
             ch.world.heap.fence()
         mine[_READY] = s
+
+    def shm_src(self, shm: SHMEMBuffer) -> int:
+        """The SRC word of a zero-copy input (the last one's is kept: its offset is known)."""
+        if shm is not self.shm:
+            self.shm_word = shm.offset | self.tag
+            self.shm = shm
+        return self.shm_word
+
+    def wait_inputs(self, ch: Channel, s: int) -> list[np.ndarray[Any, Any]]:
+        """Wait for the peers' ``READY`` of call ``s``; every rank's input, in rank order
+        (checked against the plan's SRC words: a mismatch raises on every rank)."""
         for f in self.flags:
             if f[_READY] < s and not _spin(f, _READY, s):
                 ch.wait_peers(READY, s, "all_reduce", check=False)
@@ -232,10 +274,12 @@ class _Replay:
                 ch.world.heap.fence()
         offsets = list(map(_SRC_WORD, self.words))  # (a comprehension costs a frame here)
         if offsets != self.offsets:
-            mine[_SIG0 + (s & 1)] = self.signature  # for the listing, should it differ
+            ch.my_flags[_SIG0 + (s & 1)] = self.signature  # for the listing, should it differ
             ch.check_tags(offsets, self.order, "all_reduce", s)
             self.offsets = offsets
             self.inputs = [ch.peer_input(r, self.count, self.dtype) for r in self.order]
+            if self.fast is not None:
+                self.fast.set_inputs(offsets, self.inputs)
         return self.inputs
 
 
@@ -247,6 +291,12 @@ class TinyPlan(_Replay):
     ``READY``, wait for the peers', reduce in rank order, raise ``DONE`` (and, for a zero-copy
     input, wait for the peers' ``DONE``). The reduction is the same expression as
     :func:`ops.reduce_into`'s, so results are bitwise the same as every other path.
+
+    Where the C replay applies (:func:`replay_status`; native float32/float64 sum and prod,
+    every op but avg on native integers) it runs those steps out of Python on the same
+    words, and hands the call back to this code at the step it cannot finish within its
+    spin (a late peer, new inputs, a mismatch): the protocol, and every wait with a
+    deadline, stay the same.
     """
 
     algorithm = "one_shot"
@@ -261,6 +311,29 @@ class TinyPlan(_Replay):
         self.padded = dtype == np.dtype(np.longdouble)
         self.acc_buf = np.empty(count if self.widen else 0, acc)
         self.tmp_buf = np.empty(count if self.widen else 0, acc)
+        ctype = _C_TYPES.get((dtype.kind, dtype.itemsize))
+        if (
+            _c_replay is not None
+            and ctype is not None
+            and dtype.isnative
+            and not self.widen
+            and op in _C_OPS
+            and (dtype.kind != "f" or op in _C_FLOAT_OPS)
+        ):
+            self.fast = _c_replay.Replay(
+                ch.my_flags,
+                tuple(self.flags),
+                tuple(self.words),
+                self.stage,
+                self.stage_word,
+                _READY,
+                _DONE,
+                _SRC,
+                ctype,
+                _C_OPS[op],
+                count,
+                _C_SPIN_NS,
+            )
 
     def run(
         self,
@@ -272,8 +345,35 @@ class TinyPlan(_Replay):
     ) -> None:
         s = ch.seq = ch.seq + 1
         ch.signature = self.signature  # what a slow wait announces (Channel.announce)
-        inputs = self.exchange(ch, s, x, shm)
-        mine = ch.my_flags
+        fast = self.fast
+        if fast is not None and ch.sig_seq != s - 1 and not (in_place and shm is not None):
+            if shm is None:
+                code = fast.run(s, x, 0, dst)
+            else:
+                code = fast.run(s, None, self.shm_src(shm), dst)
+            if code != _C_UNTOUCHED:
+                if shm is None:
+                    ch.stats.staged_bytes += self.nbytes
+                if code == _C_DONE:
+                    ch.stats.calls += 1
+                elif code == _C_AFTER_READY:  # the Python replay goes on from READY
+                    self.finish(ch, s, self.wait_inputs(ch, s), shm, dst, in_place)
+                else:  # DONE is raised: wait for the peers' (they read my SHMEMBuffer)
+                    ch.stats.calls += 1
+                    self.await_done(ch, s)
+                return
+        self.finish(ch, s, self.exchange(ch, s, x, shm), shm, dst, in_place)
+
+    def finish(
+        self,
+        ch: Channel,
+        s: int,
+        inputs: list[np.ndarray[Any, Any]],
+        shm: SHMEMBuffer | None,
+        dst: np.ndarray[Any, Any],
+        in_place: bool,
+    ) -> None:
+        """Reduce call ``s``'s inputs (rank order) into ``dst``, raise ``DONE``."""
         target = np.empty_like(dst) if (in_place and shm is not None) else dst
         if self.widen:
             a = widen(inputs[0], self.acc_buf)
@@ -301,15 +401,19 @@ class TinyPlan(_Replay):
             canonical_padding(target)
         if self.fence_needed:
             ch.world.heap.fence()  # release: my reads of peers' memory are done
-        mine[DONE] = s
+        ch.my_flags[DONE] = s
         ch.stats.calls += 1
         if shm is not None:  # the caller owns x again once every peer has read it
-            for f in self.flags:
-                if f[_DONE] < s and not _spin(f, _DONE, s):
-                    ch.wait_peers(DONE, s, "all_reduce")
-                    break
+            self.await_done(ch, s)
             if target is not dst:
                 np.copyto(dst, target)
+
+    def await_done(self, ch: Channel, s: int) -> None:
+        """Wait for the peers' ``DONE`` of call ``s`` (they have read my input)."""
+        for f in self.flags:
+            if f[_DONE] < s and not _spin(f, _DONE, s):
+                ch.wait_peers(DONE, s, "all_reduce")
+                break
 
 
 def tiny_plan(

@@ -18,6 +18,7 @@ import pytest
 
 import collectives
 import shmem
+from collectives.allreduce import replay_status
 from collectives.schedule import shard_of
 from shmem import SUPPORTED_DTYPES, World
 from shmem.errors import (
@@ -555,6 +556,60 @@ def test_more_shapes_than_the_plan_cache_holds(plain: tuple[World, Any]) -> None
             again = comm.all_reduce(np.full(n, r + 1, np.int64), op="max")
             assert (again == p).all()
     assert len(comm._ch.plans) <= MAX_PLANS
+
+
+@pytest.mark.parametrize(
+    ("late", "zero_copy", "answer"),
+    [("before", False, 2), ("finish", True, 3), ("finish", False, 1)],
+    ids=["ready", "done-zero-copy", "previous-done"],
+)
+def test_the_c_replay_hands_a_late_peer_to_the_python_replay(
+    monkeypatch: pytest.MonkeyPatch, late: str, zero_copy: bool, answer: int
+) -> None:
+    """The last rank replays in Python and is 2 ms late at one step: before its call (its
+    READY), or between READY and DONE (its DONE, which a zero-copy input waits for and the
+    next call needs before it overwrites a stage). The other ranks' C replays hand each call
+    to the Python replay at that step (Replay.answers counts it), and every result is exact."""
+    world = shmem.init(heap_nbytes="16MiB", signal_timeout_s=20.0)
+    comm = collectives.Communicator(world)
+    p, r = world.world_size, world.rank
+    sym = world.zeros(3, "int64")
+    try:
+        if p == 1 or world.num_nodes > 1 or replay_status() != "C":
+            pytest.skip("needs two ranks on one node and the C replay")
+        comm.all_reduce(np.zeros(3, np.int64))  # makes the plan (numpy and symmetric share it)
+        assert comm._ch is not None
+        plan: Any = comm._ch.plans[(3, np.dtype(np.int64), "sum")]
+        slow = r == p - 1
+        if slow:
+            plan.fast.close()
+            plan.fast = None
+            finish = plan.finish
+
+            def late_finish(*args: Any) -> None:
+                time.sleep(0.002)
+                finish(*args)
+
+            if late == "finish":
+                monkeypatch.setattr(plan, "finish", late_finish)
+        before = None if slow else plan.fast.answers()
+        for i in range(1, 21):
+            mine = np.array([i * (r + 1), i, r + 1], np.int64)
+            if zero_copy:
+                sym.local()[:] = mine
+            if slow and late == "before":
+                time.sleep(0.002)
+            got = comm.all_reduce(sym if zero_copy else mine)
+            tri = p * (p + 1) // 2
+            assert np.asarray(got).tolist() == [i * tri, i * p, tri], i
+        if not slow:
+            after = plan.fast.answers()
+            assert after[answer] > before[answer], (before, after)
+    finally:
+        world.barrier()
+        sym.close()
+        comm.close()
+        world.finalize()
 
 
 def test_closing_a_communicator_releases_everything_it_held(plain: tuple[World, Any]) -> None:

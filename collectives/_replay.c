@@ -1,0 +1,432 @@
+/* collectives._replay: the cached small all-reduce on one node, replayed out of Python.
+ *
+ * A TinyPlan (collectives.allreduce) replays a one-shot all-reduce of one shape: wait for
+ * the peers' DONE of the previous call, publish my input (a copy into my staging words, or
+ * the offset of a SHMEMBuffer peers read in place), raise READY, wait for the peers' READY,
+ * check that every rank published what this plan expects (the SRC words, whose upper bits
+ * carry the call's signature), reduce every rank's input in rank order, raise DONE and, for
+ * a zero-copy input, wait for the peers' DONE. In Python that is about a microsecond of
+ * interpreter work per call, as much as the exchange itself. Replay.run does the same
+ * steps on the same words, in C, and stops where the plan's Python code must take over:
+ *
+ *   0  done;
+ *   1  nothing was done (an input or output this code does not take, a peer not done
+ *      with the previous call within the spin): the Python replay runs the whole call;
+ *   2  READY is raised, but a peer's READY did not come within the spin or a SRC word is
+ *      not the one expected: the Python replay goes on from its wait for READY (which
+ *      reports mismatches and timeouts, and hands back the new inputs with set_inputs);
+ *   3  DONE is raised, a peer's DONE (zero-copy input) did not come within the spin: the
+ *      Python replay goes on from that wait.
+ *
+ * The spins are bounded in time (the plan's spin_ns) and hold the GIL, as the Python
+ * replay's inline spin does; every wait with a deadline, an abort word or a dead peer to
+ * notice is Python's. Flag stores are release stores and flag loads acquire loads (plain
+ * moves on x86-64; the fences on weakly ordered CPUs). The reduction is the expression of
+ * collectives.ops.reduce_into, element by element in rank order, so the results are
+ * bitwise those of the Python replay: only the operations whose C form is exactly
+ * numpy's are taken (sum and prod of float32/float64; every op but avg on integers, in
+ * unsigned arithmetic where numpy wraps); the others are never given to this module.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+#include <time.h>
+
+enum { T_F32, T_F64, T_I8, T_I16, T_I32, T_I64, T_U8, T_U16, T_U32, T_U64, T_COUNT };
+enum { OP_SUM, OP_PROD, OP_MIN, OP_MAX, OP_BAND, OP_BOR, OP_BXOR, OP_COUNT };
+enum { DONE_ALL = 0, UNTOUCHED = 1, AFTER_READY = 2, AFTER_DONE = 3 };
+
+static const int type_size[T_COUNT] = {4, 8, 1, 2, 4, 8, 1, 2, 4, 8};
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+static inline int64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static inline int64_t load_acquire(const int64_t *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
+
+static inline void store_release(int64_t *p, int64_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
+
+/* whether word idx of every flag block in blocks[0..n) reaches v within budget_ns */
+static int spin_all(int64_t *const *blocks, Py_ssize_t n, Py_ssize_t idx, int64_t v,
+                    int64_t budget_ns) {
+    int64_t deadline = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const int64_t *w = blocks[i] + idx;
+        unsigned tries = 0;
+        while (load_acquire(w) < v) {
+            if ((++tries & 63) == 0) { /* the clock only now and then */
+                int64_t t = now_ns();
+                if (deadline == 0)
+                    deadline = t + budget_ns;
+                else if (t > deadline)
+                    return 0;
+            }
+            cpu_relax();
+        }
+    }
+    return 1;
+}
+
+/* the elementwise reduction of the inputs, in rank order, into out */
+#define LOOP2(T, E)                                                                        \
+    do {                                                                                   \
+        T *o = (T *)out;                                                                   \
+        const T *a = (const T *)in[0], *b = (const T *)in[1];                              \
+        for (Py_ssize_t i = 0; i < n; i++)                                                 \
+            o[i] = E(a[i], b[i]);                                                          \
+        for (Py_ssize_t k = 2; k < nin; k++) {                                             \
+            const T *c = (const T *)in[k];                                                 \
+            for (Py_ssize_t i = 0; i < n; i++)                                             \
+                o[i] = E(o[i], c[i]);                                                      \
+        }                                                                                  \
+    } while (0)
+#define ADD(x, y) ((x) + (y))
+#define MUL(x, y) ((x) * (y))
+#define MIN(x, y) ((y) < (x) ? (y) : (x))
+#define MAX(x, y) ((y) > (x) ? (y) : (x))
+#define AND(x, y) ((x) & (y))
+#define OR(x, y) ((x) | (y))
+#define XOR(x, y) ((x) ^ (y))
+/* integers: sum and prod wrap (unsigned arithmetic, numpy's bits); min and max compare
+ * with the signedness of the dtype (S); the bitwise ops need none */
+#define INT_OPS(S, U)                                                                      \
+    switch (op) {                                                                          \
+    case OP_SUM: LOOP2(U, ADD); break;                                                     \
+    case OP_PROD: LOOP2(U, MUL); break;                                                    \
+    case OP_MIN: LOOP2(S, MIN); break;                                                     \
+    case OP_MAX: LOOP2(S, MAX); break;                                                     \
+    case OP_BAND: LOOP2(U, AND); break;                                                    \
+    case OP_BOR: LOOP2(U, OR); break;                                                      \
+    default: LOOP2(U, XOR); break;                                                         \
+    }
+
+static void reduce(int type, int op, char *out, char *const *in, Py_ssize_t nin,
+                   Py_ssize_t n) {
+    switch (type) {
+    case T_F32:
+        if (op == OP_SUM) LOOP2(float, ADD); else LOOP2(float, MUL);
+        break;
+    case T_F64:
+        if (op == OP_SUM) LOOP2(double, ADD); else LOOP2(double, MUL);
+        break;
+    case T_I8: INT_OPS(int8_t, uint8_t); break;
+    case T_I16: INT_OPS(int16_t, uint16_t); break;
+    case T_I32: INT_OPS(int32_t, uint32_t); break;
+    case T_I64: INT_OPS(int64_t, uint64_t); break;
+    case T_U8: INT_OPS(uint8_t, uint8_t); break;
+    case T_U16: INT_OPS(uint16_t, uint16_t); break;
+    case T_U32: INT_OPS(uint32_t, uint32_t); break;
+    default: INT_OPS(uint64_t, uint64_t); break;
+    }
+}
+
+/* the address of a writable (or readable) C-contiguous buffer, checked once: the object
+ * is kept alive by the Replay, and its memory does not move */
+static char *address_of(PyObject *obj, int writable, Py_ssize_t min_len, const char *what,
+                        Py_ssize_t index) {
+    Py_buffer view;
+    int flags = PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0);
+    if (PyObject_GetBuffer(obj, &view, flags) < 0)
+        return NULL;
+    char *buf = (char *)view.buf;
+    Py_ssize_t len = view.len;
+    PyBuffer_Release(&view);
+    if (len < min_len) {
+        if (index < 0)
+            PyErr_Format(PyExc_ValueError, "Replay: %s has %zd bytes, at least %zd needed",
+                         what, len, min_len);
+        else
+            PyErr_Format(PyExc_ValueError, "Replay: %s[%zd] has %zd bytes, at least %zd needed",
+                         what, index, len, min_len);
+        return NULL;
+    }
+    return buf;
+}
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *keep;     /* a list: every object whose memory the pointers below address */
+    int64_t *mine;      /* my flag words */
+    int64_t **peers;    /* the other node-local ranks' flag words */
+    Py_ssize_t npeers;
+    int64_t **words;    /* every rank's flag words, in rank order (the SRC words) */
+    Py_ssize_t nranks;
+    char *stage;        /* where a numpy input is copied */
+    int64_t stage_word; /* SRC for a staged input: the stage's offset and the call's tag */
+    Py_ssize_t ready, done, src; /* flag word indices */
+    int type, op;
+    Py_ssize_t nbytes, count;
+    int64_t spin_ns;
+    int64_t *expected; /* the SRC words the inputs below belong to (NULL: none yet) */
+    char **inputs;     /* every rank's input, in rank order */
+    PyObject *input_objs;
+    int closed;
+    long long answers[4]; /* how many runs gave each answer */
+} Replay;
+
+static void Replay_release(Replay *self) {
+    PyMem_Free(self->peers);
+    PyMem_Free(self->words);
+    PyMem_Free(self->expected);
+    PyMem_Free(self->inputs);
+    self->peers = self->words = NULL;
+    self->expected = NULL;
+    self->inputs = NULL;
+    Py_CLEAR(self->keep);
+    Py_CLEAR(self->input_objs);
+    self->closed = 1;
+}
+
+static int64_t *flag_words(PyObject *keep, PyObject *obj, Py_ssize_t nwords, const char *what,
+                           Py_ssize_t index) {
+    if (PyList_Append(keep, obj) < 0)
+        return NULL;
+    return (int64_t *)address_of(obj, 1, nwords * (Py_ssize_t)sizeof(int64_t), what, index);
+}
+
+/* Replay(mine, peers, words, stage, stage_word, ready, done, src, type, op, count, spin_ns) */
+static PyObject *Replay_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    PyObject *mine, *peers, *words, *stage;
+    long long stage_word, spin_ns;
+    Py_ssize_t ready, done, src, count;
+    int ctype, op;
+    static char *kwlist[] = {"mine", "peers", "words", "stage", "stage_word", "ready",
+                             "done", "src", "type", "op", "count", "spin_ns", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO!O!OLnnniinL", kwlist, &mine,
+                                     &PyTuple_Type, &peers, &PyTuple_Type, &words, &stage,
+                                     &stage_word, &ready, &done, &src, &ctype, &op, &count,
+                                     &spin_ns))
+        return NULL;
+    if (ctype < 0 || ctype >= T_COUNT || op < 0 || op >= OP_COUNT ||
+        (ctype <= T_F64 && op > OP_PROD) || count < 0 || ready < 0 || done < 0 || src < 0 ||
+        spin_ns < 0) {
+        PyErr_SetString(PyExc_ValueError, "Replay: a type, op, count or index out of range");
+        return NULL;
+    }
+    Replay *self = (Replay *)type->tp_alloc(type, 0);
+    if (self == NULL)
+        return NULL;
+    Py_ssize_t nwords = (ready > done ? ready : done);
+    nwords = (nwords > src ? nwords : src) + 1;
+    self->type = ctype;
+    self->op = op;
+    self->count = count;
+    self->nbytes = count * type_size[ctype];
+    self->ready = ready;
+    self->done = done;
+    self->src = src;
+    self->stage_word = stage_word;
+    self->spin_ns = spin_ns;
+    self->npeers = PyTuple_GET_SIZE(peers);
+    self->nranks = PyTuple_GET_SIZE(words);
+    self->keep = PyList_New(0);
+    self->peers = PyMem_Calloc(self->npeers + 1, sizeof(int64_t *));
+    self->words = PyMem_Calloc(self->nranks + 1, sizeof(int64_t *));
+    self->expected = PyMem_Calloc(self->nranks + 1, sizeof(int64_t));
+    self->inputs = PyMem_Calloc(self->nranks + 1, sizeof(char *));
+    if (self->keep == NULL || self->peers == NULL || self->words == NULL ||
+        self->expected == NULL || self->inputs == NULL) {
+        Py_DECREF(self);
+        return PyErr_NoMemory();
+    }
+    self->mine = flag_words(self->keep, mine, nwords, "mine", -1);
+    if (self->mine == NULL)
+        goto fail;
+    for (Py_ssize_t i = 0; i < self->npeers; i++)
+        if ((self->peers[i] =
+                 flag_words(self->keep, PyTuple_GET_ITEM(peers, i), nwords, "peers", i)) == NULL)
+            goto fail;
+    for (Py_ssize_t i = 0; i < self->nranks; i++)
+        if ((self->words[i] =
+                 flag_words(self->keep, PyTuple_GET_ITEM(words, i), nwords, "words", i)) == NULL)
+            goto fail;
+    if (PyList_Append(self->keep, stage) < 0 ||
+        (self->stage = address_of(stage, 1, self->nbytes, "stage", -1)) == NULL)
+        goto fail;
+    return (PyObject *)self;
+fail:
+    Py_DECREF(self);
+    return NULL;
+}
+
+static void Replay_dealloc(Replay *self) {
+    PyTypeObject *tp = Py_TYPE(self);
+    Replay_release(self);
+    tp->tp_free((PyObject *)self);
+    Py_DECREF(tp); /* a heap type: its instances hold it */
+}
+
+/* set_inputs(expected, inputs): the SRC words every rank publishes for this plan, and
+ * their inputs (buffers of count elements), both in rank order */
+static PyObject *Replay_set_inputs(Replay *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2 || !PyList_CheckExact(args[0]) || !PyList_CheckExact(args[1]) ||
+        PyList_GET_SIZE(args[0]) != self->nranks || PyList_GET_SIZE(args[1]) != self->nranks) {
+        PyErr_SetString(PyExc_TypeError,
+                        "Replay.set_inputs(expected, inputs): two lists of one item per rank");
+        return NULL;
+    }
+    if (self->closed) {
+        PyErr_SetString(PyExc_ValueError, "Replay.set_inputs: the replay is closed");
+        return NULL;
+    }
+    PyObject *keep = PyList_GetSlice(args[1], 0, self->nranks);
+    if (keep == NULL)
+        return NULL;
+    for (Py_ssize_t r = 0; r < self->nranks; r++) {
+        long long w = PyLong_AsLongLong(PyList_GET_ITEM(args[0], r));
+        char *p = w == -1 && PyErr_Occurred()
+                      ? NULL
+                      : address_of(PyList_GET_ITEM(args[1], r), 0, self->nbytes, "inputs", r);
+        if (p == NULL) {
+            Py_CLEAR(self->input_objs); /* nothing half set: the next run returns 2 */
+            Py_DECREF(keep);
+            return NULL;
+        }
+        self->expected[r] = w;
+        self->inputs[r] = p;
+    }
+    Py_XSETREF(self->input_objs, keep);
+    Py_RETURN_NONE;
+}
+
+/* run(s, x, shm_word, out) -> 0, 1, 2 or 3 (see the module's docstring) */
+static PyObject *Replay_run(Replay *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "Replay.run(s, x, shm_word, out)");
+        return NULL;
+    }
+    if (self->closed || self->input_objs == NULL) {
+        self->answers[UNTOUCHED]++;
+        return PyLong_FromLong(UNTOUCHED); /* the Python replay sets the inputs */
+    }
+    int64_t s = PyLong_AsLongLong(args[0]);
+    int64_t shm_word = PyLong_AsLongLong(args[2]);
+    if ((s == -1 || shm_word == -1) && PyErr_Occurred())
+        return NULL;
+    Py_buffer xv = {0}, ov;
+    int have_x = args[1] != Py_None;
+    if (have_x) {
+        if (PyObject_GetBuffer(args[1], &xv, PyBUF_C_CONTIGUOUS) < 0) {
+            PyErr_Clear(); /* not contiguous: the Python replay copies it */
+            self->answers[UNTOUCHED]++;
+            return PyLong_FromLong(UNTOUCHED);
+        }
+        if (xv.len != self->nbytes) {
+            PyBuffer_Release(&xv);
+            self->answers[UNTOUCHED]++;
+            return PyLong_FromLong(UNTOUCHED);
+        }
+    }
+    if (PyObject_GetBuffer(args[3], &ov, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
+        PyErr_Clear();
+        if (have_x)
+            PyBuffer_Release(&xv);
+        self->answers[UNTOUCHED]++;
+        return PyLong_FromLong(UNTOUCHED);
+    }
+    char *out = (char *)ov.buf;
+    int code = UNTOUCHED;
+    if (ov.len != self->nbytes)
+        goto end;
+    for (Py_ssize_t r = 0; r < self->nranks; r++) /* out overlaps an input: numpy's job */
+        if (out < self->inputs[r] + self->nbytes && self->inputs[r] < out + self->nbytes)
+            goto end;
+    if (!spin_all(self->peers, self->npeers, self->done, s - 1, self->spin_ns))
+        goto end; /* my stage may still be read: the Python replay waits */
+    if (have_x) {
+        memcpy(self->stage, xv.buf, (size_t)self->nbytes);
+        self->mine[self->src] = self->stage_word;
+    } else {
+        self->mine[self->src] = shm_word;
+    }
+    store_release(self->mine + self->ready, s);
+    code = AFTER_READY;
+    if (!spin_all(self->peers, self->npeers, self->ready, s, self->spin_ns))
+        goto end;
+    for (Py_ssize_t r = 0; r < self->nranks; r++)
+        if (__atomic_load_n(self->words[r] + self->src, __ATOMIC_RELAXED) != self->expected[r])
+            goto end; /* a new input, or a mismatch: Python compares and reports */
+    if (self->nranks == 1) {
+        if (out != self->inputs[0])
+            memcpy(out, self->inputs[0], (size_t)self->nbytes);
+    } else {
+        reduce(self->type, self->op, out, self->inputs, self->nranks, self->count);
+    }
+    store_release(self->mine + self->done, s);
+    code = AFTER_DONE;
+    if (!have_x && !spin_all(self->peers, self->npeers, self->done, s, self->spin_ns))
+        goto end; /* the peers still read my SHMEMBuffer */
+    code = DONE_ALL;
+end:
+    PyBuffer_Release(&ov);
+    if (have_x)
+        PyBuffer_Release(&xv);
+    self->answers[code]++;
+    return PyLong_FromLong(code);
+}
+
+static PyObject *Replay_close(Replay *self, PyObject *unused) {
+    Replay_release(self);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Replay_answers(Replay *self, PyObject *unused) {
+    return Py_BuildValue("(LLLL)", self->answers[0], self->answers[1], self->answers[2],
+                         self->answers[3]);
+}
+
+static PyMethodDef Replay_methods[] = {
+    {"answers", (PyCFunction)Replay_answers, METH_NOARGS,
+     "answers() -> (done, untouched, after_ready, after_done): how many runs gave each."},
+    {"run", (PyCFunction)(void (*)(void))Replay_run, METH_FASTCALL,
+     "run(s, x, shm_word, out) -> int: replay call s with the numpy input x (None: a "
+     "SHMEMBuffer published as shm_word) into out; 0 done, 1 nothing done, 2 READY raised, "
+     "3 DONE raised (the Python replay goes on from there)."},
+    {"set_inputs", (PyCFunction)(void (*)(void))Replay_set_inputs, METH_FASTCALL,
+     "set_inputs(expected, inputs): every rank's expected SRC word and input, in rank order."},
+    {"close", (PyCFunction)Replay_close, METH_NOARGS,
+     "close(): forget every address; run returns 1 from now on."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyType_Slot Replay_slots[] = {
+    {Py_tp_new, Replay_new},
+    {Py_tp_dealloc, Replay_dealloc},
+    {Py_tp_methods, Replay_methods},
+    {Py_tp_doc, "The C replay of one cached small all-reduce (see the module docstring)."},
+    {0, NULL},
+};
+
+static PyType_Spec Replay_spec = {
+    "collectives._replay.Replay", sizeof(Replay), 0, Py_TPFLAGS_DEFAULT, Replay_slots,
+};
+
+static struct PyModuleDef module_def = {
+    PyModuleDef_HEAD_INIT, "collectives._replay",
+    "The cached small all-reduce, replayed out of Python (see collectives.allreduce).", -1,
+    NULL,
+};
+
+PyMODINIT_FUNC PyInit__replay(void) {
+    PyObject *m = PyModule_Create(&module_def);
+    if (m == NULL)
+        return NULL;
+    PyObject *t = PyType_FromSpec(&Replay_spec);
+    if (t == NULL || PyModule_AddObject(m, "Replay", t) < 0) {
+        Py_XDECREF(t);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

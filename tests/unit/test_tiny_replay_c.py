@@ -1,0 +1,167 @@
+"""The C replay of a cached small all-reduce (``collectives._replay``), on flag words and
+inputs laid out in this process as three ranks would publish them: every answer of
+``Replay.run`` (done, untouched, READY raised, DONE raised) leaves exactly the flags the
+Python replay expects to go on from, and every reduction it takes is numpy's, bitwise."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+import numpy as np
+import pytest
+
+from collectives import allreduce
+
+if allreduce.replay_status() != "C":
+    pytest.skip(allreduce.replay_status(), allow_module_level=True)
+Replay: Any = importlib.import_module("collectives._replay").Replay
+
+READY, DONE, SRC = 0, 2, 3  # the flag words (collectives.channel.Flag)
+UFUNC = {
+    "sum": np.add,
+    "prod": np.multiply,
+    "min": np.minimum,
+    "max": np.maximum,
+    "band": np.bitwise_and,
+    "bor": np.bitwise_or,
+    "bxor": np.bitwise_xor,
+}
+INTS = ["int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"]
+CASES = [(op, "float32") for op in ("sum", "prod")] + [(op, "float64") for op in ("sum", "prod")]
+CASES += [(op, name) for name in INTS for op in UFUNC]
+WORDS = [111, 222, 333]  # each rank's SRC word (offset and signature tag) for this plan
+
+
+class Ranks:
+    """Three ranks' flag blocks and inputs; rank 0 is the one replaying in C."""
+
+    def __init__(self, dtype: np.dtype[Any], op: str, count: int, spin_ns: int = 2000) -> None:
+        self.dtype, self.count = dtype, count
+        self.flags = [np.zeros(16, np.int64) for _ in range(3)]
+        self.stage = np.zeros(max(count * dtype.itemsize, 1), np.uint8)
+        self.peer_inputs = [np.zeros(count, dtype) for _ in range(2)]
+        self.replay = Replay(
+            self.flags[0],
+            (self.flags[1], self.flags[2]),
+            tuple(self.flags),
+            self.stage,
+            WORDS[0],
+            READY,
+            DONE,
+            SRC,
+            allreduce._C_TYPES[dtype.kind, dtype.itemsize],
+            allreduce._C_OPS[op],
+            count,
+            spin_ns,
+        )
+        mine = self.stage[: count * dtype.itemsize].view(dtype)
+        self.replay.set_inputs(WORDS, [mine, *self.peer_inputs])
+
+    def peers_at(self, ready: int, done: int, words: tuple[int, int] = (222, 333)) -> None:
+        for f, w in zip(self.flags[1:], words, strict=True):
+            f[READY], f[DONE], f[SRC] = ready, done, w
+
+
+def values(name: str, op: str, count: int, seed: int) -> np.ndarray[Any, Any]:
+    """Inputs that reach the edges: integer wrap-around, and inf/nan/signed zeros."""
+    rng = np.random.default_rng(seed)
+    dt = np.dtype(name)
+    if dt.kind == "f":
+        x = (rng.standard_normal(count) * 1e30).astype(dt)
+        x[: min(count, 6)] = np.array([np.inf, -np.inf, np.nan, -0.0, 0.0, 1e-40])[: min(count, 6)]
+        return x
+    info = np.iinfo(dt)
+    return rng.integers(info.min, info.max, count, dtype=dt, endpoint=True)
+
+
+@pytest.mark.parametrize(("op", "name"), CASES, ids=[f"{o}-{n}" for o, n in CASES])
+def test_a_replay_reduces_like_numpy_in_rank_order(op: str, name: str) -> None:
+    dt = np.dtype(name)
+    for count in (0, 1, 5, 64, 1001):
+        ranks = Ranks(dt, op, count)
+        xs = [values(name, op, count, seed) for seed in range(3)]
+        ranks.peer_inputs[0][...] = xs[1]
+        ranks.peer_inputs[1][...] = xs[2]
+        ranks.peers_at(ready=1, done=0)
+        out = np.full(count, 7, dt)
+        with np.errstate(all="ignore"):
+            assert ranks.replay.run(1, xs[0], 0, out) == 0
+            want = UFUNC[op](UFUNC[op](xs[0], xs[1]), xs[2])
+        assert out.tobytes() == want.tobytes(), (op, name, count)
+        f = ranks.flags[0]
+        assert (f[READY], f[DONE], f[SRC]) == (1, 1, WORDS[0])
+        assert ranks.replay.answers() == (1, 0, 0, 0)
+
+
+def test_each_answer_leaves_the_flags_the_python_replay_goes_on_from() -> None:
+    dt = np.dtype(np.float32)
+    ranks = Ranks(dt, "sum", 4)
+    mine, x, out = ranks.flags[0], np.ones(4, dt), np.zeros(4, dt)
+    # a peer still on call 0 (DONE 0 < 1): nothing is touched, not even my stage
+    ranks.peers_at(ready=1, done=0)
+    mine[READY] = mine[DONE] = 1
+    assert ranks.replay.run(2, x, 0, out) == 1
+    assert (mine[READY], mine[DONE], mine[SRC]) == (1, 1, 0) and not ranks.stage.any()
+    # the peers finished call 1 but have not raised READY for call 2: mine is raised
+    ranks.peers_at(ready=1, done=1)
+    assert ranks.replay.run(2, x, 0, out) == 2
+    assert (mine[READY], mine[DONE], mine[SRC]) == (2, 1, WORDS[0]) and not out.any()
+    # a peer published something else (a new buffer, or another call): READY, no reduction
+    ranks.peers_at(ready=3, done=2, words=(222, 999))
+    assert ranks.replay.run(3, x, 0, out) == 2 and mine[DONE] == 1 and not out.any()
+    # a zero-copy input: DONE is raised, the peers still read it (their DONE < 4)
+    ranks.peers_at(ready=4, done=3)
+    assert ranks.replay.run(4, None, WORDS[0], out) == 3
+    assert (mine[READY], mine[DONE]) == (4, 4) and (out == 1).all()  # call 2's stage
+    ranks.peers_at(ready=5, done=5)
+    ranks.peer_inputs[1][...] = 2
+    assert ranks.replay.run(5, None, WORDS[0], out) == 0 and (out == 3).all()
+    assert ranks.replay.answers() == (1, 1, 2, 1)
+
+
+def test_inputs_and_outputs_it_does_not_take_are_left_to_python() -> None:
+    dt = np.dtype(np.int64)
+    ranks = Ranks(dt, "sum", 4)
+    ranks.peers_at(ready=1, done=0)
+    x, out = np.arange(4, dtype=dt), np.zeros(4, dt)
+    strided = np.arange(8, dtype=dt)[::2]
+    readonly = np.zeros(4, dt)
+    readonly.flags.writeable = False
+    for args in [
+        (strided, 0, out),  # not contiguous: the Python replay copies it
+        (x[:3], 0, out),  # another size
+        (x, 0, np.zeros(5, dt)),
+        (x, 0, strided),
+        (x, 0, readonly),
+        (x, 0, ranks.peer_inputs[1]),  # out is an input: numpy handles the overlap
+        (x, 0, ranks.stage.view(dt)),
+    ]:
+        assert ranks.replay.run(1, *args) == 1
+        assert ranks.flags[0][READY] == 0 and not ranks.stage.any()
+    ranks.replay.close()
+    assert ranks.replay.run(1, x, 0, out) == 1  # closed: every address forgotten
+    with pytest.raises(ValueError, match="closed"):
+        ranks.replay.set_inputs(WORDS, [x, x, x])
+
+
+def test_bad_construction_and_inputs_raise_clearly() -> None:
+    flags = np.zeros(16, np.int64)
+    stage = np.zeros(64, np.uint8)
+    args = (flags, (flags,), (flags, flags), stage, 1, READY, DONE, SRC)
+    with pytest.raises(ValueError, match="out of range"):
+        Replay(*args, 0, 4, 4, 1000)  # band on float32
+    with pytest.raises(ValueError, match="out of range"):
+        Replay(*args, 10, 0, 4, 1000)  # no such type
+    with pytest.raises(ValueError, match="stage has 64 bytes, at least 128 needed"):
+        Replay(*args, 1, 0, 16, 1000)  # 16 float64 do not fit the stage
+    with pytest.raises(ValueError, match="mine has 16 bytes, at least 32 needed"):
+        Replay(np.zeros(2, np.int64), *args[1:], 0, 0, 4, 1000)  # too few flag words
+    with pytest.raises(BufferError):
+        Replay(bytes(128), *args[1:], 0, 0, 4, 1000)  # read-only flags
+    rep = Replay(*args, 0, 0, 4, 1000)
+    with pytest.raises(TypeError, match="one item per rank"):
+        rep.set_inputs([1], [stage])
+    with pytest.raises(ValueError, match=r"inputs\[1\] has 8 bytes, at least 16 needed"):
+        rep.set_inputs([1, 2], [stage, np.zeros(2, np.float32)])
+    assert rep.run(1, np.zeros(4, np.float32), 0, np.zeros(4, np.float32)) == 1  # unset
