@@ -602,7 +602,7 @@ def test_the_c_replay_hands_a_late_peer_to_the_python_replay(
             got = comm.all_reduce(sym if zero_copy else mine)
             tri = p * (p + 1) // 2
             assert np.asarray(got).tolist() == [i * tri, i * p, tri], i
-        if not slow:
+        if before is not None:
             after = plan.fast.answers()
             assert after[answer] > before[answer], (before, after)
     finally:
