@@ -57,7 +57,9 @@ static inline int64_t load_acquire(const int64_t *p) { return __atomic_load_n(p,
 
 static inline void store_release(int64_t *p, int64_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
 
-/* whether word idx of every flag block in blocks[0..n) reaches v within budget_ns */
+/* whether word idx of every flag block in blocks[0..n) reaches v within budget_ns (0: a
+ * single look, for a node with more ranks than cores, where a spin starves the rank it
+ * waits for; Python's wait then yields the core at once) */
 static int spin_all(int64_t *const *blocks, Py_ssize_t n, Py_ssize_t idx, int64_t v,
                     int64_t budget_ns) {
     int64_t deadline = 0;
@@ -65,7 +67,9 @@ static int spin_all(int64_t *const *blocks, Py_ssize_t n, Py_ssize_t idx, int64_
         const int64_t *w = blocks[i] + idx;
         unsigned tries = 0;
         while (load_acquire(w) < v) {
-            if ((++tries & 63) == 0) { /* the clock only now and then */
+            if (budget_ns == 0)
+                return 0;
+            if ((++tries & 15) == 0) { /* the clock only now and then */
                 int64_t t = now_ns();
                 if (deadline == 0)
                     deadline = t + budget_ns;
@@ -78,15 +82,16 @@ static int spin_all(int64_t *const *blocks, Py_ssize_t n, Py_ssize_t idx, int64_
     return 1;
 }
 
-/* the elementwise reduction of the inputs, in rank order, into out */
+/* the elementwise reduction of the inputs, in rank order, into out (which overlaps no
+ * input: run checks); vectorized (-O3), each element's expression unchanged */
 #define LOOP2(T, E)                                                                        \
     do {                                                                                   \
-        T *o = (T *)out;                                                                   \
-        const T *a = (const T *)in[0], *b = (const T *)in[1];                              \
+        T *restrict o = (T *)out;                                                          \
+        const T *restrict a = (const T *)in[0], *restrict b = (const T *)in[1];            \
         for (Py_ssize_t i = 0; i < n; i++)                                                 \
             o[i] = E(a[i], b[i]);                                                          \
         for (Py_ssize_t k = 2; k < nin; k++) {                                             \
-            const T *c = (const T *)in[k];                                                 \
+            const T *restrict c = (const T *)in[k];                                        \
             for (Py_ssize_t i = 0; i < n; i++)                                             \
                 o[i] = E(o[i], c[i]);                                                      \
         }                                                                                  \

@@ -51,7 +51,6 @@ DONE, READY, SHARD, SRC, SIG = Flag.DONE, Flag.READY, Flag.SHARD, Flag.SRC, Flag
 _DONE, _READY, _SIG0, _SRC = int(DONE), int(READY), int(SIG), int(SRC)  # the hot path's
 _SRC_WORD = operator.itemgetter(_SRC)
 _SPIN = 64  # flag loads a replay makes itself before the bounded wait (a few microseconds)
-_C_SPIN_NS = 20_000  # how long the C replay spins on a flag before Python's wait takes over
 
 try:  # the C replay (collectives/_replay.c), built by the install where a compiler is
     _c_replay: Any = importlib.import_module("collectives._replay")
@@ -332,7 +331,9 @@ class TinyPlan(_Replay):
                 ctype,
                 _C_OPS[op],
                 count,
-                _C_SPIN_NS,
+                # how long it spins on a flag before the Python wait takes over: the
+                # channel's spin (none on a node with more ranks than cores)
+                round(ch.spin_s * 1e9),
             )
 
     def run(
