@@ -415,13 +415,21 @@ def test_enums_and_strings_give_the_same_calls(world: World, comm: Any) -> None:
     world.barrier()
 
 
+@pytest.mark.parametrize("engine", ["C", "python"])
 @pytest.mark.parametrize("width", [1, 3], ids=["inline", "staged"])
 @pytest.mark.parametrize("kind", ["numpy", "symmetric", "mixed"])
-def test_back_to_back_tiny_calls_never_read_a_reused_stage(kind: str, width: int) -> None:
+def test_back_to_back_tiny_calls_never_read_a_reused_stage(
+    monkeypatch: pytest.MonkeyPatch, kind: str, width: int, engine: str
+) -> None:
     """Cached replays right after one another write the other staging area without waiting
     for the peers' DONE: each call's input changes, and one rank stalls now and then while
-    still reading the previous call's inputs; every result must be exact. (The defaults:
-    with check_args, as in configs/ci.toml, calls skip the cached replay.)"""
+    still reading the previous call's inputs; every result must be exact, replayed in C
+    (where built) or in Python (as without the extension). (The defaults: with check_args,
+    as in configs/ci.toml, calls skip the cached replay.)"""
+    if engine == "python":
+        monkeypatch.setattr(collectives.allreduce, "_c_replay", None)
+    elif replay_status() != "C":
+        pytest.skip(replay_status())
     world = shmem.init(heap_nbytes="16MiB", signal_timeout_s=20.0)
     comm = collectives.Communicator(world)
     assert not world.config.collectives.check_args
@@ -444,6 +452,17 @@ def test_back_to_back_tiny_calls_never_read_a_reused_stage(kind: str, width: int
             assert np.asarray(got).tolist() == want, (i, np.asarray(got).tolist(), want)
         if world.num_nodes == 1:  # the cached replay ran (across nodes: hierarchical)
             assert comm.stats.algorithms is None or comm.stats.algorithms.get("one_shot", 0)
+            assert comm._ch is not None
+            plan: Any = comm._ch.plans[(width, np.dtype(np.int64), "sum")]
+            assert (plan.fast is None) == (engine == "python")
+            if plan.fast is not None:  # C replayed calls (all but the first, which made the
+                # plan): whole ones where it could; one rank stalls in each call
+                done, untouched, after_ready, after_done = answers = plan.fast.answers()
+                assert done + untouched + after_ready + after_done >= 399, answers
+                if kind == "mixed":  # new inputs every call: Python goes on after READY
+                    assert after_ready > 0, answers
+                elif comm._ch.spin_s > 0:  # (no spin with more ranks than cores)
+                    assert done > 0, answers
     finally:
         world.barrier()
         sym.close()
