@@ -623,7 +623,10 @@ def test_the_c_replay_hands_a_late_peer_to_the_python_replay(
             assert np.asarray(got).tolist() == [i * tri, i * p, tri], i
         if before is not None:
             after = plan.fast.answers()
-            assert after[answer] > before[answer], (before, after)
+            if comm._ch.spin_s > 0:
+                assert after[answer] > before[answer], (before, after)
+            else:  # no spin (more ranks than cores): any peer may be the late one
+                assert sum(after[1:]) > sum(before[1:]), (before, after)
     finally:
         world.barrier()
         sym.close()
