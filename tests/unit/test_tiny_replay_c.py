@@ -12,21 +12,15 @@ import numpy as np
 import pytest
 
 from collectives import allreduce
+from collectives.ops import UFUNCS
 
 if allreduce.replay_status() != "C":
     pytest.skip(allreduce.replay_status(), allow_module_level=True)
 Replay: Any = importlib.import_module("collectives._replay").Replay
 
 READY, DONE, SRC = 0, 2, 3  # the flag words (collectives.channel.Flag)
-UFUNC = {
-    "sum": np.add,
-    "prod": np.multiply,
-    "min": np.minimum,
-    "max": np.maximum,
-    "band": np.bitwise_and,
-    "bor": np.bitwise_or,
-    "bxor": np.bitwise_xor,
-}
+# what the Python replay applies (collectives.ops): the C replay must give its bits
+UFUNC = {op: UFUNCS[op] for op in ("sum", "prod", "min", "max", "band", "bor", "bxor")}
 INTS = ["int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"]
 CASES = [(op, "float32") for op in ("sum", "prod")] + [(op, "float64") for op in ("sum", "prod")]
 CASES += [(op, name) for name in INTS for op in UFUNC]
