@@ -6,7 +6,9 @@ For each case (causal at every ``--seq``, non-causal at the shortest, a skewed r
 at the longest) rank 0 first computes the whole sequence alone with
 :func:`collectives.mha.attention` on ``threads`` worker threads (one rank's share of the
 cores: ``T_single``); then all P ranks compute it sharded with each schedule (``T_P``: the
-slowest rank's wall time); each the best of ``--repeat`` runs. Reported, per schedule:
+slowest rank's wall time); each the best of ``--repeat`` runs, the schedules alternating
+(each round starts with the next one, so none always runs first or last while the machine
+drifts). Reported, per schedule:
 
 * ``efficiency`` ``E = T_single / (P * T_P)``;
 * ``imbalance``: max / mean of the ranks' busy time in tile compute;
@@ -100,32 +102,40 @@ def main() -> None:
     records: list[dict[str, Any]] = []
 
     def run_sharded(
-        schedule: str, arrays: tuple[Any, ...], total: int, causal: bool, docs: Any, slow: float
-    ) -> tuple[float, SequenceParallelStats]:
-        if schedule == "zigzag":
-            mine = [zigzag_shard(x, r, p) for x in arrays]
-        else:
-            a, b = shard_bounds(total, p)[r]
-            mine = [x[a:b] for x in arrays]
-        best, best_stats = float("inf"), SequenceParallelStats()
-        for _ in range(args.repeat):
-            st = SequenceParallelStats()
-            world.comm.Barrier()
-            t0 = time.perf_counter()
-            with simulate_straggler(slow if r == p - 1 else 1.0):
-                sequence_parallel_attention(
-                    comm,
-                    *mine,
-                    causal=causal,
-                    valid_length=docs,
-                    schedule=schedule,
-                    threads=threads,
-                    stats=st,
-                )
-            spent = float(world.comm.allreduce(time.perf_counter() - t0, op=max_op()))
-            if spent < best:
-                best, best_stats = spent, st
-        return best, best_stats
+        schedules: list[str],
+        arrays: tuple[Any, ...],
+        total: int,
+        causal: bool,
+        docs: Any,
+        slow: float,
+    ) -> dict[str, tuple[float, SequenceParallelStats]]:
+        """Each schedule's best time of ``--repeat`` runs (and that run's stats), the
+        schedules taking turns: round i starts with schedule i (mod their number)."""
+        best = {s: (float("inf"), SequenceParallelStats()) for s in schedules}
+        for i in range(args.repeat):
+            for schedule in schedules[i % len(schedules) :] + schedules[: i % len(schedules)]:
+                if schedule == "zigzag":
+                    mine = [zigzag_shard(x, r, p) for x in arrays]
+                else:
+                    a, b = shard_bounds(total, p)[r]
+                    mine = [x[a:b] for x in arrays]
+                st = SequenceParallelStats()
+                world.comm.Barrier()
+                t0 = time.perf_counter()
+                with simulate_straggler(slow if r == p - 1 else 1.0):
+                    sequence_parallel_attention(
+                        comm,
+                        *mine,
+                        causal=causal,
+                        valid_length=docs,
+                        schedule=schedule,
+                        threads=threads,
+                        stats=st,
+                    )
+                spent = float(world.comm.allreduce(time.perf_counter() - t0, op=max_op()))
+                if spent < best[schedule][0]:
+                    best[schedule] = (spent, st)
+        return best
 
     for name, total, causal, docs in cases:
         rng = np.random.default_rng(total)
@@ -145,10 +155,11 @@ def main() -> None:
                 t_single = min(t_single, time.perf_counter() - t0)
         t_single = float(world.comm.bcast(t_single))
         flops = 4 * h * d * visible_pairs(total, causal, docs)
-        ring_t = 0.0
-        for schedule in schedules if name in wanted else ():
-            t_p, st = run_sharded(schedule, (q, k, v), total, causal, docs, 1.0)
-            ring_t = t_p if schedule == "ring" else ring_t
+        timed = (
+            run_sharded(schedules, (q, k, v), total, causal, docs, 1.0) if name in wanted else {}
+        )
+        ring_t = timed["ring"][0] if "ring" in timed else 0.0
+        for schedule, (t_p, st) in timed.items():
             records.append(
                 {
                     "case": name,
@@ -166,8 +177,8 @@ def main() -> None:
                 }
             )
         if name == "causal" and total == seqs[-1] and p > 1 and "straggler" in wanted:
-            for schedule in ("ring", "dynamic"):
-                t_p, st = run_sharded(schedule, (q, k, v), total, causal, docs, args.slowdown)
+            slowed = run_sharded(["ring", "dynamic"], (q, k, v), total, causal, docs, args.slowdown)
+            for schedule, (t_p, st) in slowed.items():
                 ideal = t_single / (p - 1 + 1 / args.slowdown)
                 records.append(
                     {
