@@ -8,6 +8,9 @@ reference within a tolerance, and bitwise across ranks.
 
 from __future__ import annotations
 
+import os
+import shutil
+import sysconfig
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -575,6 +578,16 @@ def test_more_shapes_than_the_plan_cache_holds(plain: tuple[World, Any]) -> None
             again = comm.all_reduce(np.full(n, r + 1, np.int64), op="max")
             assert (again == p).all()
     assert len(comm._ch.plans) <= MAX_PLANS
+
+
+def test_the_c_replay_is_built_where_it_can_be() -> None:
+    """The editable install builds collectives._replay when a C compiler and Python's headers
+    are there (CI has both): a silent fall back to the Python replay would go unnoticed (its
+    tests skip without it)."""
+    headers = os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h"))
+    if not headers or not (shutil.which("cc") or shutil.which("gcc")):
+        pytest.skip("no C compiler or Python headers: the Python replay is expected")
+    assert replay_status() == "C", replay_status()
 
 
 @pytest.mark.parametrize(
