@@ -1,4 +1,5 @@
-/* collectives._replay: the cached small all-reduce on one node, replayed out of Python.
+/* collectives._replay: the cached small all-reduce on one node, replayed out of Python
+ * (and the cached small broadcast and all-gather, which differ only in how they combine).
  *
  * A TinyPlan (collectives.allreduce) replays a one-shot all-reduce of one shape: wait for
  * the peers' DONE of the previous call, publish my input (a copy into my staging words, or
@@ -25,10 +26,15 @@
  * collectives.ops.reduce_into, element by element in rank order, so the results are
  * bitwise those of the Python replay: only the operations whose C form is exactly
  * numpy's are taken (sum and prod of float32/float64; every op but avg on integers, in
- * unsigned arithmetic where numpy wraps); the others are never given to this module.
+ * unsigned arithmetic where numpy wraps); the others are never given to this module. A
+ * float result with a NaN, or one that raised a floating-point flag numpy reports, is
+ * handed back after READY (answer 2) for numpy to compute.
+ * A broadcast copies the root's input (mode 1; the root's own in-place result needs no
+ * copy), an all-gather concatenates every input in rank order (mode 2); both count bytes.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <fenv.h>
 #include <stdint.h>
 #include <string.h>
 #include <time.h>
@@ -36,6 +42,7 @@
 enum { T_F32, T_F64, T_I8, T_I16, T_I32, T_I64, T_U8, T_U16, T_U32, T_U64, T_COUNT };
 enum { OP_SUM, OP_PROD, OP_MIN, OP_MAX, OP_BAND, OP_BOR, OP_BXOR, OP_COUNT };
 enum { DONE_ALL = 0, UNTOUCHED = 1, AFTER_READY = 2, AFTER_DONE = 3 };
+enum { M_REDUCE, M_COPY_ONE, M_CONCAT, M_COUNT }; /* all_reduce, broadcast, all_gather */
 
 static const int type_size[T_COUNT] = {4, 8, 1, 2, 4, 8, 1, 2, 4, 8};
 
@@ -98,6 +105,7 @@ static int spin_all(int64_t *const *blocks, Py_ssize_t n, Py_ssize_t idx, int64_
     } while (0)
 #define ADD(x, y) ((x) + (y))
 #define MUL(x, y) ((x) * (y))
+#define UMUL(x, y) ((x) * 1u * (y)) /* unsigned: 16-bit operands would promote to int */
 #define MIN(x, y) ((y) < (x) ? (y) : (x))
 #define MAX(x, y) ((y) > (x) ? (y) : (x))
 #define AND(x, y) ((x) & (y))
@@ -108,13 +116,28 @@ static int spin_all(int64_t *const *blocks, Py_ssize_t n, Py_ssize_t idx, int64_
 #define INT_OPS(S, U)                                                                      \
     switch (op) {                                                                          \
     case OP_SUM: LOOP2(U, ADD); break;                                                     \
-    case OP_PROD: LOOP2(U, MUL); break;                                                    \
+    case OP_PROD: LOOP2(U, UMUL); break;                                                   \
     case OP_MIN: LOOP2(S, MIN); break;                                                     \
     case OP_MAX: LOOP2(S, MAX); break;                                                     \
     case OP_BAND: LOOP2(U, AND); break;                                                    \
     case OP_BOR: LOOP2(U, OR); break;                                                      \
     default: LOOP2(U, XOR); break;                                                         \
     }
+
+/* whether any of the n floats (or doubles) at out is a NaN */
+#define ANY_NAN(T)                                                                         \
+    do {                                                                                   \
+        const T *o = (const T *)out;                                                       \
+        int any = 0;                                                                       \
+        for (Py_ssize_t i = 0; i < n; i++)                                                 \
+            any |= o[i] != o[i];                                                           \
+        return any;                                                                        \
+    } while (0)
+static int any_nan(int type, const char *out, Py_ssize_t n) {
+    if (type == T_F32)
+        ANY_NAN(float);
+    ANY_NAN(double);
+}
 
 static void reduce(int type, int op, char *out, char *const *in, Py_ssize_t nin,
                    Py_ssize_t n) {
@@ -171,7 +194,10 @@ typedef struct {
     int64_t stage_word; /* SRC for a staged input: the stage's offset and the call's tag */
     Py_ssize_t ready, done, src; /* flag word indices */
     int type, op;
+    int mode;          /* how the inputs combine into out (M_*) */
+    Py_ssize_t root;   /* M_COPY_ONE: the rank-order index of the input copied */
     Py_ssize_t nbytes, count;
+    Py_ssize_t out_bytes; /* nbytes, or nbytes * nranks for M_CONCAT */
     int64_t spin_ns;
     int64_t *expected; /* the SRC words the inputs below belong to (NULL: none yet) */
     char **inputs;     /* every rank's input, in rank order */
@@ -200,23 +226,27 @@ static int64_t *flag_words(PyObject *keep, PyObject *obj, Py_ssize_t nwords, con
     return (int64_t *)address_of(obj, 1, nwords * (Py_ssize_t)sizeof(int64_t), what, index);
 }
 
-/* Replay(mine, peers, words, stage, stage_word, ready, done, src, type, op, count, spin_ns) */
+/* Replay(mine, peers, words, stage, stage_word, ready, done, src, type, op, count, spin_ns,
+ *        mode=0, root=0) */
 static PyObject *Replay_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     PyObject *mine, *peers, *words, *stage;
     long long stage_word, spin_ns;
-    Py_ssize_t ready, done, src, count;
-    int ctype, op;
+    Py_ssize_t ready, done, src, count, root = 0;
+    int ctype, op, mode = M_REDUCE;
     static char *kwlist[] = {"mine", "peers", "words", "stage", "stage_word", "ready",
-                             "done", "src", "type", "op", "count", "spin_ns", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO!O!OLnnniinL", kwlist, &mine,
+                             "done", "src", "type", "op", "count", "spin_ns", "mode", "root",
+                             NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO!O!OLnnniinL|in", kwlist, &mine,
                                      &PyTuple_Type, &peers, &PyTuple_Type, &words, &stage,
                                      &stage_word, &ready, &done, &src, &ctype, &op, &count,
-                                     &spin_ns))
+                                     &spin_ns, &mode, &root))
         return NULL;
     if (ctype < 0 || ctype >= T_COUNT || op < 0 || op >= OP_COUNT ||
         (ctype <= T_F64 && op > OP_PROD) || count < 0 || ready < 0 || done < 0 || src < 0 ||
-        spin_ns < 0) {
-        PyErr_SetString(PyExc_ValueError, "Replay: a type, op, count or index out of range");
+        spin_ns < 0 || mode < 0 || mode >= M_COUNT || root < 0 ||
+        root >= PyTuple_GET_SIZE(words)) {
+        PyErr_SetString(PyExc_ValueError,
+                        "Replay: a type, op, count, mode, root or index out of range");
         return NULL;
     }
     Replay *self = (Replay *)type->tp_alloc(type, 0);
@@ -228,6 +258,8 @@ static PyObject *Replay_new(PyTypeObject *type, PyObject *args, PyObject *kwds) 
     self->op = op;
     self->count = count;
     self->nbytes = count * type_size[ctype];
+    self->mode = mode;
+    self->root = root;
     self->ready = ready;
     self->done = done;
     self->src = src;
@@ -235,6 +267,7 @@ static PyObject *Replay_new(PyTypeObject *type, PyObject *args, PyObject *kwds) 
     self->spin_ns = spin_ns;
     self->npeers = PyTuple_GET_SIZE(peers);
     self->nranks = PyTuple_GET_SIZE(words);
+    self->out_bytes = mode == M_CONCAT ? self->nbytes * self->nranks : self->nbytes;
     self->keep = PyList_New(0);
     self->peers = PyMem_Calloc(self->npeers + 1, sizeof(int64_t *));
     self->words = PyMem_Calloc(self->nranks + 1, sizeof(int64_t *));
@@ -294,7 +327,7 @@ static PyObject *Replay_set_inputs(Replay *self, PyObject *const *args, Py_ssize
                       ? NULL
                       : address_of(PyList_GET_ITEM(args[1], r), 0, self->nbytes, "inputs", r);
         if (p == NULL) {
-            Py_CLEAR(self->input_objs); /* nothing half set: the next run returns 2 */
+            Py_CLEAR(self->input_objs); /* nothing half set: the next run returns 1 */
             Py_DECREF(keep);
             return NULL;
         }
@@ -342,11 +375,17 @@ static PyObject *Replay_run(Replay *self, PyObject *const *args, Py_ssize_t narg
     }
     char *out = (char *)ov.buf;
     int code = UNTOUCHED;
-    if (ov.len != self->nbytes)
+    if (ov.len != self->out_bytes)
         goto end;
-    for (Py_ssize_t r = 0; r < self->nranks; r++) /* out overlaps an input: numpy's job */
-        if (out < self->inputs[r] + self->nbytes && self->inputs[r] < out + self->nbytes)
+    for (Py_ssize_t r = 0; r < self->nranks; r++) {
+        /* out overlaps an input: Python's job (a temporary), except a copy's own source,
+         * which is already the result, and an input a copy never reads */
+        char *in = self->inputs[r];
+        if (self->mode == M_COPY_ONE && (r != self->root || in == out))
+            continue;
+        if (out < in + self->nbytes && in < out + self->out_bytes)
             goto end;
+    }
     if (!spin_all(self->peers, self->npeers, self->done, s - 1, self->spin_ns))
         goto end; /* my stage may still be read: the Python replay waits */
     if (have_x) {
@@ -362,11 +401,28 @@ static PyObject *Replay_run(Replay *self, PyObject *const *args, Py_ssize_t narg
     for (Py_ssize_t r = 0; r < self->nranks; r++)
         if (__atomic_load_n(self->words[r] + self->src, __ATOMIC_RELAXED) != self->expected[r])
             goto end; /* a new input, or a mismatch: Python compares and reports */
-    if (self->nranks == 1) {
+    if (self->mode == M_COPY_ONE) {
+        if (out != self->inputs[self->root])
+            memcpy(out, self->inputs[self->root], (size_t)self->nbytes);
+    } else if (self->mode == M_CONCAT) {
+        for (Py_ssize_t r = 0; r < self->nranks; r++)
+            memcpy(out + r * self->nbytes, self->inputs[r], (size_t)self->nbytes);
+    } else if (self->nranks == 1) {
         if (out != self->inputs[0])
             memcpy(out, self->inputs[0], (size_t)self->nbytes);
-    } else {
+    } else if (self->type > T_F64) {
         reduce(self->type, self->op, out, self->inputs, self->nranks, self->count);
+    } else {
+        /* floats: a result numpy would flag (overflow, an invalid operation, underflow:
+         * np.seterr decides whether it warns or raises) or a NaN (which NaN an operation
+         * keeps when several meet is the compiler's choice, not numpy's) is numpy's to
+         * compute: READY stays raised and the Python replay reduces again, so every rank
+         * gets numpy's bits and numpy's error handling */
+        feclearexcept(FE_ALL_EXCEPT);
+        reduce(self->type, self->op, out, self->inputs, self->nranks, self->count);
+        if (fetestexcept(FE_INVALID | FE_OVERFLOW | FE_UNDERFLOW | FE_DIVBYZERO) ||
+            any_nan(self->type, out, self->count))
+            goto end;
     }
     store_release(self->mine + self->done, s);
     code = AFTER_DONE;

@@ -8,7 +8,7 @@ from shmem import SHMEMBuffer
 
 from . import signed
 from .channel import Channel
-from .family import exchange, over_mpi
+from .family import exchange, family_plan, over_mpi
 from .operand import Array, prepare
 
 __all__ = ["all_gather"]
@@ -27,6 +27,10 @@ def all_gather(
         over_mpi(ch, where, lambda: signed.allgather(ch, ch.comm, send, dst.view(np.uint8), where))
         return ret
     ch.stats.count("all_gather")
+    plan = family_plan(ch, "all_gather", xin)
+    if plan is not None:
+        plan.run(ch, xin.array, xin.shmem, dst, False)
+        return ret
 
     def read(r: int, src: Array, target: Array) -> None:
         np.copyto(target[r * m : (r + 1) * m], src)

@@ -44,7 +44,7 @@ from .signed import PersistentGather
 if TYPE_CHECKING:
     from mpi4py import MPI
 
-__all__ = ["TinyPlan", "all_reduce", "choose", "tiny_plan"]
+__all__ = ["ReplayPlan", "TinyPlan", "all_reduce", "choose", "replay_status", "tiny_plan"]
 
 log = logging.getLogger(__name__)
 DONE, READY, SHARD, SRC, SIG = Flag.DONE, Flag.READY, Flag.SHARD, Flag.SRC, Flag.SIG
@@ -66,6 +66,7 @@ _C_TYPES.update({("u", 1): 6, ("u", 2): 7, ("u", 4): 8, ("u", 8): 9})
 _C_OPS = {"sum": 0, "prod": 1, "min": 2, "max": 3, "band": 4, "bor": 5, "bxor": 6}
 _C_FLOAT_OPS = ("sum", "prod")
 _C_DONE, _C_UNTOUCHED, _C_AFTER_READY = 0, 1, 2  # Replay.run's answers (3: after DONE)
+_C_REDUCE = 0  # how Replay combines the inputs (1, 2: FamilyPlan's copy and concatenation)
 # How long the C replay spins on a flag before the Python wait takes over. Ranks reach a
 # call a few microseconds apart in a loop with Python between calls; the Python wait costs
 # more than such a spin (and yields the core for its first 2 ms anyway). None on a node with
@@ -181,13 +182,16 @@ TINY_NBYTES = 64 << 10  # one-shot calls up to this size run from a cached plan
 MAX_PLANS = 64  # cached shapes per communicator (least recently made are dropped)
 
 
-class _Replay:
-    """The node-local exchange a cached small all-reduce replays: wait for the previous
-    call's ``DONE``, publish the input (a copy into my staging view, or the SHMEMBuffer's
-    offset), raise ``READY``, wait for the peers' and return every node-local rank's input
-    in rank order. Made once per shape; subclasses reduce."""
+class ReplayPlan:
+    """The node-local exchange a cached small call replays: wait for the previous call's
+    ``DONE``, publish the input (a copy into my staging view, or the SHMEMBuffer's offset),
+    raise ``READY``, wait for the peers' and return every node-local rank's input in rank
+    order. Made once per shape; subclasses combine the inputs (:meth:`finish`): reduce them
+    (all-reduce), copy one (broadcast) or concatenate them (all-gather,
+    :class:`collectives.family.FamilyPlan`)."""
 
     algorithm = ""
+    where = "all_reduce"  # what waits and errors name
 
     def __init__(
         self, ch: Channel, count: int, dtype: np.dtype[Any], op: str, acc: np.dtype[Any]
@@ -242,10 +246,10 @@ class _Replay:
         prev = s - 1
         for f in self.flags:
             if f[_DONE] < prev and not _spin(f, _DONE, prev):
-                ch.wait_peers(DONE, prev, "all_reduce")
+                ch.wait_peers(DONE, prev, self.where)
                 break
         if ch.sig_seq == prev:  # the previous call was not a tiny one: was it the same?
-            ch.check_signatures(None, "all_reduce", prev)
+            ch.check_signatures(None, self.where, prev)
         mine = ch.my_flags
         # the call's signature rides in SRC's upper bits (no extra store), and in its SIG
         # word only when the plan is made or the words change (a peer's mismatch shows
@@ -272,7 +276,7 @@ class _Replay:
         (checked against the plan's SRC words: a mismatch raises on every rank)."""
         for f in self.flags:
             if f[_READY] < s and not _spin(f, _READY, s):
-                ch.wait_peers(READY, s, "all_reduce", check=False)
+                ch.wait_peers(READY, s, self.where, check=False)
                 break
         else:
             if self.fence_needed:  # acquire (free on x86-64: loads keep their order)
@@ -280,15 +284,89 @@ class _Replay:
         offsets = list(map(_SRC_WORD, self.words))  # (a comprehension costs a frame here)
         if offsets != self.offsets:
             ch.my_flags[_SIG0 + (s & 1)] = self.signature  # for the listing, should it differ
-            ch.check_tags(offsets, self.order, "all_reduce", s)
-            self.offsets = offsets
-            self.inputs = [ch.peer_input(r, self.count, self.dtype) for r in self.order]
+            ch.check_tags(offsets, self.order, self.where, s)
+            inputs = [ch.peer_input(r, self.count, self.dtype) for r in self.order]
             if self.fast is not None:
-                self.fast.set_inputs(offsets, self.inputs)
+                self.fast.set_inputs(offsets, inputs)
+            self.offsets, self.inputs = offsets, inputs
         return self.inputs
 
+    def make_fast(self, ch: Channel, ctype: int, op: int, count: int, mode: int, root: int) -> None:
+        """The C replay of this plan, where the extension is built: ``mode`` 0 reduces
+        (``ctype``/``op`` over ``count`` elements), 1 copies rank-order input ``root``, 2
+        concatenates every input (``count`` bytes each for these two)."""
+        if _c_replay is None:
+            return
+        self.fast = _c_replay.Replay(
+            ch.my_flags,
+            tuple(self.flags),
+            tuple(self.words),
+            self.stage,
+            self.stage_word,
+            _READY,
+            _DONE,
+            _SRC,
+            ctype,
+            op,
+            count,
+            _C_SPIN_NS if ch.spin_s > 0 else 0,
+            mode,
+            root,
+        )
 
-class TinyPlan(_Replay):
+    def run(
+        self,
+        ch: Channel,
+        x: np.ndarray[Any, Any],
+        shm: SHMEMBuffer | None,
+        dst: np.ndarray[Any, Any],
+        in_place: bool,
+    ) -> None:
+        """Replay one call: in C where it applies (the Python replay goes on from the step
+        it hands back), else in Python."""
+        s = ch.seq = ch.seq + 1
+        ch.signature = self.signature  # what a slow wait announces (Channel.announce)
+        fast = self.fast
+        if fast is not None and ch.sig_seq != s - 1 and not (in_place and shm is not None):
+            if shm is None:
+                code = fast.run(s, x, 0, dst)
+            else:
+                code = fast.run(s, None, self.shm_src(shm), dst)
+            if code != _C_UNTOUCHED:
+                if shm is None:
+                    ch.stats.staged_bytes += self.nbytes
+                if code == _C_DONE:
+                    ch.stats.calls += 1
+                elif code == _C_AFTER_READY:  # the Python replay goes on from READY
+                    self.finish(ch, s, self.wait_inputs(ch, s), shm, dst, in_place)
+                else:  # DONE is raised: wait for the peers' (they read my SHMEMBuffer)
+                    ch.stats.calls += 1
+                    self.await_done(ch, s)
+                return
+        self.finish(ch, s, self.exchange(ch, s, x, shm), shm, dst, in_place)
+
+    def finish(
+        self,
+        ch: Channel,
+        s: int,
+        inputs: list[np.ndarray[Any, Any]],
+        shm: SHMEMBuffer | None,
+        dst: np.ndarray[Any, Any],
+        in_place: bool,
+    ) -> None:
+        """Combine call ``s``'s inputs (rank order) into ``dst`` and raise ``DONE`` (for a
+        zero-copy input, then wait for the peers'): each plan's own."""
+        raise NotImplementedError
+
+    def await_done(self, ch: Channel, s: int) -> None:
+        """Wait for the peers' ``DONE`` of call ``s`` (they have read my input)."""
+        for f in self.flags:
+            if f[_DONE] < s and not _spin(f, _DONE, s):
+                ch.wait_peers(DONE, s, self.where)
+                break
+
+
+class TinyPlan(ReplayPlan):
     """A one-shot all-reduce of one shape, made once and replayed with nothing else.
 
     The replay does only what the protocol needs: wait for the previous call's ``DONE``,
@@ -318,56 +396,13 @@ class TinyPlan(_Replay):
         self.tmp_buf = np.empty(count if self.widen else 0, acc)
         ctype = _C_TYPES.get((dtype.kind, dtype.itemsize))
         if (
-            _c_replay is not None
-            and ctype is not None
+            ctype is not None
             and dtype.isnative
             and not self.widen
             and op in _C_OPS
             and (dtype.kind != "f" or op in _C_FLOAT_OPS)
         ):
-            self.fast = _c_replay.Replay(
-                ch.my_flags,
-                tuple(self.flags),
-                tuple(self.words),
-                self.stage,
-                self.stage_word,
-                _READY,
-                _DONE,
-                _SRC,
-                ctype,
-                _C_OPS[op],
-                count,
-                _C_SPIN_NS if ch.spin_s > 0 else 0,
-            )
-
-    def run(
-        self,
-        ch: Channel,
-        x: np.ndarray[Any, Any],
-        shm: SHMEMBuffer | None,
-        dst: np.ndarray[Any, Any],
-        in_place: bool,
-    ) -> None:
-        s = ch.seq = ch.seq + 1
-        ch.signature = self.signature  # what a slow wait announces (Channel.announce)
-        fast = self.fast
-        if fast is not None and ch.sig_seq != s - 1 and not (in_place and shm is not None):
-            if shm is None:
-                code = fast.run(s, x, 0, dst)
-            else:
-                code = fast.run(s, None, self.shm_src(shm), dst)
-            if code != _C_UNTOUCHED:
-                if shm is None:
-                    ch.stats.staged_bytes += self.nbytes
-                if code == _C_DONE:
-                    ch.stats.calls += 1
-                elif code == _C_AFTER_READY:  # the Python replay goes on from READY
-                    self.finish(ch, s, self.wait_inputs(ch, s), shm, dst, in_place)
-                else:  # DONE is raised: wait for the peers' (they read my SHMEMBuffer)
-                    ch.stats.calls += 1
-                    self.await_done(ch, s)
-                return
-        self.finish(ch, s, self.exchange(ch, s, x, shm), shm, dst, in_place)
+            self.make_fast(ch, ctype, _C_OPS[op], count, _C_REDUCE, 0)
 
     def finish(
         self,
@@ -413,13 +448,6 @@ class TinyPlan(_Replay):
             if target is not dst:
                 np.copyto(dst, target)
 
-    def await_done(self, ch: Channel, s: int) -> None:
-        """Wait for the peers' ``DONE`` of call ``s`` (they have read my input)."""
-        for f in self.flags:
-            if f[_DONE] < s and not _spin(f, _DONE, s):
-                ch.wait_peers(DONE, s, "all_reduce")
-                break
-
 
 def tiny_plan(
     ch: Channel, count: int, dtype: np.dtype[Any], op: str, acc: np.dtype[Any]
@@ -447,7 +475,7 @@ def tiny_plan(
     return cast("TinyPlan | NodesPlan", plan)
 
 
-class NodesPlan(_Replay):
+class NodesPlan(ReplayPlan):
     """The cached plan of a small all-reduce across nodes (uniform nodes): every rank
     reduces its node's inputs (the one-shot exchange, in rank order, unrounded), exchanges
     that partial with the ranks of the same local index on the other nodes (one MPI

@@ -9,7 +9,7 @@ from shmem.errors import CollectiveArgumentError
 
 from . import signed
 from .channel import Channel
-from .family import exchange, over_mpi
+from .family import exchange, family_plan, over_mpi
 from .operand import Array, Operand, prepare
 
 __all__ = ["broadcast"]
@@ -50,6 +50,10 @@ def broadcast(
         over_mpi(ch, where, lambda: signed.bcast(ch, ch.comm, buf, root, where))
         return ret
     ch.stats.count("broadcast")
+    plan = family_plan(ch, "broadcast", xin, root)
+    if plan is not None:
+        plan.run(ch, xin.array, xin.shmem, dst, False)
+        return ret
 
     def read(r: int, src: Array, target: Array) -> None:
         if not np.shares_memory(target, src):

@@ -95,6 +95,8 @@ class Communicator:
         self._ch: Channel | None = None
         self._last_plan: TinyPlan | NodesPlan | None = None  # the all-reduce fast path's
         self._last_out: Array | None = None
+        # (out, zero-copy input, whether out overlaps it): the fast path's last such pair
+        self._alias: tuple[object, object, bool] | None = None
         self.table = AlgorithmTable()
         if self.team.members != world.team_world.members:
             self.rank, self.world_size = self.team.my_pe, self.team.n_pes
@@ -194,6 +196,7 @@ class Communicator:
         # (a view kept across close() would keep its block held, shmem.quarantine)
         self._last_plan = None
         self._last_out = None
+        self._alias = None
         if self.world.finalized:  # the heap is gone with the World: nothing left to free
             self._closed = True
             return
@@ -383,8 +386,17 @@ class Communicator:
                         src = flat
                     elif src.ndim != 1:
                         src = src.reshape(-1)
+                    in_place = False
+                    if shm is not None and out is not None:
+                        # out over my own zero-copy input (peers read it until their DONE):
+                        # the plan reduces aside and copies in after (checked once a pair)
+                        alias = self._alias
+                        if alias is None or alias[0] is not out or alias[1] is not shm:
+                            overlap = bool(np.may_share_memory(flat, shm.local()))
+                            alias = self._alias = (out, shm, overlap)
+                        in_place = alias[2]
                     try:
-                        plan.run(ch, src, shm, flat, False)
+                        plan.run(ch, src, shm, flat, in_place)
                     except BaseException:
                         ch.fail()  # flags moved: peers must not complete this call
                         raise
@@ -524,6 +536,10 @@ class Communicator:
 
         ``stream``: the GPU stream the call is ordered on (nvshmem backend; default the
         World's context); ignored on the host backend, whose collectives are host-blocking."""
+        if self._ch is not None:
+            done = self._replay_family("all_gather", x, out, 0)
+            if done is not None:
+                return cast("Input", done)
         tc = self._on_team("all_gather")
         if tc is not None:
             return tc.all_gather(x, out)
@@ -551,6 +567,10 @@ class Communicator:
 
         ``stream``: the GPU stream the call is ordered on (nvshmem backend; default the
         World's context); ignored on the host backend, whose collectives are host-blocking."""
+        if self._ch is not None and type(root) is int:
+            done = self._replay_family("broadcast", x, out, root)
+            if done is not None:
+                return cast("Input", done)
         tc = self._on_team("broadcast")
         if tc is not None:
             return tc.broadcast(x, root, out)
@@ -559,6 +579,53 @@ class Communicator:
             return cast("Input", self._gpu.family("broadcast", x, out, root=root, stream=stream))
         with self._call(self._channel("broadcast")) as ch:
             return _broadcast(ch, x, root, out)
+
+    def _replay_family(self, kind: str, x: object, out: object, root: int) -> Any:
+        """Replay the cached plan of a small node-local broadcast or all-gather of this
+        shape (:class:`collectives.family.FamilyPlan`): the result, or None when there is
+        none yet or an argument needs the general path (which validates it)."""
+        ch = self._ch
+        if ch is None or self._closed or ch.broken:
+            return None
+        shm: SHMEMBuffer | None = None
+        if type(x) is np.ndarray:
+            if not x.flags.c_contiguous:
+                return None
+            count, dtype = x.size, x.dtype
+        elif type(x) is SHMEMBuffer and not x.closed:
+            shm, count, dtype = x, x.count, x.dtype
+        else:
+            return None
+        plan = ch.plans.get((kind, count, dtype, root))
+        if plan is None or plan.scratch is not ch.scratch_buf:
+            return None
+        total = count if kind == "broadcast" else count * ch.world_size
+        res: Any
+        if out is None and kind == "broadcast":  # into x itself
+            if shm is None:
+                if not x.flags.writeable:  # type: ignore[union-attr]
+                    return None
+                res, flat = x, x.reshape(-1)  # type: ignore[union-attr]
+            else:
+                res, flat = shm, shm.local().reshape(-1)
+        elif out is None:
+            shape = x.shape if total == count else (total,)
+            res = np.empty(shape, dtype)
+            flat = res.reshape(-1)
+        elif type(out) is np.ndarray and _fits(out, dtype, total):
+            res, flat = out, out.reshape(-1)
+        else:
+            return None
+        if self.world.finalized:
+            self._live(kind)
+        src = flat if shm is not None else x if x.ndim == 1 else x.reshape(-1)  # type: ignore[union-attr]
+        try:
+            plan.run(ch, src, shm, flat, False)
+        except BaseException:
+            ch.fail()  # flags moved: peers must not complete this call
+            raise
+        ch.stats.count(kind)
+        return res
 
     @overload
     def all_to_all(self, x: Input, out: None = ..., *, stream: object = ...) -> Array: ...

@@ -11,16 +11,22 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
+from typing import cast
 
 import numpy as np
 from mpi4py import MPI
 
+from shmem import SHMEMBuffer
 from shmem.errors import CollectiveMismatchError, PeerFailedError, ShmemError
 
+from .allreduce import MAX_PLANS, TINY_NBYTES, ReplayPlan
 from .channel import Channel, Flag
 from .operand import Array, Operand
 
-__all__ = ["exchange", "over_mpi"]
+__all__ = ["FamilyPlan", "exchange", "family_plan", "over_mpi"]
+
+_COPY_ONE, _CONCAT = 1, 2  # the C replay's combine modes (collectives/_replay.c)
+_BYTES = 6  # its type code for uint8: a copy counts bytes
 
 
 def exchange(
@@ -69,3 +75,84 @@ def over_mpi(ch: Channel, where: str, run: Callable[[], None]) -> None:
         raise
     run()
     ch.post(Flag.DONE, s)
+
+
+class FamilyPlan(ReplayPlan):
+    """A cached small broadcast or all-gather on one node, replayed like the all-reduce's
+    :class:`~collectives.allreduce.TinyPlan` (in C where the extension is built): every
+    rank publishes its input with the call's tag in ``SRC`` and raises ``READY``, waits for
+    every node-local rank's ``READY`` (a broadcast's non-roots too, so every rank checks
+    every other rank's call at once, where :func:`exchange` waits for the root only and
+    compares the rest one call later), copies the root's input (broadcast) or every input
+    in rank order (all_gather), raises ``DONE`` and, for a zero-copy input, waits for the
+    peers' ``DONE``. Made by the first such call (:func:`family_plan`); the Communicator
+    replays it with no other work."""
+
+    def __init__(
+        self, ch: Channel, kind: str, count: int, dtype: np.dtype[np.generic], root: int
+    ) -> None:
+        self.algorithm = kind
+        self.where = f"Communicator.{kind}"
+        super().__init__(ch, count, dtype, "", dtype)
+        self.auto = True  # the family has one node-local algorithm
+        self.root_index = self.order.index(root) if kind == "broadcast" else 0
+        self.make_fast(
+            ch,
+            _BYTES,
+            0,
+            self.nbytes,
+            _COPY_ONE if kind == "broadcast" else _CONCAT,
+            self.root_index,
+        )
+
+    def finish(
+        self,
+        ch: Channel,
+        s: int,
+        inputs: list[Array],
+        shm: SHMEMBuffer | None,
+        dst: Array,
+        in_place: bool,
+    ) -> None:
+        aside: Array | None = None  # the result, when dst overlaps an input still being read
+        if self.algorithm == "broadcast":
+            src = inputs[self.root_index]
+            if not np.may_share_memory(dst, src):
+                np.copyto(dst, src)
+            elif dst.ctypes.data != src.ctypes.data or dst.nbytes != src.nbytes:
+                aside = src.copy()
+            # else dst is the root's own input: the result is there already
+        else:
+            n = self.count
+            if any(np.may_share_memory(dst, x) for x in inputs):
+                aside = np.empty_like(dst)
+            target = dst if aside is None else aside
+            for r, x in enumerate(inputs):
+                target[r * n : (r + 1) * n] = x
+        if self.fence_needed:
+            ch.world.heap.fence()  # release: my reads of peers' memory are done
+        ch.my_flags[Flag.DONE] = s
+        ch.stats.calls += 1
+        if shm is not None or aside is not None:  # no peer reads the inputs any more
+            self.await_done(ch, s)
+        if aside is not None:
+            np.copyto(dst, aside)
+
+
+def family_plan(ch: Channel, kind: str, xin: Operand, root: int = 0) -> FamilyPlan | None:
+    """The cached plan of a node-local ``kind`` call of this shape (made on first use), or
+    None where the call does not qualify (larger than the cached all-reduce's limit, debug
+    checks on, several nodes: the general path)."""
+    if xin.count * xin.dtype.itemsize > TINY_NBYTES or ch.check_args or ch.num_nodes > 1:
+        return None
+    key = (kind, xin.count, xin.dtype, root)
+    plan = ch.plans.get(key)
+    if plan is None or plan.scratch is not ch.scratch_buf:
+        if plan is not None:
+            ch.drop_plan(key)
+        plan = ch.plans[key] = FamilyPlan(ch, kind, xin.count, xin.dtype, root)
+        while len(ch.plans) > MAX_PLANS:  # least recently made first
+            ch.drop_plan(next(iter(ch.plans)))
+    else:
+        ch.plans.move_to_end(key)
+    return cast(FamilyPlan, plan)

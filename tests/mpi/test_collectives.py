@@ -473,6 +473,125 @@ def test_back_to_back_tiny_calls_never_read_a_reused_stage(
         world.finalize()
 
 
+@pytest.mark.parametrize("engine", ["C", "python"])
+@pytest.mark.parametrize("kind", ["numpy", "symmetric", "mixed"])
+@pytest.mark.parametrize("collective", ["broadcast", "all_gather"])
+def test_back_to_back_cached_family_calls(
+    monkeypatch: pytest.MonkeyPatch, collective: str, kind: str, engine: str
+) -> None:
+    """Small broadcasts (every root in turn) and all-gathers replay a cached plan like the
+    small all-reduce, in C or in Python: each call's input changes, one rank stalls now and
+    then, ranks mix numpy and zero-copy inputs; every result is exact, returned as the
+    general path returns it (a broadcast into x itself by default)."""
+    if engine == "python":
+        monkeypatch.setattr(collectives.allreduce, "_c_replay", None)
+    elif replay_status() != "C":
+        pytest.skip(replay_status())
+    world = shmem.init(heap_nbytes="16MiB", signal_timeout_s=20.0)
+    comm = collectives.Communicator(world)
+    p, r = world.world_size, world.rank
+    rng = np.random.default_rng(11)
+    stall = rng.integers(0, p, 300)
+    sym = world.zeros(3, "int64")
+    try:
+        for i in range(300):
+            root = i % p
+            mine = np.array([i, r, 7 * i + r], np.int64)
+            use_sym = kind == "symmetric" or (kind == "mixed" and (i + r) % 3 == 0)
+            if use_sym:
+                sym.local()[:] = mine
+            if stall[i] == r:
+                t = time.perf_counter() + 200e-6
+                while time.perf_counter() < t:
+                    pass
+            x: Any = sym if use_sym else mine
+            if collective == "broadcast":
+                got = comm.broadcast(x, root=root)
+                assert got is x
+                val = sym.local() if use_sym else mine
+                assert val.tolist() == [i, root, 7 * i + root], (i, val.tolist())
+            else:
+                got = comm.all_gather(x)
+                want = [v for q in range(p) for v in (i, q, 7 * i + q)]
+                assert got.shape == (3 * p,) and got.tolist() == want, (i, got.tolist())
+        if world.num_nodes == 1:  # the cached replays ran
+            assert comm._ch is not None
+            plans = [
+                v for k, v in comm._ch.plans.items() if isinstance(k, tuple) and k[0] == collective
+            ]
+            assert plans and all((v.fast is None) == (engine == "python") for v in plans)
+            answers = [v.fast.answers() for v in plans if v.fast is not None]
+            assert engine == "python" or sum(sum(a) for a in answers) >= 299 - len(plans)
+    finally:
+        world.barrier()
+        sym.close()
+        comm.close()
+        world.finalize()
+
+
+def test_cached_family_calls_take_every_out_the_general_path_takes() -> None:
+    """The replayed broadcast and all-gather return what the general path returns, for
+    every form of ``out``, and leave to the general path what they do not take."""
+    world = shmem.init(heap_nbytes="16MiB", signal_timeout_s=20.0)
+    comm = collectives.Communicator(world)
+    p, r = world.world_size, world.rank
+    sym = world.zeros((2, 2), "float32")
+    try:
+        for _ in range(3):  # the first call makes each plan, the others replay it
+            x = np.full((2, 2), r + 1, np.float32)
+            assert comm.broadcast(x, root=p - 1) is x and (x == p).all()
+            out = np.empty((2, 2), np.float32)
+            x = np.full((2, 2), r + 1, np.float32)
+            assert comm.broadcast(x, p - 1, out) is out and (out == p).all() and (x == r + 1).all()
+            sym.local()[...] = r + 1
+            assert comm.broadcast(sym, root=0) is sym and (sym.local() == 1).all()
+            g = comm.all_gather(np.full((2, 2), r, np.float32))
+            want = np.repeat(np.arange(p, dtype=np.float32), 4)
+            assert g.shape == ((2, 2) if p == 1 else (4 * p,)) and (g.reshape(-1) == want).all()
+            sym.local()[...] = r
+            flat_out = np.empty(4 * p, np.float32)
+            assert comm.all_gather(sym, out=flat_out) is flat_out and (flat_out == want).all()
+            ro = np.full((2, 2), r + 1, np.float32)
+            ro.flags.writeable = False  # broadcast into a read-only x: refused, nothing moved
+            with pytest.raises(ArgumentError):
+                comm.broadcast(ro, root=0)
+            with pytest.raises(ArgumentError):
+                comm.all_gather(x, out=np.empty(4 * p + 1, np.float32))
+            strided = np.arange(8, dtype=np.float32).reshape(2, 4)[:, ::2]
+            with pytest.raises(ArgumentError):
+                comm.broadcast(strided, root=0)
+        if world.num_nodes == 1:  # (across nodes the family runs over MPI: not counted)
+            algos = comm.stats.algorithms
+            assert algos is not None and algos["broadcast"] == 9 and algos["all_gather"] == 6
+    finally:
+        world.barrier()
+        sym.close()
+        comm.close()
+        world.finalize()
+
+
+@pytest.mark.parametrize("count", [3, 1000])
+def test_a_cached_call_whose_out_is_its_own_symmetric_input(count: int) -> None:
+    """``all_reduce(sym, out=sym.local())``: peers read my SHMEMBuffer until their DONE, so
+    the result goes aside and into it after (before the fix the replay wrote it in place:
+    149-290 of 300 results were wrong at 2 ranks, found in review)."""
+    world = shmem.init(heap_nbytes="16MiB", signal_timeout_s=20.0)
+    comm = collectives.Communicator(world)
+    p, r = world.world_size, world.rank
+    sym = world.zeros(count, "int64")
+    try:
+        for i in range(300):
+            sym.local()[:] = i + r
+            got = comm.all_reduce(sym, "sum", out=sym.local())
+            assert (got == p * i + p * (p - 1) // 2).all(), i
+            assert (sym.local() == p * i + p * (p - 1) // 2).all(), i
+    finally:
+        world.barrier()
+        sym.close()
+        comm.close()
+        world.finalize()
+
+
 @pytest.mark.parametrize("name", ["float32", "float64", "int64", "bfloat16"])
 @pytest.mark.parametrize("op", ["sum", "avg", "max"])
 def test_small_calls_across_nodes_are_the_fixed_order(name: str, op: str) -> None:
