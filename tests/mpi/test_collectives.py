@@ -570,6 +570,40 @@ def test_cached_family_calls_take_every_out_the_general_path_takes() -> None:
         world.finalize()
 
 
+@pytest.mark.parametrize("name", ["float32", "float64"])
+def test_nans_and_flagged_floats_give_numpys_bits_on_every_rank(name: str) -> None:
+    """Different NaNs on different ranks (and inf - inf, overflow): which NaN a sum keeps is
+    numpy's choice, so every rank must get numpy's bits whether its replay ran in C or in
+    Python (rank 0 passes a strided view: the Python replay). Found in review: the C loop
+    kept the other NaN, and two ranks disagreed."""
+    world = shmem.init(heap_nbytes="16MiB", signal_timeout_s=20.0)
+    comm = collectives.Communicator(world)
+    r = world.rank
+    dt = np.dtype(name)
+    bits = np.uint32 if dt.itemsize == 4 else np.uint64
+    top = 0x7FC00000 if dt.itemsize == 4 else 0x7FF8000000000000
+    sign = 0x80000000 if dt.itemsize == 4 else 1 << 63
+    try:
+        for i in range(20):
+            nan = np.array([top + r + 1 + i + (sign if r % 2 else 0)], bits).view(dt)[0]
+            big = np.finfo(dt).max
+            vals = [nan, np.inf if r == 0 else -np.inf, big, 1.0 + r]
+            base = np.array(vals * 2, dt)
+            x = base[::2] if r == 0 and i % 2 else base[:4].copy()
+            with np.errstate(all="ignore"):
+                got = comm.all_reduce(x)
+                every = world.comm.allgather(np.ascontiguousarray(x))
+                want = every[0].copy()
+                for y in every[1:]:
+                    want = want + y
+            assert len(set(world.comm.allgather(got.tobytes()))) == 1, i
+            assert got.tobytes() == want.tobytes(), (i, got, want)
+    finally:
+        world.barrier()
+        comm.close()
+        world.finalize()
+
+
 @pytest.mark.parametrize("count", [3, 1000])
 def test_a_cached_call_whose_out_is_its_own_symmetric_input(count: int) -> None:
     """``all_reduce(sym, out=sym.local())``: peers read my SHMEMBuffer until their DONE, so
