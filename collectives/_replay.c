@@ -197,10 +197,13 @@ typedef struct {
     int mode;          /* how the inputs combine into out (M_*) */
     Py_ssize_t root;   /* M_COPY_ONE: the rank-order index of the input copied */
     Py_ssize_t nbytes, count;
-    Py_ssize_t out_bytes; /* nbytes, or nbytes * nranks for M_CONCAT */
+    Py_ssize_t out_bytes; /* nbytes, or nbytes * nranks for M_CONCAT, or the shard's */
+    Py_ssize_t lo, n;     /* M_REDUCE: the elements [lo, lo + n) reduced (a reduce-scatter's
+                           * shard; by default all) */
     int64_t spin_ns;
     int64_t *expected; /* the SRC words the inputs below belong to (NULL: none yet) */
     char **inputs;     /* every rank's input, in rank order */
+    char **shards;     /* M_REDUCE: where each input's reduced elements start */
     PyObject *input_objs;
     int closed;
     long long answers[4]; /* how many runs gave each answer */
@@ -211,6 +214,8 @@ static void Replay_release(Replay *self) {
     PyMem_Free(self->words);
     PyMem_Free(self->expected);
     PyMem_Free(self->inputs);
+    PyMem_Free(self->shards);
+    self->shards = NULL;
     self->peers = self->words = NULL;
     self->expected = NULL;
     self->inputs = NULL;
@@ -227,26 +232,29 @@ static int64_t *flag_words(PyObject *keep, PyObject *obj, Py_ssize_t nwords, con
 }
 
 /* Replay(mine, peers, words, stage, stage_word, ready, done, src, type, op, count, spin_ns,
- *        mode=0, root=0) */
+ *        mode=0, root=0, lo=0, n=-1) */
 static PyObject *Replay_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     PyObject *mine, *peers, *words, *stage;
     long long stage_word, spin_ns;
-    Py_ssize_t ready, done, src, count, root = 0;
+    Py_ssize_t ready, done, src, count, root = 0, lo = 0, n = -1;
     int ctype, op, mode = M_REDUCE;
     static char *kwlist[] = {"mine", "peers", "words", "stage", "stage_word", "ready",
                              "done", "src", "type", "op", "count", "spin_ns", "mode", "root",
-                             NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO!O!OLnnniinL|in", kwlist, &mine,
+                             "lo", "n", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO!O!OLnnniinL|innn", kwlist, &mine,
                                      &PyTuple_Type, &peers, &PyTuple_Type, &words, &stage,
                                      &stage_word, &ready, &done, &src, &ctype, &op, &count,
-                                     &spin_ns, &mode, &root))
+                                     &spin_ns, &mode, &root, &lo, &n))
         return NULL;
+    if (n < 0)
+        n = count - lo;
     if (ctype < 0 || ctype >= T_COUNT || op < 0 || op >= OP_COUNT ||
         (ctype <= T_F64 && op > OP_PROD) || count < 0 || ready < 0 || done < 0 || src < 0 ||
         spin_ns < 0 || mode < 0 || mode >= M_COUNT || root < 0 ||
-        root >= PyTuple_GET_SIZE(words)) {
+        root >= PyTuple_GET_SIZE(words) || lo < 0 || n < 0 || lo + n > count ||
+        (mode != M_REDUCE && (lo != 0 || n != count))) {
         PyErr_SetString(PyExc_ValueError,
-                        "Replay: a type, op, count, mode, root or index out of range");
+                        "Replay: a type, op, count, mode, root, shard or index out of range");
         return NULL;
     }
     Replay *self = (Replay *)type->tp_alloc(type, 0);
@@ -267,14 +275,18 @@ static PyObject *Replay_new(PyTypeObject *type, PyObject *args, PyObject *kwds) 
     self->spin_ns = spin_ns;
     self->npeers = PyTuple_GET_SIZE(peers);
     self->nranks = PyTuple_GET_SIZE(words);
-    self->out_bytes = mode == M_CONCAT ? self->nbytes * self->nranks : self->nbytes;
+    self->lo = lo;
+    self->n = n;
+    self->out_bytes = mode == M_CONCAT ? self->nbytes * self->nranks
+                                        : (mode == M_REDUCE ? n * type_size[ctype] : self->nbytes);
     self->keep = PyList_New(0);
     self->peers = PyMem_Calloc(self->npeers + 1, sizeof(int64_t *));
     self->words = PyMem_Calloc(self->nranks + 1, sizeof(int64_t *));
     self->expected = PyMem_Calloc(self->nranks + 1, sizeof(int64_t));
     self->inputs = PyMem_Calloc(self->nranks + 1, sizeof(char *));
+    self->shards = PyMem_Calloc(self->nranks + 1, sizeof(char *));
     if (self->keep == NULL || self->peers == NULL || self->words == NULL ||
-        self->expected == NULL || self->inputs == NULL) {
+        self->expected == NULL || self->inputs == NULL || self->shards == NULL) {
         Py_DECREF(self);
         return PyErr_NoMemory();
     }
@@ -407,22 +419,27 @@ static PyObject *Replay_run(Replay *self, PyObject *const *args, Py_ssize_t narg
     } else if (self->mode == M_CONCAT) {
         for (Py_ssize_t r = 0; r < self->nranks; r++)
             memcpy(out + r * self->nbytes, self->inputs[r], (size_t)self->nbytes);
-    } else if (self->nranks == 1) {
-        if (out != self->inputs[0])
-            memcpy(out, self->inputs[0], (size_t)self->nbytes);
-    } else if (self->type > T_F64) {
-        reduce(self->type, self->op, out, self->inputs, self->nranks, self->count);
     } else {
-        /* floats: a result numpy would flag (overflow, an invalid operation, underflow:
-         * np.seterr decides whether it warns or raises) or a NaN (which NaN an operation
-         * keeps when several meet is the compiler's choice, not numpy's) is numpy's to
-         * compute: READY stays raised and the Python replay reduces again, so every rank
-         * gets numpy's bits and numpy's error handling */
-        feclearexcept(FE_ALL_EXCEPT);
-        reduce(self->type, self->op, out, self->inputs, self->nranks, self->count);
-        if (fetestexcept(FE_INVALID | FE_OVERFLOW | FE_UNDERFLOW | FE_DIVBYZERO) ||
-            any_nan(self->type, out, self->count))
-            goto end;
+        /* the elements [lo, lo + n) of every input (all of them but for a reduce-scatter) */
+        Py_ssize_t skip = self->lo * type_size[self->type];
+        for (Py_ssize_t r = 0; r < self->nranks; r++)
+            self->shards[r] = self->inputs[r] + skip;
+        if (self->nranks == 1) {
+            memcpy(out, self->shards[0], (size_t)self->out_bytes); /* overlaps no input */
+        } else if (self->type > T_F64) {
+            reduce(self->type, self->op, out, self->shards, self->nranks, self->n);
+        } else {
+            /* floats: a result numpy would flag (overflow, an invalid operation, underflow:
+             * np.seterr decides whether it warns or raises) or a NaN (which NaN an
+             * operation keeps when several meet is the compiler's choice, not numpy's) is
+             * numpy's to compute: READY stays raised and the Python replay reduces again,
+             * so every rank gets numpy's bits and numpy's error handling */
+            feclearexcept(FE_ALL_EXCEPT);
+            reduce(self->type, self->op, out, self->shards, self->nranks, self->n);
+            if (fetestexcept(FE_INVALID | FE_OVERFLOW | FE_UNDERFLOW | FE_DIVBYZERO) ||
+                any_nan(self->type, out, self->n))
+                goto end;
+        }
     }
     store_release(self->mine + self->done, s);
     code = AFTER_DONE;

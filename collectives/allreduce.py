@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib
 import logging
 import operator
+from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
@@ -44,7 +45,16 @@ from .signed import PersistentGather
 if TYPE_CHECKING:
     from mpi4py import MPI
 
-__all__ = ["ReplayPlan", "TinyPlan", "all_reduce", "choose", "replay_status", "tiny_plan"]
+__all__ = [
+    "ReplayPlan",
+    "TinyPlan",
+    "all_reduce",
+    "cached_plan",
+    "choose",
+    "replay_status",
+    "shard_plan",
+    "tiny_plan",
+]
 
 log = logging.getLogger(__name__)
 DONE, READY, SHARD, SRC, SIG = Flag.DONE, Flag.READY, Flag.SHARD, Flag.SRC, Flag.SIG
@@ -291,10 +301,21 @@ class ReplayPlan:
             self.offsets, self.inputs = offsets, inputs
         return self.inputs
 
-    def make_fast(self, ch: Channel, ctype: int, op: int, count: int, mode: int, root: int) -> None:
+    def make_fast(
+        self,
+        ch: Channel,
+        ctype: int,
+        op: int,
+        count: int,
+        mode: int,
+        root: int,
+        lo: int = 0,
+        n: int = -1,
+    ) -> None:
         """The C replay of this plan, where the extension is built: ``mode`` 0 reduces
-        (``ctype``/``op`` over ``count`` elements), 1 copies rank-order input ``root``, 2
-        concatenates every input (``count`` bytes each for these two)."""
+        (``ctype``/``op``: inputs of ``count`` elements, of which ``[lo, lo + n)``), 1 copies
+        rank-order input ``root``, 2 concatenates every input (``count`` bytes each for
+        these two)."""
         if _c_replay is None:
             return
         self.fast = _c_replay.Replay(
@@ -312,6 +333,8 @@ class ReplayPlan:
             _C_SPIN_NS if ch.spin_s > 0 else 0,
             mode,
             root,
+            lo,
+            n,
         )
 
     def run(
@@ -385,15 +408,29 @@ class TinyPlan(ReplayPlan):
     algorithm = "one_shot"
 
     def __init__(
-        self, ch: Channel, count: int, dtype: np.dtype[Any], op: str, acc: np.dtype[Any]
+        self,
+        ch: Channel,
+        count: int,
+        dtype: np.dtype[Any],
+        op: str,
+        acc: np.dtype[Any],
+        shard: tuple[int, int] | None = None,
     ) -> None:
         super().__init__(ch, count, dtype, op, acc)
+        if shard is not None:  # a reduce-scatter: my shard [lo, hi) of the reduction
+            self.algorithm = "reduce_scatter"
+            self.where = "Communicator.reduce_scatter"
+            self.auto = True
+        self.shard = shard
+        self.sliced: list[np.ndarray[Any, Any]] = []  # the inputs' shards (reduce-scatter)
+        self.sliced_of: list[np.ndarray[Any, Any]] | None = None
+        lo, hi = (0, count) if shard is None else shard
         self.ufunc = UFUNCS[op]
         self.divide = acc.type(ch.world_size) if op == "avg" else None
         self.widen = acc != dtype  # low precision: accumulate in float32, round once
         self.padded = dtype == np.dtype(np.longdouble)
-        self.acc_buf = np.empty(count if self.widen else 0, acc)
-        self.tmp_buf = np.empty(count if self.widen else 0, acc)
+        self.acc_buf = np.empty(hi - lo if self.widen else 0, acc)
+        self.tmp_buf = np.empty(hi - lo if self.widen else 0, acc)
         ctype = _C_TYPES.get((dtype.kind, dtype.itemsize))
         if (
             ctype is not None
@@ -402,7 +439,16 @@ class TinyPlan(ReplayPlan):
             and op in _C_OPS
             and (dtype.kind != "f" or op in _C_FLOAT_OPS)
         ):
-            self.make_fast(ch, ctype, _C_OPS[op], count, _C_REDUCE, 0)
+            self.make_fast(ch, ctype, _C_OPS[op], count, _C_REDUCE, 0, lo, hi - lo)
+
+    def wait_inputs(self, ch: Channel, s: int) -> list[np.ndarray[Any, Any]]:
+        inputs = super().wait_inputs(ch, s)
+        if self.shard is None:
+            return inputs
+        if inputs is not self.sliced_of:  # new inputs: their shards, once
+            lo, hi = self.shard
+            self.sliced, self.sliced_of = [x[lo:hi] for x in inputs], inputs
+        return self.sliced
 
     def finish(
         self,
@@ -462,17 +508,39 @@ def tiny_plan(
         if not ch.uniform_nodes or ch.cross is None:
             return None
         kind = NodesPlan
-    key = (count, dtype, op)
+    plan = cached_plan(ch, (count, dtype, op), lambda: kind(ch, count, dtype, op, acc), acc)
+    return cast("TinyPlan | NodesPlan", plan)
+
+
+def cached_plan(ch: Channel, key: Hashable, make: Callable[[], ReplayPlan], acc: Any = None) -> Any:
+    """The channel's plan under ``key``, made by ``make()`` when there is none, or the one
+    there was made for an older scratch (or another accumulation dtype ``acc``); the least
+    recently made plans beyond :data:`MAX_PLANS` are dropped."""
     plan = ch.plans.get(key)
-    if plan is None or plan.scratch is not ch.scratch_buf or plan.acc != acc:
+    if plan is None or plan.scratch is not ch.scratch_buf or (acc is not None and plan.acc != acc):
         if plan is not None:
             ch.drop_plan(key)
-        plan = ch.plans[key] = kind(ch, count, dtype, op, acc)
+        plan = ch.plans[key] = make()
         while len(ch.plans) > MAX_PLANS:  # least recently made first
             ch.drop_plan(next(iter(ch.plans)))
     else:
         ch.plans.move_to_end(key)
-    return cast("TinyPlan | NodesPlan", plan)
+    return plan
+
+
+def shard_plan(
+    ch: Channel, xin: Operand, op: str, acc: np.dtype[Any], shard: tuple[int, int]
+) -> TinyPlan | None:
+    """The cached plan of a small node-local reduce-scatter of this shape (a
+    :class:`TinyPlan` reducing only my ``shard`` of the inputs), or None where the call
+    does not qualify (the general path)."""
+    count, dtype = xin.count, xin.dtype
+    if count * dtype.itemsize > TINY_NBYTES or ch.check_args or ch.num_nodes > 1:
+        return None
+    key = ("reduce_scatter", count, dtype, op)
+    return cast(
+        TinyPlan, cached_plan(ch, key, lambda: TinyPlan(ch, count, dtype, op, acc, shard), acc)
+    )
 
 
 class NodesPlan(ReplayPlan):

@@ -386,15 +386,7 @@ class Communicator:
                         src = flat
                     elif src.ndim != 1:
                         src = src.reshape(-1)
-                    in_place = False
-                    if shm is not None and out is not None:
-                        # out over my own zero-copy input (peers read it until their DONE):
-                        # the plan reduces aside and copies in after (checked once a pair)
-                        alias = self._alias
-                        if alias is None or alias[0] is not out or alias[1] is not shm:
-                            overlap = bool(np.may_share_memory(flat, shm.local()))
-                            alias = self._alias = (out, shm, overlap)
-                        in_place = alias[2]
+                    in_place = shm is not None and out is not None and self._over(out, flat, shm)
                     try:
                         plan.run(ch, src, shm, flat, in_place)
                     except BaseException:
@@ -515,6 +507,10 @@ class Communicator:
 
         ``stream``: the GPU stream the call is ordered on (nvshmem backend; default the
         World's context); ignored on the host backend, whose collectives are host-blocking."""
+        if self._ch is not None and type(op) is str:
+            done = self._replay_family("reduce_scatter", x, out, op)
+            if done is not None:
+                return cast("Input", done)
         tc = self._on_team("reduce_scatter")
         if tc is not None:
             return tc.reduce_scatter(x, op, out)
@@ -580,10 +576,21 @@ class Communicator:
         with self._call(self._channel("broadcast")) as ch:
             return _broadcast(ch, x, root, out)
 
-    def _replay_family(self, kind: str, x: object, out: object, root: int) -> Any:
-        """Replay the cached plan of a small node-local broadcast or all-gather of this
-        shape (:class:`collectives.family.FamilyPlan`): the result, or None when there is
-        none yet or an argument needs the general path (which validates it)."""
+    def _over(self, out: object, flat: Array, shm: SHMEMBuffer) -> bool:
+        """Whether ``out`` (flat view ``flat``) overlaps my zero-copy input ``shm``, which
+        peers read until their ``DONE``: a cached replay then combines aside and copies the
+        result in after (checked once per pair of objects)."""
+        alias = self._alias
+        if alias is None or alias[0] is not out or alias[1] is not shm:
+            alias = self._alias = (out, shm, bool(np.may_share_memory(flat, shm.local())))
+        return alias[2]
+
+    def _replay_family(self, kind: str, x: object, out: object, extra: object) -> Any:
+        """Replay the cached plan of a small node-local broadcast, all-gather or
+        reduce-scatter of this shape (:class:`collectives.family.FamilyPlan`, a sharded
+        :class:`collectives.allreduce.TinyPlan`; ``extra``: the root or the op): the result,
+        or None when there is none yet or an argument needs the general path (which
+        validates it)."""
         ch = self._ch
         if ch is None or self._closed or ch.broken:
             return None
@@ -596,10 +603,14 @@ class Communicator:
             shm, count, dtype = x, x.count, x.dtype
         else:
             return None
-        plan = ch.plans.get((kind, count, dtype, root))
+        plan = ch.plans.get((kind, count, dtype, extra))
         if plan is None or plan.scratch is not ch.scratch_buf:
             return None
-        total = count if kind == "broadcast" else count * ch.world_size
+        if kind == "reduce_scatter":
+            lo, hi = plan.shard
+            total = hi - lo
+        else:
+            total = count if kind == "broadcast" else count * ch.world_size
         res: Any
         if out is None and kind == "broadcast":  # into x itself
             if shm is None:
@@ -619,8 +630,9 @@ class Communicator:
         if self.world.finalized:
             self._live(kind)
         src = flat if shm is not None else x if x.ndim == 1 else x.reshape(-1)  # type: ignore[union-attr]
+        in_place = shm is not None and out is not None and self._over(out, flat, shm)
         try:
-            plan.run(ch, src, shm, flat, False)
+            plan.run(ch, src, shm, flat, in_place)
         except BaseException:
             ch.fail()  # flags moved: peers must not complete this call
             raise

@@ -19,7 +19,7 @@ from mpi4py import MPI
 from shmem import SHMEMBuffer
 from shmem.errors import CollectiveMismatchError, PeerFailedError, ShmemError
 
-from .allreduce import MAX_PLANS, TINY_NBYTES, ReplayPlan
+from .allreduce import TINY_NBYTES, ReplayPlan, cached_plan
 from .channel import Channel, Flag
 from .operand import Array, Operand
 
@@ -146,13 +146,7 @@ def family_plan(ch: Channel, kind: str, xin: Operand, root: int = 0) -> FamilyPl
     if xin.count * xin.dtype.itemsize > TINY_NBYTES or ch.check_args or ch.num_nodes > 1:
         return None
     key = (kind, xin.count, xin.dtype, root)
-    plan = ch.plans.get(key)
-    if plan is None or plan.scratch is not ch.scratch_buf:
-        if plan is not None:
-            ch.drop_plan(key)
-        plan = ch.plans[key] = FamilyPlan(ch, kind, xin.count, xin.dtype, root)
-        while len(ch.plans) > MAX_PLANS:  # least recently made first
-            ch.drop_plan(next(iter(ch.plans)))
-    else:
-        ch.plans.move_to_end(key)
-    return cast(FamilyPlan, plan)
+    return cast(
+        FamilyPlan,
+        cached_plan(ch, key, lambda: FamilyPlan(ch, kind, xin.count, xin.dtype, root)),
+    )

@@ -7,7 +7,7 @@ import numpy as np
 
 from shmem import SHMEMBuffer
 
-from .allreduce import all_reduce
+from .allreduce import all_reduce, shard_plan
 from .channel import Channel
 from .family import exchange
 from .operand import Array, Operand, prepare
@@ -41,6 +41,11 @@ def reduce_scatter(
         np.copyto(dst, np.asarray(full).reshape(-1)[a:b])
         return ret
     ch.stats.count("reduce_scatter")
+    plan = shard_plan(ch, xin, op, acc, (a, b))
+    if plan is not None:  # small: a cached plan, replayed (the Communicator's fast path)
+        aside = xin.shmem is not None and bool(np.may_share_memory(dst, xin.array))
+        plan.run(ch, xin.array, xin.shmem, dst, aside)
+        return ret
     sources: list[Array] = []
 
     def read(r: int, src: Array, target: Array) -> None:

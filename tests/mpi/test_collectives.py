@@ -475,14 +475,15 @@ def test_back_to_back_tiny_calls_never_read_a_reused_stage(
 
 @pytest.mark.parametrize("engine", ["C", "python"])
 @pytest.mark.parametrize("kind", ["numpy", "symmetric", "mixed"])
-@pytest.mark.parametrize("collective", ["broadcast", "all_gather"])
+@pytest.mark.parametrize("collective", ["broadcast", "all_gather", "reduce_scatter"])
 def test_back_to_back_cached_family_calls(
     monkeypatch: pytest.MonkeyPatch, collective: str, kind: str, engine: str
 ) -> None:
-    """Small broadcasts (every root in turn) and all-gathers replay a cached plan like the
-    small all-reduce, in C or in Python: each call's input changes, one rank stalls now and
-    then, ranks mix numpy and zero-copy inputs; every result is exact, returned as the
-    general path returns it (a broadcast into x itself by default)."""
+    """Small broadcasts (every root in turn), all-gathers and reduce-scatters (3 elements:
+    empty shards from 4 ranks) replay a cached plan like the small all-reduce, in C or in
+    Python: each call's input changes, one rank stalls now and then, ranks mix numpy and
+    zero-copy inputs; every result is exact, returned as the general path returns it (a
+    broadcast into x itself by default)."""
     if engine == "python":
         monkeypatch.setattr(collectives.allreduce, "_c_replay", None)
     elif replay_status() != "C":
@@ -510,10 +511,16 @@ def test_back_to_back_cached_family_calls(
                 assert got is x
                 val = sym.local() if use_sym else mine
                 assert val.tolist() == [i, root, 7 * i + root], (i, val.tolist())
-            else:
+            elif collective == "all_gather":
                 got = comm.all_gather(x)
                 want = [v for q in range(p) for v in (i, q, 7 * i + q)]
                 assert got.shape == (3 * p,) and got.tolist() == want, (i, got.tolist())
+            else:
+                got = comm.reduce_scatter(x)
+                lo, hi = shard_of(3, p, r)
+                tri = p * (p - 1) // 2
+                want = [p * i, tri, 7 * i * p + tri][lo:hi]
+                assert got.tolist() == want, (i, got.tolist(), want)
         if world.num_nodes == 1:  # the cached replays ran
             assert comm._ch is not None
             plans = [
@@ -551,6 +558,13 @@ def test_cached_family_calls_take_every_out_the_general_path_takes() -> None:
             sym.local()[...] = r
             flat_out = np.empty(4 * p, np.float32)
             assert comm.all_gather(sym, out=flat_out) is flat_out and (flat_out == want).all()
+            lo, hi = shard_of(4, p, r)
+            rs = comm.reduce_scatter(np.full((2, 2), r + 1, np.float32))
+            assert rs.shape == ((2, 2) if p == 1 else (hi - lo,))
+            assert (rs == p * (p + 1) // 2).all()
+            sym.local()[...] = r + 1
+            mine = sym.local().reshape(-1)[lo:hi]  # out over my own input, peers read it
+            assert comm.reduce_scatter(sym, out=mine) is mine and (mine == p * (p + 1) // 2).all()
             ro = np.full((2, 2), r + 1, np.float32)
             ro.flags.writeable = False  # broadcast into a read-only x: refused, nothing moved
             with pytest.raises(ArgumentError):
@@ -563,6 +577,7 @@ def test_cached_family_calls_take_every_out_the_general_path_takes() -> None:
         if world.num_nodes == 1:  # (across nodes the family runs over MPI: not counted)
             algos = comm.stats.algorithms
             assert algos is not None and algos["broadcast"] == 9 and algos["all_gather"] == 6
+            assert algos["reduce_scatter"] == 6
     finally:
         world.barrier()
         sym.close()
