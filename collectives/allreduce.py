@@ -229,6 +229,8 @@ class ReplayPlan:
         self.shm: SHMEMBuffer | None = None  # the last zero-copy input, and its SRC word
         self.shm_word = 0
         self.fast: Any = None  # the C replay (collectives._replay.Replay), where it applies
+        self.extra: object = None  # the key's last item: a broadcast's root, a shard's op
+        self.out_count = count  # elements of the result
         self.scratch = ch.scratch_buf
         # x86-64 orders loads before a later store (TSO): the release fence is a no-op there
         self.fence_needed = ch.release_fence_needed
@@ -421,6 +423,8 @@ class TinyPlan(ReplayPlan):
             self.algorithm = "reduce_scatter"
             self.where = "Communicator.reduce_scatter"
             self.auto = True
+            self.extra = op
+            self.out_count = shard[1] - shard[0]
         self.shard = shard
         self.sliced: list[np.ndarray[Any, Any]] = []  # the inputs' shards (reduce-scatter)
         self.sliced_of: list[np.ndarray[Any, Any]] | None = None

@@ -97,6 +97,7 @@ class Communicator:
         self._last_out: Array | None = None
         # (out, zero-copy input, whether out overlaps it): the fast path's last such pair
         self._alias: tuple[object, object, bool] | None = None
+        self._last_family: dict[str, Any] = {}  # kind -> the last family plan replayed
         self.table = AlgorithmTable()
         if self.team.members != world.team_world.members:
             self.rank, self.world_size = self.team.my_pe, self.team.n_pes
@@ -197,6 +198,7 @@ class Communicator:
         self._last_plan = None
         self._last_out = None
         self._alias = None
+        self._last_family.clear()
         if self.world.finalized:  # the heap is gone with the World: nothing left to free
             self._closed = True
             return
@@ -595,28 +597,32 @@ class Communicator:
         if ch is None or self._closed or ch.broken:
             return None
         shm: SHMEMBuffer | None = None
+        flags: Any = None
         if type(x) is np.ndarray:
-            if not x.flags.c_contiguous:
+            flags = x.flags
+            if not flags.c_contiguous:
                 return None
             count, dtype = x.size, x.dtype
         elif type(x) is SHMEMBuffer and not x.closed:
             shm, count, dtype = x, x.count, x.dtype
         else:
             return None
-        plan = ch.plans.get((kind, count, dtype, extra))
-        if plan is None or plan.scratch is not ch.scratch_buf:
+        plan = self._last_family.get(kind)  # the last shape replayed: no key to build
+        if plan is None or plan.count != count or plan.dtype is not dtype or plan.extra != extra:
+            plan = ch.plans.get((kind, count, dtype, extra))
+            if plan is None:
+                return None
+            self._last_family[kind] = plan
+        if plan.scratch is not ch.scratch_buf:
             return None
-        if kind == "reduce_scatter":
-            lo, hi = plan.shard
-            total = hi - lo
-        else:
-            total = count if kind == "broadcast" else count * ch.world_size
+        total = plan.out_count
         res: Any
+        flat: Any
         if out is None and kind == "broadcast":  # into x itself
             if shm is None:
-                if not x.flags.writeable:  # type: ignore[union-attr]
+                if not flags.writeable:
                     return None
-                res, flat = x, x.reshape(-1)  # type: ignore[union-attr]
+                res, flat = x, x if x.ndim == 1 else x.reshape(-1)  # type: ignore[union-attr]
             else:
                 res, flat = shm, shm.local().reshape(-1)
         elif out is None:
@@ -636,7 +642,11 @@ class Communicator:
         except BaseException:
             ch.fail()  # flags moved: peers must not complete this call
             raise
-        ch.stats.count(kind)
+        algos = ch.stats.algorithms
+        if algos is not None:
+            algos[kind] += 1
+        else:
+            ch.stats.count(kind)
         return res
 
     @overload

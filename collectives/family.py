@@ -95,6 +95,8 @@ class FamilyPlan(ReplayPlan):
         self.where = f"Communicator.{kind}"
         super().__init__(ch, count, dtype, "", dtype)
         self.auto = True  # the family has one node-local algorithm
+        self.extra = root
+        self.out_count = count if kind == "broadcast" else count * ch.world_size
         self.root_index = self.order.index(root) if kind == "broadcast" else 0
         self.make_fast(
             ch,
