@@ -189,6 +189,10 @@ def _inputs(
 
 
 TINY_NBYTES = 64 << 10  # one-shot calls up to this size run from a cached plan
+# A zero-copy input up to this size is staged by the C replay like a numpy one: a copy of
+# 1 KiB costs less than the wait for every peer's DONE that returning a read buffer needs
+# (2 ranks, 8-512 B: 1.5-1.6 us staged against 1.75-1.8 us zero-copy)
+STAGE_SMALL = 1 << 10
 MAX_PLANS = 64  # cached shapes per communicator (least recently made are dropped)
 
 
@@ -228,6 +232,8 @@ class ReplayPlan:
         self.inputs: list[np.ndarray[Any, Any]] = []
         self.shm: SHMEMBuffer | None = None  # the last zero-copy input, and its SRC word
         self.shm_word = 0
+        self.staged_shm: SHMEMBuffer | None = None  # the last small one staged, and where
+        self.staged_addr = 0  # its bytes are in this process
         self.fast: Any = None  # the C replay (collectives._replay.Replay), where it applies
         self.extra: object = None  # the key's last item: a broadcast's root, a shard's op
         self.out_count = count  # elements of the result
@@ -355,6 +361,13 @@ class ReplayPlan:
         if fast is not None and ch.sig_seq != s - 1 and not (in_place and shm is not None):
             if shm is None:
                 code = fast.run(s, x, 0, dst)
+            elif self.nbytes <= STAGE_SMALL:  # copied in, as a numpy input: no DONE wait
+                if shm is not self.staged_shm:
+                    self.staged_addr = ch.world.heap.address(shm.offset)
+                    self.staged_shm = shm
+                code = fast.run(s, self.staged_addr, 0, dst)
+                if code != _C_UNTOUCHED:
+                    shm = None  # from here on the call is a staged one
             else:
                 code = fast.run(s, None, self.shm_src(shm), dst)
             if code != _C_UNTOUCHED:

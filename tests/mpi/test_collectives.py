@@ -214,6 +214,34 @@ def test_zero_copy_family_and_staging_counts(world: World, comm: Any) -> None:
             assert comm.stats.staged_bytes == before + 4 * p * 8  # numpy inputs are staged
 
 
+def test_small_zero_copy_inputs_are_staged_by_the_c_replay(plain: tuple[World, Any]) -> None:
+    """A replayed call's zero-copy input of up to STAGE_SMALL bytes is copied in like a numpy
+    one (cheaper than waiting for every peer's DONE before returning); a larger one is read
+    where it is. Results are the same either way."""
+    from collectives.allreduce import STAGE_SMALL
+
+    world, comm = plain
+    if replay_status() != "C" or world.num_nodes > 1 or world.config.collectives.check_args:
+        pytest.skip("the C replay on one node (the defaults)")
+    p = world.world_size
+    with (
+        world.zeros(4, "int64") as small,
+        world.zeros(STAGE_SMALL // 8 + 8, "int64") as big,
+    ):
+        for buf in (small, big):
+            buf.local()[...] = world.rank + 1
+            for _ in range(3):  # the plan, then replays
+                comm.all_reduce(buf)
+            before = comm.stats.staged_bytes
+            for _ in range(20):
+                assert (comm.all_reduce(buf) == p * (p + 1) // 2).all()
+            staged = comm.stats.staged_bytes - before
+            if buf is big:
+                assert staged == 0
+            elif comm._ch.spin_s > 0:  # (no spin with more ranks than cores: Python's turn)
+                assert staged > 0 and staged % 32 == 0
+
+
 def test_determinism_run_to_run_and_across_algorithms(world: World, comm: Any) -> None:
     x = make_input("bfloat16", "sum", 4099, seed=world.rank)
     first = comm.all_reduce(x)
@@ -773,13 +801,14 @@ def test_the_c_replay_hands_a_late_peer_to_the_python_replay(
     world = shmem.init(heap_nbytes="16MiB", signal_timeout_s=20.0)
     comm = collectives.Communicator(world)
     p, r = world.world_size, world.rank
-    sym = world.zeros(3, "int64")
+    n = 256 if zero_copy else 3  # (a zero-copy input up to STAGE_SMALL bytes is staged)
+    sym = world.zeros(n, "int64")
     try:
         if p == 1 or world.num_nodes > 1 or replay_status() != "C":
             pytest.skip("needs two ranks on one node and the C replay")
-        comm.all_reduce(np.zeros(3, np.int64))  # makes the plan (numpy and symmetric share it)
+        comm.all_reduce(np.zeros(n, np.int64))  # makes the plan (numpy and symmetric share it)
         assert comm._ch is not None
-        plan: Any = comm._ch.plans[(3, np.dtype(np.int64), "sum")]
+        plan: Any = comm._ch.plans[(n, np.dtype(np.int64), "sum")]
         slow = r == p - 1
         if slow:
             plan.fast.close()
@@ -794,14 +823,15 @@ def test_the_c_replay_hands_a_late_peer_to_the_python_replay(
                 monkeypatch.setattr(plan, "finish", late_finish)
         before = None if slow else plan.fast.answers()
         for i in range(1, 21):
-            mine = np.array([i * (r + 1), i, r + 1], np.int64)
+            mine = np.zeros(n, np.int64)
+            mine[:3] = [i * (r + 1), i, r + 1]
             if zero_copy:
                 sym.local()[:] = mine
             if slow and late == "before":
                 time.sleep(0.002)
             got = comm.all_reduce(sym if zero_copy else mine)
             tri = p * (p + 1) // 2
-            assert np.asarray(got).tolist() == [i * tri, i * p, tri], i
+            assert np.asarray(got).tolist() == [i * tri, i * p, tri] + [0] * (n - 3), i
         if before is not None:
             after = plan.fast.answers()
             if comm._ch.spin_s > 0:
