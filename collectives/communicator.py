@@ -388,17 +388,7 @@ class Communicator:
                         src = flat
                     elif src.ndim != 1:
                         src = src.reshape(-1)
-                    in_place = shm is not None and out is not None and self._over(out, flat, shm)
-                    try:
-                        plan.run(ch, src, shm, flat, in_place)
-                    except BaseException:
-                        ch.fail()  # flags moved: peers must not complete this call
-                        raise
-                    algos = self.stats.algorithms
-                    if algos is not None:
-                        algos[plan.algorithm] += 1
-                    else:
-                        self.stats.count(plan.algorithm)
+                    self._run_plan(ch, plan, src, shm, flat, out, plan.algorithm)
                     return res
         if isinstance(x, Buffer) or isinstance(out, Buffer):
             return self._gpu_all_reduce(x, op, out, algorithm, stream)  # refuses them
@@ -578,6 +568,30 @@ class Communicator:
         with self._call(self._channel("broadcast")) as ch:
             return _broadcast(ch, x, root, out)
 
+    def _run_plan(
+        self,
+        ch: Channel,
+        plan: Any,
+        src: Any,
+        shm: SHMEMBuffer | None,
+        flat: Array,
+        out: object,
+        name: str,
+    ) -> None:
+        """Replay ``plan`` (input ``src`` or ``shm``, result into ``flat``, the flat view of
+        ``out`` or of a new array) and count it under ``name``."""
+        in_place = shm is not None and out is not None and self._over(out, flat, shm)
+        try:
+            plan.run(ch, src, shm, flat, in_place)
+        except BaseException:
+            ch.fail()  # flags moved: peers must not complete this call
+            raise
+        algos = ch.stats.algorithms
+        if algos is not None:
+            algos[name] += 1
+        else:
+            ch.stats.count(name)
+
     def _over(self, out: object, flat: Array, shm: SHMEMBuffer) -> bool:
         """Whether ``out`` (flat view ``flat``) overlaps my zero-copy input ``shm``, which
         peers read until their ``DONE``: a cached replay then combines aside and copies the
@@ -636,17 +650,7 @@ class Communicator:
         if self.world.finalized:
             self._live(kind)
         src = flat if shm is not None else x if x.ndim == 1 else x.reshape(-1)  # type: ignore[union-attr]
-        in_place = shm is not None and out is not None and self._over(out, flat, shm)
-        try:
-            plan.run(ch, src, shm, flat, in_place)
-        except BaseException:
-            ch.fail()  # flags moved: peers must not complete this call
-            raise
-        algos = ch.stats.algorithms
-        if algos is not None:
-            algos[kind] += 1
-        else:
-            ch.stats.count(kind)
+        self._run_plan(ch, plan, src, shm, flat, out, kind)
         return res
 
     @overload

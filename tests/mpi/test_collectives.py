@@ -446,6 +446,15 @@ def test_enums_and_strings_give_the_same_calls(world: World, comm: Any) -> None:
     world.barrier()
 
 
+def use_engine(monkeypatch: pytest.MonkeyPatch, engine: str) -> None:
+    """Cached replays run in C (skipped where the extension is not built) or, as without
+    it, in Python."""
+    if engine == "python":
+        monkeypatch.setattr(collectives.allreduce, "_c_replay", None)
+    elif replay_status() != "C":
+        pytest.skip(replay_status())
+
+
 @pytest.mark.parametrize("engine", ["C", "python"])
 @pytest.mark.parametrize("width", [1, 3], ids=["inline", "staged"])
 @pytest.mark.parametrize("kind", ["numpy", "symmetric", "mixed"])
@@ -457,10 +466,7 @@ def test_back_to_back_tiny_calls_never_read_a_reused_stage(
     still reading the previous call's inputs; every result must be exact, replayed in C
     (where built) or in Python (as without the extension). (The defaults: with check_args,
     as in configs/ci.toml, calls skip the cached replay.)"""
-    if engine == "python":
-        monkeypatch.setattr(collectives.allreduce, "_c_replay", None)
-    elif replay_status() != "C":
-        pytest.skip(replay_status())
+    use_engine(monkeypatch, engine)
     world = shmem.init(heap_nbytes="16MiB", signal_timeout_s=20.0)
     comm = collectives.Communicator(world)
     assert not world.config.collectives.check_args
@@ -512,10 +518,7 @@ def test_back_to_back_cached_family_calls(
     Python: each call's input changes, one rank stalls now and then, ranks mix numpy and
     zero-copy inputs; every result is exact, returned as the general path returns it (a
     broadcast into x itself by default)."""
-    if engine == "python":
-        monkeypatch.setattr(collectives.allreduce, "_c_replay", None)
-    elif replay_status() != "C":
-        pytest.skip(replay_status())
+    use_engine(monkeypatch, engine)
     world = shmem.init(heap_nbytes="16MiB", signal_timeout_s=20.0)
     comm = collectives.Communicator(world)
     p, r = world.world_size, world.rank
