@@ -355,37 +355,87 @@ def test_a_missing_peer_times_out_instead_of_hanging() -> None:
 def test_soak_random_calls_bitwise_and_heap_baseline(world: World) -> None:
     baseline = world.heap_stats()
     comm = collectives.Communicator(world)
+    _soak(world, comm, 2000, zero_copy=False)
+    comm.close()
+    assert world.heap_stats() == baseline, "every allocation of the communicator was freed"
+
+
+def test_soak_with_the_cached_replays() -> None:
+    """The same soak with the defaults (no check_args: small calls replay cached plans, in C
+    where built) and zero-copy inputs half the time: every kind of call, shape, dtype, op and
+    root in a random order, so plans are made, replayed, switched and dropped between
+    general-path calls; every result exact, the heap back to its baseline after."""
+    world = shmem.init(heap_nbytes="32MiB", signal_timeout_s=20.0)
+    try:
+        baseline = world.heap_stats()
+        comm = collectives.Communicator(world)
+        _soak(world, comm, 1500, zero_copy=True)
+        comm.close()
+        assert world.heap_stats() == baseline, "every allocation of the communicator was freed"
+    finally:
+        world.finalize()
+
+
+def _soak(world: World, comm: Any, iterations: int, zero_copy: bool) -> None:
     rng = np.random.default_rng(2024)  # the same sequence on every rank
     names = sorted(SUPPORTED_DTYPES)
-    p, r = world.world_size, world.rank
-    for i in range(2000):
+    p = world.world_size
+    for i in range(iterations):
         name = names[rng.integers(len(names))]
         op = str(rng.choice([o for o in UFUNC if valid(o, name)]))
         count = int(rng.choice([0, 1, 2, 3, 7, 64, 1000, 4097]))
         kind = int(rng.integers(4))
-        x = make_input(name, op, count, seed=i * 31 + r)
-        if kind == 0:
-            got = comm.all_reduce(x, op=op)
-            inputs = world.comm.allgather(x)
-            check_result(world, got, inputs, op, name, world.num_nodes == 1)
-        elif kind == 1:
-            lo, hi = shard_of(count, p, r)
-            got = comm.reduce_scatter(x, op=op)
-            full = reference(world.comm.allgather(x), op, name)
-            if (world.num_nodes == 1 or name not in FLOATS) and not (
-                name in COMPLEX and op == "prod"  # see check_result
-            ):
-                assert bits(got) == bits(full[lo:hi]), f"iteration {i}"
-        elif kind == 2:
-            got = comm.all_gather(x)
-            assert got.tobytes() == np.concatenate(world.comm.allgather(x)).tobytes()
-        else:
-            root = int(rng.integers(p))
+        root = int(rng.integers(p))
+        # with zero-copy inputs, the call is repeated (replays of its plan) half the time,
+        # half of them on a SHMEMBuffer (the same choices on every rank)
+        repeats = int(rng.integers(1, 4)) if zero_copy else 1
+        sym = world.empty(count, name) if zero_copy and rng.integers(2) else None
+        for rep in range(repeats):
+            _soak_call(world, comm, i * 4 + rep, name, op, count, kind, root, sym)
+        if sym is not None:
+            world.barrier()  # (closing is collective; no peer still reads it)
+            sym.close()
+
+
+def _soak_call(
+    world: World,
+    comm: Any,
+    where: int,
+    name: str,
+    op: str,
+    count: int,
+    kind: int,
+    root: int,
+    sym: Any,
+) -> None:
+    p, r = world.world_size, world.rank
+    x = make_input(name, op, count, seed=where * 31 + r)
+    if sym is not None:  # a zero-copy input (the call returned: no peer reads it any more)
+        sym.local()[...] = x
+    arg: Any = x if sym is None else sym
+    if kind == 0:
+        got = comm.all_reduce(arg, op=op)
+        inputs = world.comm.allgather(x)
+        check_result(world, got, inputs, op, name, world.num_nodes == 1)
+    elif kind == 1:
+        lo, hi = shard_of(count, p, r)
+        got = comm.reduce_scatter(arg, op=op)
+        full = reference(world.comm.allgather(x), op, name)
+        if (world.num_nodes == 1 or name not in FLOATS) and not (
+            name in COMPLEX and op == "prod"  # see check_result
+        ):
+            assert bits(got) == bits(full[lo:hi]), f"iteration {where}"
+    elif kind == 2:
+        got = comm.all_gather(arg)
+        assert got.tobytes() == np.concatenate(world.comm.allgather(x)).tobytes(), where
+    else:
+        if sym is None:
             y = x.copy()
             comm.broadcast(y, root=root)
-            assert y.tobytes() == world.comm.bcast(x, root=root).tobytes(), f"iteration {i}"
-    comm.close()
-    assert world.heap_stats() == baseline, "every allocation of the communicator was freed"
+        else:
+            comm.broadcast(sym, root=root)
+            y = sym.local().copy()
+        assert y.tobytes() == world.comm.bcast(x, root=root).tobytes(), f"iteration {where}"
 
 
 _ = ml_dtypes
