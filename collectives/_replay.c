@@ -1,5 +1,6 @@
 /* collectives._replay: the cached small all-reduce on one node, replayed out of Python
- * (and the cached small broadcast and all-gather, which differ only in how they combine).
+ * (and the cached small reduce-scatter, broadcast and all-gather, which differ only in how
+ * they combine the inputs).
  *
  * A TinyPlan (collectives.allreduce) replays a one-shot all-reduce of one shape: wait for
  * the peers' DONE of the previous call, publish my input (a copy into my staging words, or
@@ -28,9 +29,13 @@
  * numpy's are taken (sum and prod of float32/float64; every op but avg on integers, in
  * unsigned arithmetic where numpy wraps); the others are never given to this module. A
  * float result with a NaN, or one that raised a floating-point flag numpy reports, is
- * handed back after READY (answer 2) for numpy to compute.
+ * handed back after READY (answer 2) for numpy to compute. A reduce-scatter reduces only
+ * its shard [lo, lo + n) of every input (mode 0 with a shard).
+ *
  * A broadcast copies the root's input (mode 1; the root's own in-place result needs no
  * copy), an all-gather concatenates every input in rank order (mode 2); both count bytes.
+ * A small zero-copy input may be given as its address instead: it is staged like a numpy
+ * input (a copy costs less than waiting for every peer's DONE).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
