@@ -72,6 +72,9 @@ class SHMEMBuffer(OpenShmemMethods):
         # exactly while a view is, so close() knows (shmem.quarantine)
         self._anchors: dict[int, ViewRef] = {}
         self._sources: dict[int, memoryview] = {}  # each rank copy's bytes, to make them from
+        # each rank copy's typed view of its anchor, held (strongly) until close(): local()
+        # and peer() reshape it (0.5 us) instead of making an anchor and a view (1.2 us)
+        self._typed: dict[int, np.ndarray[Any, Any]] = {}
 
     # -- properties -------------------------------------------------------------------------
 
@@ -166,7 +169,7 @@ class SHMEMBuffer(OpenShmemMethods):
         heap: Any = self._world.heap
         if heap.device_memory:
             return self._device_buffer(heap.address(self._offset))
-        return self._anchored(self._world.rank).view(self._dtype).reshape(self._shape)
+        return self._view_of(self._world.rank)
 
     def peer(self, rank: int) -> Any:
         """Rank ``rank``'s copy, zero-copy (a numpy array; a GPU Buffer on the nvshmem
@@ -183,7 +186,14 @@ class SHMEMBuffer(OpenShmemMethods):
             return None if ptr is None else self._device_buffer(ptr)
         if not heap.is_local(rank):
             return None
-        return self._anchored(rank).view(self._dtype).reshape(self._shape)
+        return self._view_of(rank)
+
+    def _view_of(self, rank: int) -> np.ndarray[Any, Any]:
+        """A new view (``shape``, ``dtype``) of rank ``rank``'s copy, made from its anchor."""
+        typed = self._typed.get(rank)
+        if typed is None:
+            typed = self._typed[rank] = self._anchored(rank).view(self._dtype)
+        return typed.reshape(self._shape)
 
     def _anchored(self, rank: int) -> np.ndarray[Any, Any]:
         """The array (bytes) every view of rank ``rank``'s copy is made from: the one still
@@ -694,6 +704,7 @@ class SHMEMBuffer(OpenShmemMethods):
         (:meth:`unsafe_ptr`) are not tracked: they are valid until ``close()``."""
         if self._closed:
             return
+        self._typed.clear()  # only the views given out may keep the anchors alive now
         self._world._free(self)
         self._closed = True
         self._flat.clear()
