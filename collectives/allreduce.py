@@ -76,7 +76,9 @@ _C_TYPES.update({("u", 1): 6, ("u", 2): 7, ("u", 4): 8, ("u", 8): 9})
 _C_OPS = {"sum": 0, "prod": 1, "min": 2, "max": 3, "band": 4, "bor": 5, "bxor": 6}
 _C_FLOAT_OPS = ("sum", "prod")
 _C_DONE, _C_UNTOUCHED, _C_AFTER_READY = 0, 1, 2  # Replay.run's answers (3: after DONE)
-_C_REDUCE = 0  # how Replay combines the inputs (1, 2: FamilyPlan's copy and concatenation)
+# how Replay combines the inputs: reduce them (all-reduce, a reduce-scatter's shard), copy
+# one (broadcast) or concatenate them (all-gather)
+_C_MODES = {"reduce": 0, "copy_one": 1, "concat": 2}
 # How long the C replay spins on a flag before the Python wait takes over. Ranks reach a
 # call a few microseconds apart in a loop with Python between calls; the Python wait costs
 # more than such a spin (and yields the core for its first 2 ms anyway). None on a node with
@@ -312,20 +314,22 @@ class ReplayPlan:
     def make_fast(
         self,
         ch: Channel,
-        ctype: int,
-        op: int,
-        count: int,
-        mode: int,
-        root: int,
+        mode: str,
+        *,
+        ctype: int = 0,
+        op: int = 0,
+        root: int = 0,
         lo: int = 0,
         n: int = -1,
     ) -> None:
-        """The C replay of this plan, where the extension is built: ``mode`` 0 reduces
-        (``ctype``/``op``: inputs of ``count`` elements, of which ``[lo, lo + n)``), 1 copies
-        rank-order input ``root``, 2 concatenates every input (``count`` bytes each for
-        these two)."""
+        """The C replay of this plan, where the extension is built. ``mode`` "reduce":
+        ``ctype``/``op`` over the elements ``[lo, lo + n)`` of each input (default all);
+        "copy_one": rank-order input ``root``; "concat": every input (these two copy bytes)."""
         if _c_replay is None:
             return
+        count = self.count
+        if mode != "reduce":
+            ctype, count = _C_TYPES["u", 1], self.nbytes
         self.fast = _c_replay.Replay(
             ch.my_flags,
             tuple(self.flags),
@@ -339,7 +343,7 @@ class ReplayPlan:
             op,
             count,
             _C_SPIN_NS if ch.spin_s > 0 else 0,
-            mode,
+            _C_MODES[mode],
             root,
             lo,
             n,
@@ -456,7 +460,7 @@ class TinyPlan(ReplayPlan):
             and op in _C_OPS
             and (dtype.kind != "f" or op in _C_FLOAT_OPS)
         ):
-            self.make_fast(ch, ctype, _C_OPS[op], count, _C_REDUCE, 0, lo, hi - lo)
+            self.make_fast(ch, "reduce", ctype=ctype, op=_C_OPS[op], lo=lo, n=hi - lo)
 
     def wait_inputs(self, ch: Channel, s: int) -> list[np.ndarray[Any, Any]]:
         inputs = super().wait_inputs(ch, s)

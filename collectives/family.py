@@ -25,9 +25,6 @@ from .operand import Array, Operand
 
 __all__ = ["FamilyPlan", "exchange", "family_plan", "over_mpi"]
 
-_COPY_ONE, _CONCAT = 1, 2  # the C replay's combine modes (collectives/_replay.c)
-_BYTES = 6  # its type code for uint8: a copy counts bytes
-
 
 def exchange(
     ch: Channel,
@@ -98,14 +95,8 @@ class FamilyPlan(ReplayPlan):
         self.extra = root
         self.out_count = count if kind == "broadcast" else count * ch.world_size
         self.root_index = self.order.index(root) if kind == "broadcast" else 0
-        self.make_fast(
-            ch,
-            _BYTES,
-            0,
-            self.nbytes,
-            _COPY_ONE if kind == "broadcast" else _CONCAT,
-            self.root_index,
-        )
+        mode = "copy_one" if kind == "broadcast" else "concat"
+        self.make_fast(ch, mode, root=self.root_index)
 
     def finish(
         self,
