@@ -12,7 +12,12 @@ Measurements, interleaved block by block so both sides see the same machine stat
   Figure: microseconds per round trip (median, p10, p90 over blocks).
 * ``put``: ``SHMEMBuffer.put`` of ``nbytes`` from rank 0 into rank 1's copy, against
   ``MPI.Win.Put`` + ``Win.Flush`` on a window from ``MPI.Win.Allocate`` (each first in every
-  other block).
+  other block; each timed block starts with one untimed put). Where rank 1 is reached by RMA
+  (``node_split = "rank"``, or another node) a control pass follows, interleaved the same
+  way: MPI's own ``Put`` + ``Flush`` into the heap's window at the buffer's bytes
+  (``mpi_heap``), the same memory as ours, so ``ratio_same_memory`` is our code's cost
+  alone and the rest of ``ratio`` is where the bytes lie (at 16 MiB, source and destination
+  fill the L3 and two memories differ by several per cent from run to run).
   Figure: bandwidth = nbytes / time per put, in GB/s (10**9 bytes/s).
 
 Each result is one JSON line (git sha, backend, world size, node split, sizes, median/p10/p90
@@ -74,35 +79,54 @@ def put_bandwidth(
     win = MPI.Win.Allocate(nbytes, 1, comm=comm)
     win.Lock_all(MPI.MODE_NOCHECK)
     src = np.full(nbytes, 7, dtype=np.uint8)
-    ours: list[float] = []
-    theirs: list[float] = []
 
-    def time_ours() -> None:
-        t0 = time.perf_counter()
-        for _ in range(iters):
-            buf.put(1, src)
-        ours.append((time.perf_counter() - t0) / iters)
+    def mpi_put(w: Any, disp: int) -> Any:
+        def put() -> None:
+            w.Put(src, 1, disp)
+            w.Flush(1)
 
-    def time_theirs() -> None:
-        t0 = time.perf_counter()
-        for _ in range(iters):
-            win.Put(src, 1, 0)
-            win.Flush(1)
-        theirs.append((time.perf_counter() - t0) / iters)
+        return put
 
-    for block in range(blocks):
-        # each goes first in every other block (the first after a barrier runs colder)
-        for timed in (time_ours, time_theirs) if block % 2 == 0 else (time_theirs, time_ours):
-            comm.Barrier()  # the target rank waits here, making MPI progress
-            if rank == 0:
-                timed()
+    cases: dict[str, Any] = {"ours": lambda: buf.put(1, src), "mpi": mpi_put(win, 0)}
+    # the control: MPI's own Put + Flush into the heap's window at this buffer's bytes (where
+    # rank 1 is reached by RMA), the same memory as ours: what is left between it and "mpi"
+    # is where the bytes lie (a fresh small window against the heap), not our code
+    # (rank 0 decides: only it puts, and every rank must run the same blocks)
+    target = world.heap.rma_target(1, buf.offset) if rank == 0 else None
+    if comm.bcast(target is not None, root=0):
+        cases["mpi_heap"] = mpi_put(*target) if target is not None else lambda: None
+
+    def interleaved(first: str, second: str) -> tuple[list[float], list[float]]:
+        """Seconds per put of two cases, block by block, each first in every other block
+        (so the first after a barrier is the one that ended the block before)."""
+        times: dict[str, list[float]] = {first: [], second: []}
+        for block in range(blocks):
+            for name in (first, second) if block % 2 == 0 else (second, first):
+                comm.Barrier()  # the target rank waits here, making MPI progress
+                if rank == 0:
+                    # one untimed put first: the other case's puts evicted this destination
+                    # (at 16 MiB, source and destination fill this machine's 32 MiB L3), and
+                    # a cold first put would make the samples two-humped, their median
+                    # falling between the humps
+                    put = cases[name]
+                    put()
+                    t0 = time.perf_counter()
+                    for _ in range(iters):
+                        put()
+                    times[name].append((time.perf_counter() - t0) / iters)
+        return times[first], times[second]
+
+    samples = dict(zip(("ours", "mpi"), interleaved("ours", "mpi"), strict=True))
+    if "mpi_heap" in cases:  # a pass of its own: its own pairs, nothing between them
+        again, on_heap = interleaved("ours", "mpi_heap")
+        samples.update(ours_vs_heap=again, mpi_heap=on_heap)
     comm.Barrier()
     if rank == 1:
         assert (buf.local() == 7).all(), "the puts landed"
     win.Unlock_all()
     win.Free()
     buf.close()
-    return {"ours": stats_us(ours), "mpi": stats_us(theirs)} if rank == 0 else {}
+    return {name: stats_us(t) for name, t in samples.items()} if rank == 0 else {}
 
 
 def main() -> None:
@@ -142,7 +166,7 @@ def main() -> None:
             iters = max(2, min(args.iters, (256 << 20) // nbytes))  # >= 16 of the largest
             res = put_bandwidth(world, comm, nbytes, iters, args.blocks)
             if world.rank == 0:
-                gbs = {k: nbytes / (v["median_us"] * 1e-6) / 1e9 for k, v in res.items()}
+                gbs = {k: nbytes / (res[k]["median_us"] * 1e-6) / 1e9 for k in ("ours", "mpi")}
                 records.append(
                     {
                         "bench": "put",
@@ -155,13 +179,23 @@ def main() -> None:
                         "ratio": res["mpi"]["median_us"] / res["ours"]["median_us"],
                     }
                 )
+                if "mpi_heap" in res:  # MPI's Put into our heap's window: the same memory
+                    records[-1]["mpi_heap"] = res["mpi_heap"]
+                    records[-1]["ratio_same_memory"] = (
+                        res["mpi_heap"]["median_us"] / res["ours_vs_heap"]["median_us"]
+                    )
             nbytes *= 8
         if world.rank == 0:
-            print(f"{'bench':16} {'bytes':>9} {'ours us':>10} {'MPI us':>10} {'MPI/ours':>9}")
+            print(
+                f"{'bench':16} {'bytes':>9} {'ours us':>10} {'MPI us':>10} {'MPI/ours':>9}"
+                f" {'MPI-on-heap/ours':>17}"
+            )
             for rec in records:
+                same = rec.get("ratio_same_memory")
                 print(
                     f"{rec['bench']:16} {rec['nbytes']:>9} {rec['ours']['median_us']:>10.2f} "
                     f"{rec['mpi']['median_us']:>10.2f} {rec['ratio']:>9.2f}"
+                    + (f" {same:>17.2f}" if same is not None else "")
                 )
             if args.out:
                 append_jsonl(args.out, records)

@@ -1,0 +1,111 @@
+"""Every host benchmark runs end to end at small sizes and writes the records it documents.
+
+No timing is asserted (the figures are the benchmarks' own business, against their peer in the
+same run): these catch a benchmark that no longer runs, hangs (ranks that disagree on how many
+blocks to time), or drops a field its readers and docs/benchmarks.md rely on.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.jobs
+
+ROOT = Path(__file__).resolve().parents[2]
+BENCH = ROOT / "benchmarks"
+
+
+def run(args: list[str], out: Path, env: dict[str, str] | None = None, ranks: int = 2) -> list[Any]:
+    """Run one benchmark (through the launcher when ``ranks``) and return its JSON records."""
+    launcher = ["-m", "launch", "-n", str(ranks), "--timeout", "60"] if ranks else []
+    proc = subprocess.run(
+        [sys.executable, *launcher, *args, "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=90,
+        cwd=BENCH,
+        env={**os.environ, **(env or {})},
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return [json.loads(line) for line in out.read_text().splitlines()]
+
+
+def positive(value: Any) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value) and value > 0
+
+
+@pytest.mark.parametrize("split", ["node", "rank"])
+def test_signal_latency(tmp_path: Path, split: str) -> None:
+    records = run(
+        ["signal_latency.py", "--iters", "2", "--blocks", "3", "--max-bytes", "4KiB"],
+        tmp_path / "out.jsonl",
+        {"SHMEM_HEAP_NODE_SPLIT": split},
+    )
+    assert [r["bench"] for r in records] == ["signal_pingpong"] + ["put"] * 4
+    assert [r["nbytes"] for r in records[1:]] == [8, 64, 512, 4096]
+    for rec in records:
+        assert rec["node_split"] == split
+        assert positive(rec["ratio"]) and positive(rec["ours"]["median_us"]), rec
+    for rec in records[1:]:
+        assert positive(rec["ours_GBps"]) and positive(rec["mpi_GBps"]), rec
+        # the same-memory control runs exactly where rank 1 is reached by RMA
+        if split == "rank":
+            assert positive(rec["ratio_same_memory"]) and positive(rec["mpi_heap"]["p90_us"])
+        else:
+            assert "ratio_same_memory" not in rec and "mpi_heap" not in rec
+
+
+def test_allreduce(tmp_path: Path) -> None:
+    records = run(
+        ["allreduce.py", "--max-bytes", "64", "--blocks", "1", "--dtypes", "float32"],
+        tmp_path / "out.jsonl",
+    )
+    assert {(r["nbytes"], r["input"]) for r in records} == {
+        (n, i) for n in (8, 32, 64) for i in ("symmetric", "numpy")
+    }
+    assert all(r["bench"] == "allreduce" and positive(r["ratio"]) for r in records), records
+
+
+def test_family(tmp_path: Path) -> None:
+    records = run(["family.py", "--max-bytes", "64", "--blocks", "1"], tmp_path / "out.jsonl")
+    assert {r["collective"] for r in records} == {"broadcast", "all_gather", "reduce_scatter"}
+    assert all(positive(r["ratio"]) for r in records), records
+
+
+def test_sequence_parallel(tmp_path: Path) -> None:
+    records = run(
+        [
+            *("sequence_parallel.py", "--seq", "512", "--repeat", "1", "--heap", "64MiB"),
+            *("--heads", "2", "--kv-heads", "1", "--head-dim", "16"),
+        ],
+        tmp_path / "out.jsonl",
+    )
+    cases = {(r["case"], r["schedule"]) for r in records}
+    for case in ("causal", "non-causal", "ragged"):
+        assert {(case, s) for s in ("ring", "zigzag", "dynamic")} <= cases, cases
+    assert all(positive(r["t_parallel_s"]) for r in records), records
+
+
+def test_attention_and_ipc(tmp_path: Path) -> None:
+    attention = run(
+        [
+            *("attention.py", "--seq", "256", "--heads", "1", "--head-dim", "16"),
+            *("--repeat", "1", "--block-m", "64", "--block-n", "64"),
+        ],
+        tmp_path / "attention.jsonl",
+        ranks=0,
+    )
+    assert {r["causal"] for r in attention} == {False, True}
+    assert all(positive(r["seconds"]) for r in attention), attention
+    ipc = run(["ipc.py", "--iters", "5", "--mib", "1"], tmp_path / "ipc.jsonl", ranks=0)
+    assert [r["bench"] for r in ipc] == ["ipc_export_import", "ipc_read"], ipc
+    assert positive(ipc[0]["median_us"]) and positive(ipc[1]["ratio"]), ipc
