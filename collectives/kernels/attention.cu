@@ -28,6 +28,9 @@
 // Masks: causal (key <= query, positions within the sequence; with ragged row offsets this is
 // document-causal), sliding window (query - left <= key <= query + right; -1: unbounded),
 // ragged sequences (row_offsets: batch + 1 int64 row offsets; null: padded [batch, seq]).
+// Padded inputs may have kv_len keys per sequence against seq_len query rows, query row i
+// standing at key position i + delta (every mask in those positions): a sequence-parallel
+// unit (a query chunk against another rank's KV chunk) or queries at the end of a KV cache.
 // GQA/MQA: query head h reads KV head h / (num_heads / num_kv_heads).
 //
 // Layouts: element strides (batch, row, head) for q, k, v, o and lse; the head dimension is
@@ -138,13 +141,17 @@ struct Work {
     int mode;                // 0 transient, 1 static, 2 queued
     int* counters;           // queued: [next claim - G, CTAs finished]; zero before first use
     const i64* row_offsets;  // ragged: batch + 1 row offsets; null: padded
-    int seq_len;             // padded length (ragged: unused)
+    int seq_len;             // padded query rows per sequence (ragged: unused)
+    int kv_len;              // padded keys per sequence (ragged: unused, the query rows)
     int* trace;              // optional: items taken per CTA (idx + 1)
     int trace_cap;
 };
 
 __device__ __forceinline__ int seq_len_of(const Work& w, int b) {
     return w.row_offsets ? (int)(w.row_offsets[b + 1] - w.row_offsets[b]) : w.seq_len;
+}
+__device__ __forceinline__ int kv_len_of(const Work& w, int b) {
+    return w.row_offsets ? seq_len_of(w, b) : w.kv_len;
 }
 
 __device__ __forceinline__ bool item_valid(const Work& w, int idx) {
@@ -189,23 +196,30 @@ __device__ void finish(const Work& w) {
     }
 }
 
+// Positions: query row i stands at position i + delta of the keys' sequence (delta 0: self
+// attention; a sequence-parallel unit's query chunk against another chunk's keys has the
+// chunks' position difference; a query block at the end of a KV cache, kv_len - seq_len).
 struct Mask {
     int causal, left, right;  // left/right: -1 unbounded
+    int delta;
 };
 
-// keys [*k0, *k1) that query rows [q0, q1) may see (a superset per row): MaskSpec.kv_range
+// keys [*k0, *k1) that query rows [q0, q1) may see (a superset per row), of n keys:
+// MaskSpec.kv_range with the rows moved by delta
 __device__ __forceinline__ void kv_range(const Mask& m, int q0, int q1, int n, int* k0, int* k1) {
     int s = 0, e = n;
-    if (m.causal) e = min(e, q1);
-    if (m.left >= 0) s = max(s, q0 - m.left);
-    if (m.right >= 0) e = min(e, q1 + m.right);
+    if (m.causal) e = min(e, q1 + m.delta);
+    if (m.left >= 0) s = max(s, q0 + m.delta - m.left);
+    if (m.right >= 0) e = min(e, q1 + m.delta + m.right);
+    s = min(s, n);
     *k0 = s;
     *k1 = max(s, e);
 }
 
 __device__ __forceinline__ bool visible(const Mask& m, int i, int j, int k0, int k1) {
-    return j >= k0 && j < k1 && (!m.causal || j <= i) && (m.left < 0 || j >= i - m.left) &&
-           (m.right < 0 || j <= i + m.right);
+    const int p = i + m.delta;
+    return j >= k0 && j < k1 && (!m.causal || j <= p) && (m.left < 0 || j >= p - m.left) &&
+           (m.right < 0 || j <= p + m.right);
 }
 
 struct Strides {
@@ -230,7 +244,7 @@ __device__ void fwd_item(const T* q, const T* k, const T* v, T* o, float* lse, S
     const T* vb = v + bb * sv.b + start * sv.s + hk * sv.h;
     const int q0 = tile * BM, q1 = min(q0 + BM, n);
     int k0, k1;
-    kv_range(mask, q0, q1, n, &k0, &k1);
+    kv_range(mask, q0, q1, kv_len_of(w, b), &k0, &k1);
     const int row0 = q0 + warp * 16 + g, row1 = row0 + 8;  // this thread's two query rows
 
     // Q fragments (A operand, row-major 16 x 16 per k-step), straight from global memory
@@ -393,13 +407,14 @@ __device__ void fwd(const T* q, const T* k, const T* v, T* o, float* lse, Stride
 
 #define FWD_ARGS(T)                                                                             \
     const T *q, const T *k, const T *v, T *o, float *lse, const int *order, int num_items,      \
-        int mode, int *counters, const i64 *row_offsets, int seq_len, int *trace,              \
+        int mode, int *counters, const i64 *row_offsets, int seq_len, int kv_len, int *trace,  \
         int trace_cap, i64 q_sb, i64 q_ss, i64 q_sh, i64 k_sb, i64 k_ss, i64 k_sh, i64 v_sb,    \
         i64 v_ss, i64 v_sh, i64 o_sb, i64 o_ss, i64 o_sh, i64 l_sb, i64 l_ss, i64 l_sh,         \
-        int causal, int left, int right, int group, float scale_log2
+        int causal, int left, int right, int delta, int group, float scale_log2
 #define FWD_CALL                                                                                \
-    Work w = {order, num_items, mode, counters, row_offsets, seq_len, trace, trace_cap};        \
-    Mask m = {causal, left, right};                                                             \
+    Work w = {order, num_items, mode, counters, row_offsets, seq_len, kv_len, trace,            \
+              trace_cap};                                                                       \
+    Mask m = {causal, left, right, delta};                                                      \
     Strides sq = {q_sb, q_ss, q_sh}, sk = {k_sb, k_ss, k_sh}, sv = {v_sb, v_ss, v_sh};          \
     Strides so = {o_sb, o_ss, o_sh}, sl = {l_sb, l_ss, l_sh};
 
@@ -444,7 +459,7 @@ __device__ void fwd_general_item(const T* q, const T* k, const T* v, T* o, float
     float* lb = lse + bb * sl.b + start * sl.s + h * sl.h;
     const int q0 = tile * BM, q1 = min(q0 + BM, n);
     int k0, k1;
-    kv_range(mask, q0, q1, n, &k0, &k1);
+    kv_range(mask, q0, q1, kv_len_of(w, b), &k0, &k1);
     const int per = (d + 31) / 32;
     float* qw = qs + warp * GEN_MAX_D;
     for (int r0 = q0; r0 < q1; r0 += WARPS) {
@@ -553,11 +568,13 @@ GEN_KERNEL(mha_fwd_float16_general, f16)
 
 struct Seqs {
     const i64* row_offsets;
-    int seq_len;
+    int seq_len, kv_len;  // padded query rows and keys per sequence (ragged: both the rows)
     __device__ int len(int b) const {
         return row_offsets ? (int)(row_offsets[b + 1] - row_offsets[b]) : seq_len;
     }
     __device__ i64 first(int b) const { return row_offsets ? row_offsets[b] : (i64)b * seq_len; }
+    __device__ int kv_count(int b) const { return row_offsets ? len(b) : kv_len; }
+    __device__ i64 kv_first(int b) const { return row_offsets ? row_offsets[b] : (i64)b * kv_len; }
 };
 
 template <typename T>
@@ -581,11 +598,11 @@ __device__ void bwd_dkdv(const T* q, const T* k, const T* v, const T* dout, cons
     __shared__ float dos[BWD_ROWS][BWD_MAX_D];
     __shared__ float ls[BWD_ROWS], ds_[BWD_ROWS];
     const int b = blockIdx.y, hk = blockIdx.z, group = heads / kv_heads;
-    const int n = seqs.len(b);
+    const int n = seqs.len(b), n_kv = seqs.kv_count(b);
     const int j0 = blockIdx.x * BWD_TILE;
-    if (j0 >= n) return;
-    const int j1 = min(j0 + BWD_TILE, n);
-    const i64 first = seqs.first(b);
+    if (j0 >= n_kv) return;
+    const int j1 = min(j0 + BWD_TILE, n_kv);
+    const i64 first = seqs.first(b), kv_first = seqs.kv_first(b);
     const int jj = threadIdx.x >> 2, part = threadIdx.x & 3;
     const int j = j0 + jj;
     const bool key = j < j1;
@@ -595,15 +612,15 @@ __device__ void bwd_dkdv(const T* q, const T* k, const T* v, const T* dout, cons
     for (int e = 0; e < BWD_MAX_D / 4; ++e) {
         const int c = part + 4 * e;
         const bool ok = key && e < per && c < d;
-        kr[e] = ok ? to_f32(k[((first + j) * kv_heads + hk) * d + c]) : 0.f;
-        vr[e] = ok ? to_f32(v[((first + j) * kv_heads + hk) * d + c]) : 0.f;
+        kr[e] = ok ? to_f32(k[((kv_first + j) * kv_heads + hk) * d + c]) : 0.f;
+        vr[e] = ok ? to_f32(v[((kv_first + j) * kv_heads + hk) * d + c]) : 0.f;
         dkr[e] = dvr[e] = 0.f;
     }
-    // the query rows that may see keys [j0, j1)
+    // the query rows that may see keys [j0, j1) (row i stands at position i + delta)
     int i_lo = 0, i_hi = n;
-    if (mask.causal) i_lo = max(i_lo, j0);
-    if (mask.right >= 0) i_lo = max(i_lo, j0 - mask.right);
-    if (mask.left >= 0) i_hi = min(i_hi, j1 + mask.left);
+    if (mask.causal) i_lo = max(i_lo, j0 - mask.delta);
+    if (mask.right >= 0) i_lo = max(i_lo, j0 - mask.delta - mask.right);
+    if (mask.left >= 0) i_hi = min(i_hi, j1 - mask.delta + mask.left);
     for (int h = hk * group; h < (hk + 1) * group; ++h) {
         for (int r0 = i_lo; r0 < i_hi; r0 += BWD_ROWS) {
             __syncthreads();
@@ -637,7 +654,7 @@ __device__ void bwd_dkdv(const T* q, const T* k, const T* v, const T* dout, cons
                 s += __shfl_xor_sync(0xffffffffu, s, 2);
                 dp += __shfl_xor_sync(0xffffffffu, dp, 1);
                 dp += __shfl_xor_sync(0xffffffffu, dp, 2);
-                const bool see = key && ls[rr] != NEG_INF && visible(mask, i, j, 0, n);
+                const bool see = key && ls[rr] != NEG_INF && visible(mask, i, j, 0, n_kv);
                 const float p = see ? expf(s * scale - ls[rr]) : 0.f;
                 const float dsv = p * (dp - ds_[rr]) * scale;
 #pragma unroll
@@ -656,8 +673,8 @@ __device__ void bwd_dkdv(const T* q, const T* k, const T* v, const T* dout, cons
     for (int e = 0; e < BWD_MAX_D / 4; ++e) {
         const int c = part + 4 * e;
         if (e < per && c < d) {
-            store_f32(&dk[((first + j) * kv_heads + hk) * d + c], dkr[e]);
-            store_f32(&dv[((first + j) * kv_heads + hk) * d + c], dvr[e]);
+            store_f32(&dk[((kv_first + j) * kv_heads + hk) * d + c], dkr[e]);
+            store_f32(&dv[((kv_first + j) * kv_heads + hk) * d + c], dvr[e]);
         }
     }
 }
@@ -669,11 +686,11 @@ __device__ void bwd_dq(const T* q, const T* k, const T* v, const T* dout, const 
     __shared__ float ks[BWD_ROWS][BWD_MAX_D];
     __shared__ float vs[BWD_ROWS][BWD_MAX_D];
     const int b = blockIdx.y, h = blockIdx.z, hk = h / (heads / kv_heads);
-    const int n = seqs.len(b);
+    const int n = seqs.len(b), n_kv = seqs.kv_count(b);
     const int q0 = blockIdx.x * BWD_TILE;
     if (q0 >= n) return;
     const int q1 = min(q0 + BWD_TILE, n);
-    const i64 first = seqs.first(b);
+    const i64 first = seqs.first(b), kv_first = seqs.kv_first(b);
     const int rr = threadIdx.x >> 2, part = threadIdx.x & 3;
     const int i = q0 + rr;
     const bool row = i < q1;
@@ -691,13 +708,13 @@ __device__ void bwd_dq(const T* q, const T* k, const T* v, const T* dout, const 
     const float l = row ? lse[(first + i) * heads + h] : NEG_INF;
     const float dd = row ? dvec[(first + i) * heads + h] : 0.f;
     int k0, k1;
-    kv_range(mask, q0, q1, n, &k0, &k1);
+    kv_range(mask, q0, q1, n_kv, &k0, &k1);
     for (int j0 = k0; j0 < k1; j0 += BWD_ROWS) {
         __syncthreads();
         for (int c = threadIdx.x; c < BWD_ROWS * d; c += blockDim.x) {
             const int jj = c / d, col = c % d, j = j0 + jj;
             const bool ok = j < k1;
-            const i64 at = ((first + j) * kv_heads + hk) * d + col;
+            const i64 at = ((kv_first + j) * kv_heads + hk) * d + col;
             ks[jj][col] = ok ? to_f32(k[at]) : 0.f;
             vs[jj][col] = ok ? to_f32(v[at]) : 0.f;
         }
@@ -718,7 +735,7 @@ __device__ void bwd_dq(const T* q, const T* k, const T* v, const T* dout, const 
             s += __shfl_xor_sync(0xffffffffu, s, 2);
             dp += __shfl_xor_sync(0xffffffffu, dp, 1);
             dp += __shfl_xor_sync(0xffffffffu, dp, 2);
-            const bool see = row && l != NEG_INF && visible(mask, i, j, 0, n);
+            const bool see = row && l != NEG_INF && visible(mask, i, j, 0, n_kv);
             const float p = see ? expf(s * scale - l) : 0.f;
             const float dsv = p * (dp - dd) * scale;
 #pragma unroll
@@ -743,18 +760,19 @@ __device__ void bwd_dq(const T* q, const T* k, const T* v, const T* dout, const 
     }                                                                                           \
     extern "C" __global__ void __launch_bounds__(THREADS) mha_bwd_dkdv_##NAME(                  \
         const T* q, const T* k, const T* v, const T* dout, const float* lse,                    \
-        const float* dvec, T* dk, T* dv, const i64* row_offsets, int seq_len, int heads,        \
-        int kv_heads, int d, int causal, int left, int right, float scale) {                    \
-        Seqs seqs = {row_offsets, seq_len};                                                     \
-        Mask m = {causal, left, right};                                                         \
+        const float* dvec, T* dk, T* dv, const i64* row_offsets, int seq_len, int kv_len,       \
+        int heads, int kv_heads, int d, int causal, int left, int right, int delta,             \
+        float scale) {                                                                          \
+        Seqs seqs = {row_offsets, seq_len, kv_len};                                             \
+        Mask m = {causal, left, right, delta};                                                  \
         bwd_dkdv<T>(q, k, v, dout, lse, dvec, dk, dv, seqs, heads, kv_heads, d, m, scale);      \
     }                                                                                           \
     extern "C" __global__ void __launch_bounds__(THREADS) mha_bwd_dq_##NAME(                    \
         const T* q, const T* k, const T* v, const T* dout, const float* lse,                    \
-        const float* dvec, T* dq, const i64* row_offsets, int seq_len, int heads,               \
-        int kv_heads, int d, int causal, int left, int right, float scale) {                    \
-        Seqs seqs = {row_offsets, seq_len};                                                     \
-        Mask m = {causal, left, right};                                                         \
+        const float* dvec, T* dq, const i64* row_offsets, int seq_len, int kv_len, int heads,   \
+        int kv_heads, int d, int causal, int left, int right, int delta, float scale) {         \
+        Seqs seqs = {row_offsets, seq_len, kv_len};                                             \
+        Mask m = {causal, left, right, delta};                                                  \
         bwd_dq<T>(q, k, v, dout, lse, dvec, dq, seqs, heads, kv_heads, d, m, scale);            \
     }
 

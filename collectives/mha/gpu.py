@@ -275,9 +275,15 @@ def attention_gpu(
     stream: Any = None,
     trace: Buffer | None = None,
     trace_cap: int = 0,
+    delta: int = 0,
 ) -> Any:
     """The forward pass on a GPU (called by :func:`collectives.mha.attention`, which has
-    checked shapes, dtypes, the mask and the offsets)."""
+    checked shapes, dtypes, the mask and the offsets).
+
+    Padded inputs may have another number of keys than query rows (``k``/``v``
+    ``[batch, kv_len, kv_heads, d]``), query row ``i`` standing at key position
+    ``i + delta`` for every mask: a sequence-parallel unit, a query chunk against another
+    chunk's keys (the caller checks those shapes)."""
     where = "attention"
     qb, kb, vb = (_device_buffer(a, n, where) for a, n in ((q, "q"), (k, "k"), (v, "v")))
     device = qb.device
@@ -309,7 +315,7 @@ def attention_gpu(
         lse_shape: tuple[int, ...] = (tokens, heads)
     else:
         batch, seq, heads = qb.shape[0], qb.shape[1], qb.shape[2]
-        kv_heads = kb.shape[2]
+        kv_heads, kv_seq = kb.shape[2], kb.shape[1]
         summary = MHATileSummary.create(
             num_heads=heads,
             block_m=BLOCK_M,
@@ -331,7 +337,7 @@ def attention_gpu(
     counters = _counter_buffer(device, cuda_stream) if scheduler == "queued" else None
     # element strides (batch, row, head) of the contiguous layouts
     row_q, row_k = heads * d, kv_heads * d
-    per_batch_q, per_batch_k = (0, 0) if ragged else (seq * row_q, seq * row_k)
+    per_batch_q, per_batch_k = (0, 0) if ragged else (seq * row_q, kv_seq * row_k)
     i64 = np.int64
     strides = [
         *(i64(per_batch_q), i64(row_q), i64(d)),  # q
@@ -353,10 +359,12 @@ def attention_gpu(
         _ptr(counters),
         _ptr(offs_buf),
         np.int32(seq),
+        np.int32(0 if ragged else kv_seq),
         _ptr(trace),
         np.int32(trace_cap),
         *strides,
         *_mask_args(mask),
+        np.int32(delta),
         np.int32(heads // kv_heads),
         np.float32(scale * math.log2(math.e)),
     ]
@@ -389,9 +397,12 @@ def attention_backward_gpu(
     offsets: list[int] | None,
     scale: float,
     stream: Any = None,
+    delta: int = 0,
 ) -> tuple[Any, Any, Any]:
     """``(dq, dk, dv)`` on a GPU (FA2 backward; P recomputed from ``lse``); gradients in the
-    inputs' dtype (computed in float32), deterministic."""
+    inputs' dtype (computed in float32), deterministic. Padded ``k``/``v`` may have their
+    own number of keys, query row ``i`` at key position ``i + delta`` (as
+    :func:`attention_gpu`)."""
     where = "attention_backward"
     names = ("q", "k", "v", "out", "lse", "dout")
     bufs = [
@@ -417,11 +428,12 @@ def attention_backward_gpu(
     ragged = offsets is not None
     if offsets is not None:
         rows, heads, kv_heads = qb.shape[0], qb.shape[1], kb.shape[1]
-        batch, seq = len(offsets) - 1, 0
-        longest = max(b - a for a, b in itertools.pairwise(offsets))
+        batch, seq, kv_seq = len(offsets) - 1, 0, 0
+        longest = kv_longest = max(b - a for a, b in itertools.pairwise(offsets))
     else:
         batch, seq, heads = qb.shape[0], qb.shape[1], qb.shape[2]
         kv_heads, rows, longest = kb.shape[2], batch * seq, seq
+        kv_seq = kv_longest = kb.shape[1]
     if batch > 65535 or heads > 65535:
         raise AttentionArgumentError(
             f"{where}: on a GPU batch and heads must be at most 65535 (grid y and z; got "
@@ -440,17 +452,20 @@ def attention_backward_gpu(
     if not wait:
         # the outputs' stream-ordered allocations come first
         shmem_cuda.default_stream_synchronize(device)
+    common = [
+        _ptr(offs_buf),
+        np.int32(seq),
+        np.int32(kv_seq),
+        np.int32(heads),
+        np.int32(kv_heads),
+        np.int32(d),
+        *_mask_args(mask),
+        np.int32(delta),
+        np.float32(scale),
+    ]
+    # every gradient element is written by its kernel, zero where no key or row reaches it
+    # (dq of rows before any key, dk/dv of keys after every row); nothing runs for none
     if rows and longest:
-        tiles = -(-longest // 32)
-        common = [
-            _ptr(offs_buf),
-            np.int32(seq),
-            np.int32(heads),
-            np.int32(kv_heads),
-            np.int32(d),
-            *_mask_args(mask),
-            np.float32(scale),
-        ]
         fn = shmem_cuda.load_kernel(device.id, KERNELS, f"mha_bwd_dvec_{dtype}")
         warps = rows * heads
         shmem_cuda.launch(
@@ -465,12 +480,19 @@ def attention_backward_gpu(
             np.int32(heads),
             np.int32(d),
         )
-        grid_kv = (tiles, batch, kv_heads)
+        fn = shmem_cuda.load_kernel(device.id, KERNELS, f"mha_bwd_dq_{dtype}")
+        _launch3(
+            cuda_stream,
+            fn,
+            (-(-longest // 32), batch, heads),
+            [_ptr(qb), _ptr(kb), _ptr(vb), _ptr(db), _ptr(lb), _ptr(dvec), _ptr(dq), *common],
+        )
+    if batch and kv_longest:
         fn = shmem_cuda.load_kernel(device.id, KERNELS, f"mha_bwd_dkdv_{dtype}")
         _launch3(
             cuda_stream,
             fn,
-            grid_kv,
+            (-(-kv_longest // 32), batch, kv_heads),
             [
                 _ptr(qb),
                 _ptr(kb),
@@ -482,13 +504,6 @@ def attention_backward_gpu(
                 _ptr(dv),
                 *common,
             ],
-        )
-        fn = shmem_cuda.load_kernel(device.id, KERNELS, f"mha_bwd_dq_{dtype}")
-        _launch3(
-            cuda_stream,
-            fn,
-            (tiles, batch, heads),
-            [_ptr(qb), _ptr(kb), _ptr(vb), _ptr(db), _ptr(lb), _ptr(dvec), _ptr(dq), *common],
         )
     if wait:
         cuda_stream.sync()

@@ -29,14 +29,17 @@ static void fa_store(void* p, i64 i, double x, int dt) {
     ((uint16_t*)p)[i] = (uint16_t)(h | (s << 15));
 }
 static int fa_dtype(const char* s) { return !strncmp(s, "bfloat16", 8) ? 2 : !strncmp(s, "float16", 7) ? 1 : 4; }
-static int fa_visible(int causal, int left, int right, int i, int j, int k0, int k1) {
-    return j >= k0 && j < k1 && (!causal || j <= i) && (left < 0 || j >= i - left) && (right < 0 || j <= i + right);
+/* query row i stands at key position i + delta */
+static int fa_visible(int causal, int left, int right, int delta, int i, int j, int k0, int k1) {
+    int p = i + delta;
+    return j >= k0 && j < k1 && (!causal || j <= p) && (left < 0 || j >= p - left) && (right < 0 || j <= p + right);
 }
-static void fa_kv_range(int causal, int left, int right, int q0, int q1, int n, int* k0, int* k1) {
+static void fa_kv_range(int causal, int left, int right, int delta, int q0, int q1, int n, int* k0, int* k1) {
     int s = 0, e = n;
-    if (causal && q1 < e) e = q1;
-    if (left >= 0 && q0 - left > s) s = q0 - left;
-    if (right >= 0 && q1 + right < e) e = q1 + right;
+    if (causal && q1 + delta < e) e = q1 + delta;
+    if (left >= 0 && q0 + delta - left > s) s = q0 + delta - left;
+    if (right >= 0 && q1 + delta + right < e) e = q1 + delta + right;
+    if (s > n) s = n;
     *k0 = s; *k1 = e > s ? e : s;
 }
 
@@ -48,13 +51,15 @@ static int fake_attention(const char* nm, unsigned gx, unsigned gy, unsigned gz,
         void* o = *(void**)params[k++]; float* lse = *(float**)params[k++];
         const int* order = *(int**)params[k++]; int items = *(int*)params[k++], mode = *(int*)params[k++];
         int* ctr = *(int**)params[k++]; const i64* ro = *(i64**)params[k++]; int seq = *(int*)params[k++];
+        int kvlen = *(int*)params[k++];
         int* trace = *(int**)params[k++]; int cap = *(int*)params[k++];
         i64 st[15]; for (int i = 0; i < 15; i++) st[i] = *(i64*)params[k++];
-        int causal = *(int*)params[k++], left = *(int*)params[k++], right = *(int*)params[k++], group = *(int*)params[k++];
+        int causal = *(int*)params[k++], left = *(int*)params[k++], right = *(int*)params[k++], delta = *(int*)params[k++], group = *(int*)params[k++];
         float sl2 = *(float*)params[k++];
         const char* dpos = strstr(nm, "_d");
         int d = strstr(nm, "general") ? *(int*)params[k++] : atoi(dpos ? dpos + 2 : "0");
-        LOG("  mha_fwd dt=%d d=%d items=%d mode=%d grid=%u causal=%d left=%d right=%d group=%d", dt, d, items, mode, gx, causal, left, right, group);
+        LOG("  mha_fwd dt=%d d=%d items=%d mode=%d grid=%u causal=%d left=%d right=%d delta=%d kv=%d group=%d", dt, d, items, mode, gx, causal, left, right, delta, kvlen, group);
+        if (ro && (kvlen || delta)) fprintf(stderr, "[fake] RAGGED with kv_len %d delta %d\n", kvlen, delta);
         if (mode == 2 && ctr && (ctr[0] || ctr[1])) fprintf(stderr, "[fake] COUNTERS not zero at launch: %d %d\n", ctr[0], ctr[1]);
         double* acc = malloc(sizeof(double) * d); double* sc = 0; int sc_n = 0;
         for (unsigned cta = 0; cta < gx; cta++) {
@@ -69,14 +74,14 @@ static int fake_attention(const char* nm, unsigned gx, unsigned gy, unsigned gz,
                 int n = ro ? (int)(ro[b+1] - ro[b]) : seq; i64 start = ro ? ro[b] : 0; int bb = ro ? 0 : b, hk = h / group;
                 if (tile * 64 < n) {
                     int q0 = tile * 64, q1 = q0 + 64 < n ? q0 + 64 : n, k0, k1;
-                    fa_kv_range(causal, left, right, q0, q1, n, &k0, &k1);
+                    fa_kv_range(causal, left, right, delta, q0, q1, ro ? n : kvlen, &k0, &k1);
                     if (k1 - k0 > sc_n) { sc_n = k1 - k0; sc = realloc(sc, sizeof(double) * sc_n); }
                     for (int i = q0; i < q1; i++) {
                         i64 qrow = bb*st[0] + (start+i)*st[1] + h*st[2];
                         double m = -INFINITY, l = 0;
                         for (int j = k0; j < k1; j++) {
                             double s = -INFINITY;
-                            if (fa_visible(causal, left, right, i, j, k0, k1)) {
+                            if (fa_visible(causal, left, right, delta, i, j, k0, k1)) {
                                 i64 krow = bb*st[3] + (start+j)*st[4] + hk*st[5]; s = 0;
                                 for (int c = 0; c < d; c++) s += fa_load(q, qrow + c, dt) * fa_load(kk, krow + c, dt);
                                 s *= sl2;
@@ -119,25 +124,29 @@ static int fake_attention(const char* nm, unsigned gx, unsigned gy, unsigned gz,
     const void *q = *(void**)params[k++], *kk = *(void**)params[k++], *v = *(void**)params[k++], *dout = *(void**)params[k++];
     const float* lse = *(float**)params[k++]; const float* dvec = *(float**)params[k++];
     void *g1 = *(void**)params[k++], *g2 = dkdv ? *(void**)params[k++] : 0;
-    const i64* ro = *(i64**)params[k++]; int seq = *(int*)params[k++], heads = *(int*)params[k++], kvh = *(int*)params[k++], d = *(int*)params[k++];
-    int causal = *(int*)params[k++], left = *(int*)params[k++], right = *(int*)params[k++]; double scale = *(float*)params[k++];
+    const i64* ro = *(i64**)params[k++]; int seq = *(int*)params[k++], kvlen = *(int*)params[k++];
+    int heads = *(int*)params[k++], kvh = *(int*)params[k++], d = *(int*)params[k++];
+    int causal = *(int*)params[k++], left = *(int*)params[k++], right = *(int*)params[k++], delta = *(int*)params[k++];
+    double scale = *(float*)params[k++];
     int group = heads / kvh;
     LOG("  %s grid=(%u,%u,%u) heads=%d kv=%d d=%d", nm, gx, gy, gz, heads, kvh, d);
     if (gz != (unsigned)(dkdv ? kvh : heads)) fprintf(stderr, "[fake] BWD grid z %u, expected %d\n", gz, dkdv ? kvh : heads);
     double* a1 = malloc(sizeof(double) * d); double* a2 = malloc(sizeof(double) * d);
     for (unsigned b = 0; b < gy; b++) {
         int n = ro ? (int)(ro[b+1] - ro[b]) : seq; i64 first = ro ? ro[b] : (i64)b * seq;
-        if ((int)gx * 32 < n) fprintf(stderr, "[fake] BWD grid x %u too small for %d rows\n", gx, n);
+        int nk = ro ? n : kvlen; i64 kfirst = ro ? ro[b] : (i64)b * kvlen;
+        int nx = dkdv ? nk : n, ny = dkdv ? n : nk;
+        if ((int)gx * 32 < nx) fprintf(stderr, "[fake] BWD grid x %u too small for %d rows\n", gx, nx);
         for (unsigned hz = 0; hz < gz; hz++)
-            for (int x = 0; x < n; x++) {  /* x: a key (dkdv) or a query row (dq) */
+            for (int x = 0; x < nx; x++) {  /* x: a key (dkdv) or a query row (dq) */
                 for (int c = 0; c < d; c++) a1[c] = a2[c] = 0;
                 int h0 = dkdv ? hz * group : hz, h1 = dkdv ? h0 + group : hz + 1;
                 for (int h = h0; h < h1; h++)
-                    for (int y = 0; y < n; y++) {
+                    for (int y = 0; y < ny; y++) {
                         int i = dkdv ? y : x, j = dkdv ? x : y, hk = h / group;
                         float L = lse[(first+i)*heads + h];
-                        if (L == -INFINITY || !fa_visible(causal, left, right, i, j, 0, n)) continue;
-                        i64 qa = ((first+i)*heads + h)*d, ka = ((first+j)*kvh + hk)*d;
+                        if (L == -INFINITY || !fa_visible(causal, left, right, delta, i, j, 0, nk)) continue;
+                        i64 qa = ((first+i)*heads + h)*d, ka = ((kfirst+j)*kvh + hk)*d;
                         double s = 0, dp = 0;
                         for (int c = 0; c < d; c++) { s += fa_load(q, qa+c, dt) * fa_load(kk, ka+c, dt); dp += fa_load(dout, qa+c, dt) * fa_load(v, ka+c, dt); }
                         double p = exp(s * scale - L), ds = p * (dp - dvec[(first+i)*heads + h]) * scale;
@@ -146,7 +155,7 @@ static int fake_attention(const char* nm, unsigned gx, unsigned gy, unsigned gz,
                             else a1[c] += ds * fa_load(kk, ka+c, dt);
                         }
                     }
-                i64 at = dkdv ? ((first+x)*kvh + hz)*d : ((first+x)*heads + hz)*d;
+                i64 at = dkdv ? ((kfirst+x)*kvh + hz)*d : ((first+x)*heads + hz)*d;
                 for (int c = 0; c < d; c++) { fa_store(g1, at+c, a1[c], dt); if (dkdv) fa_store(g2, at+c, a2[c], dt); }
             }
     }

@@ -128,7 +128,13 @@ def attention_checks() -> None:
         attention,
         attention_backward,
     )
-    from collectives.mha.gpu import BLOCK_M, attention_gpu, work_order, worker_items
+    from collectives.mha.gpu import (
+        BLOCK_M,
+        attention_backward_gpu,
+        attention_gpu,
+        work_order,
+        worker_items,
+    )
     from shmem import Accelerator, Buffer, DeviceContext
 
     gpu = Accelerator(0)
@@ -231,6 +237,86 @@ def attention_checks() -> None:
         return err
 
     check("GPU attention backward (GQA, ragged, causal window)", backward)
+
+    def reference(
+        q: np.ndarray, k: np.ndarray, v: np.ndarray, do: np.ndarray, delta: int, mask: MaskSpec
+    ) -> tuple[np.ndarray, ...]:
+        """float64 (O, LSE, dQ, dK, dV) of padded q [b, n, h, d] against k/v [b, m, hk, d],
+        query row i at key position i + delta."""
+        q, k, v, do = (a.astype(np.float64) for a in (q, k, v, do))
+        scale = 1.0 / np.sqrt(q.shape[-1])
+        group = q.shape[2] // k.shape[2]
+        kh, vh = np.repeat(k, group, axis=2), np.repeat(v, group, axis=2)
+        pos = np.arange(q.shape[1])[:, None] + delta
+        j = np.arange(k.shape[1])[None, :]
+        see = np.ones((q.shape[1], k.shape[1]), bool)
+        if mask.causal:
+            see &= j <= pos
+        if mask.left is not None:
+            see &= j >= pos - mask.left
+        if mask.right is not None:
+            see &= j <= pos + mask.right
+        s_ = np.einsum("bihd,bjhd->bhij", q, kh) * scale
+        s_ = np.where(see, s_, -np.inf)
+        m = s_.max(-1, keepdims=True)
+        p = np.where(see, np.exp(s_ - np.where(np.isfinite(m), m, 0.0)), 0.0)
+        l_ = p.sum(-1, keepdims=True)
+        p = np.divide(p, l_, out=np.zeros_like(p), where=l_ > 0)
+        o = np.einsum("bhij,bjhd->bihd", p, vh)
+        with np.errstate(divide="ignore"):
+            lse = np.where(l_[..., 0] > 0, m[..., 0] + np.log(l_[..., 0]), -np.inf)
+        dv = np.einsum("bhij,bihd->bjhd", p, do)
+        dp = np.einsum("bihd,bjhd->bhij", do, vh)
+        ds = p * (dp - np.einsum("bihd,bihd->bhi", do, o)[..., None])
+        dq = np.einsum("bhij,bjhd->bihd", ds, kh) * scale
+        dk = np.einsum("bhij,bihd->bjhd", ds, q) * scale
+        fold = (k.shape[0], k.shape[1], k.shape[2], group, k.shape[3])
+        dk, dv = dk.reshape(fold).sum(3), dv.reshape(fold).sum(3)
+        return o, np.moveaxis(lse, 1, 2), dq, dk, dv
+
+    def chunk_units() -> str:
+        """A query chunk against another chunk's keys (kv_len != seq_len, position delta):
+        the sequence-parallel unit, forward and backward, against a float64 reference."""
+        cases = [  # (dtype, d, rows, keys, heads, kv heads, delta, mask)
+            (bf16, 64, 70, 130, 4, 2, 60, MaskSpec(causal=True)),  # queries at a cache's end
+            (f16, 128, 64, 64, 2, 1, 64, MaskSpec(causal=True)),  # an earlier chunk: all seen
+            (bf16, 64, 50, 90, 2, 2, -20, MaskSpec(causal=True)),  # 20 rows see nothing
+            (bf16, 64, 40, 40, 2, 2, -40, MaskSpec(causal=True)),  # a later chunk: nothing
+            (np.float32, 40, 33, 77, 2, 2, -20, MaskSpec(causal=False, left=15, right=4)),
+        ]
+        worst = 0.0
+        for dtype, d, n, m, h, hk, delta, mask in cases:
+            q = rng.standard_normal((2, n, h, d)).astype(dtype)
+            k, v = (rng.standard_normal((2, m, hk, d)).astype(dtype) for _ in range(2))
+            do = rng.standard_normal(q.shape).astype(dtype)
+            o, lse, *grads = reference(q, k, v, do, delta, mask)
+            scale = 1.0 / np.sqrt(d)
+            og, lg = attention_gpu(
+                dev(q), dev(k), dev(v), mask=mask, offsets=None, scale=scale,
+                scheduler="queued", schedule=MHASchedule.LPT, workers=3, return_lse=True,
+                delta=delta,
+            )  # fmt: skip
+            tol = 1e-4 if dtype is np.float32 else 2e-2
+            got_lse = lg.to_numpy()
+            assert np.array_equal(np.isinf(got_lse), np.isinf(lse)), (delta, "LSE -inf rows")
+            fin = np.isfinite(lse)
+            err = max(
+                float(np.abs(og.to_numpy().astype(np.float64) - o).max()),
+                float(np.abs(got_lse[fin] - lse[fin]).max(initial=0.0)),
+            )
+            # the backward from the reference's own O and LSE (its inputs' rounding only)
+            got = attention_backward_gpu(
+                dev(q), dev(k), dev(v), dev(o.astype(dtype)), dev(lse.astype(np.float32)),
+                dev(do), mask=mask, offsets=None, scale=scale, delta=delta,
+            )  # fmt: skip
+            for g, want in zip(got, grads, strict=True):
+                assert g.shape == want.shape, (g.shape, want.shape)
+                err = max(err, float(np.abs(g.to_numpy().astype(np.float64) - want).max()))
+            assert err < tol, (delta, err)
+            worst = max(worst, err)
+        return f"max error {worst:.2e}"
+
+    check("GPU attention unit: a query chunk against another chunk's keys", chunk_units)
 
 
 def main() -> None:
