@@ -551,6 +551,52 @@ GEN_KERNEL(mha_fwd_float32_general, float)
 GEN_KERNEL(mha_fwd_bfloat16_general, bf16)
 GEN_KERNEL(mha_fwd_float16_general, f16)
 
+// -- folding partial results (sequence-parallel units) ---------------------------------------
+//
+// merge: one warp per (row, head) folds a unit's partial (O_p in the input type, LSE_p) into
+// the running float32 (O, LSE) by log-sum-exp, as the host's merge_partial:
+//   LSE' = logaddexp(LSE, LSE_p),  O' = O e^(LSE - LSE') + O_p e^(LSE_p - LSE')
+// (a side that saw no key, LSE = -inf, weighs 0; rows that saw none stay O = 0, LSE = -inf).
+// cast: the running float32 O to the input type at the end.
+
+template <typename T>
+__device__ void merge_rows(float* out, float* lse, const T* part, const float* part_lse,
+                           i64 rows, int d) {
+    const i64 row = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const int lane = threadIdx.x & 31;
+    if (row >= rows) return;
+    const float a = lse[row], b = part_lse[row];
+    const float hi = fmaxf(a, b);
+    if (hi == NEG_INF) return;
+    const float lo = fminf(a, b);
+    const float l_new = lo == NEG_INF ? hi : hi + log1pf(expf(lo - hi));
+    const float w_old = a == NEG_INF ? 0.f : expf(a - l_new);
+    const float w_new = b == NEG_INF ? 0.f : expf(b - l_new);
+    float* o = out + row * d;
+    const T* p = part + row * d;
+    for (int c = lane; c < d; c += 32) o[c] = o[c] * w_old + to_f32(p[c]) * w_new;
+    if (lane == 0) lse[row] = l_new;
+}
+
+template <typename T>
+__device__ void cast_out(T* dst, const float* src, i64 n) {
+    for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x)
+        store_f32(dst + i, src[i]);
+}
+
+#define FOLD_KERNELS(NAME, T)                                                                   \
+    extern "C" __global__ void mha_merge_##NAME(float* out, float* lse, const T* part,          \
+                                                const float* part_lse, i64 rows, int d) {       \
+        merge_rows<T>(out, lse, part, part_lse, rows, d);                                       \
+    }                                                                                           \
+    extern "C" __global__ void mha_cast_##NAME(T* dst, const float* src, i64 n) {               \
+        cast_out<T>(dst, src, n);                                                               \
+    }
+
+FOLD_KERNELS(float32, float)
+FOLD_KERNELS(bfloat16, bf16)
+FOLD_KERNELS(float16, f16)
+
 // -- backward (FA2 backward, P recomputed from the LSE), fp32 arithmetic -----------------------
 //
 // Inputs are contiguous [rows, heads, d] (rows: batch x seq padded, or the ragged tokens) with

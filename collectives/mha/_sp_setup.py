@@ -11,12 +11,13 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from shmem import CPU
+from shmem import CPU, Buffer
 from shmem.agreement import allgather_within
 from shmem.dtypes import as_dtype, dtype_name
 from shmem.errors import CollectiveMismatchError, SequenceParallelError
@@ -25,6 +26,7 @@ from ..communicator import Communicator
 from ..schedule import shard_bounds
 from ._units import SequenceParallelStats
 from .attention import INPUT_DTYPES, normalise_window
+from .gpu import is_gpu_array
 from .scheduler import MaskSpec
 
 __all__ = [
@@ -136,10 +138,12 @@ def setup(
     unit_rows: int | None,
     threads: int | None,
     stats: SequenceParallelStats | None,
+    prepare: Callable[[], dict[str, Any]] | None = None,
 ) -> Setup:
     """Validate locally, then agree across ranks (one all-gather, which also exchanges the
     shard lengths): an argument error on any rank raises on every rank, so none is left
-    waiting in the collective."""
+    waiting in the collective. ``prepare`` (GPU inputs) checks and converts the inputs
+    first; what it returns replaces entries of ``arrays`` (the caller reads them there)."""
     world = comm.world
     error: Exception | None = None
     record: tuple[Any, ...] = ()
@@ -150,9 +154,23 @@ def setup(
             raise SequenceParallelError(
                 f"{where}: unknown schedule (got {schedule!r}; expected one of {list(SCHEDULES)})"
             )
+        if prepare is not None:
+            arrays.update(prepare())
+        elif on_gpu := [name for name, a in arrays.items() if is_gpu_array(a)]:
+            raise SequenceParallelError(
+                f"{where}: {', '.join(on_gpu)} on a GPU: on GPUs only the forward runs for now "
+                "(sequence_parallel_attention, schedules 'ring' and 'zigzag', on the nvshmem "
+                "backend); pass numpy arrays to run this on the host"
+            )
+        elif world.heap.device_memory:
+            raise SequenceParallelError(
+                f"{where}: numpy inputs run on the host backend's symmetric memory (this World "
+                f"runs the {world.backend} backend: pass GPU arrays, torch or cupy tensors or "
+                "GPU Buffers, to the forward with schedule 'ring' or 'zigzag')"
+            )
         for name, a in arrays.items():
             want = 2 if name == "lse" else 3
-            if not isinstance(a, np.ndarray) or a.ndim != want:
+            if not isinstance(a, np.ndarray | Buffer) or a.ndim != want:
                 raise SequenceParallelError(
                     f"{where}: {name} must be a numpy array of "
                     + ("[rows, heads]" if want == 2 else "[rows, heads, head_dim]")

@@ -34,14 +34,18 @@ from typing import Any, Literal, Unpack, overload
 
 import numpy as np
 
-from shmem.errors import SequenceParallelError
+from shmem import Buffer
+from shmem.dtypes import dtype_name
+from shmem.errors import AttentionArgumentError, SequenceParallelError
 
 from ..communicator import Communicator
 from ._sp_backward import backward
 from ._sp_dynamic import forward_dynamic
+from ._sp_gpu import forward_ring_gpu
 from ._sp_ring import forward_ring
 from ._sp_setup import HOOKS, finish_stats, setup, zigzag_shard, zigzag_unshard
 from ._units import SequenceParallelStats
+from .gpu import GPU_DTYPES, MAX_HEAD_DIM, _device_buffer, _like, is_gpu_array
 from .options import SequenceParallelKeywords, SequenceParallelOptions, resolve_options
 
 __all__ = [
@@ -98,17 +102,41 @@ def sequence_parallel_attention(
     stats: SequenceParallelStats | None = ...,
     **overrides: Unpack[SequenceParallelKeywords],
 ) -> tuple[Array, Array]: ...
+@overload
+def sequence_parallel_attention(  # GPU arrays (torch, cupy, Buffer): results of q's kind
+    comm: Communicator,
+    q: Any,
+    k: Any,
+    v: Any,
+    *,
+    options: SequenceParallelOptions | None = ...,
+    return_lse: Literal[False] = ...,
+    stats: SequenceParallelStats | None = ...,
+    **overrides: Unpack[SequenceParallelKeywords],
+) -> Any: ...
+@overload
 def sequence_parallel_attention(
     comm: Communicator,
-    q: Array,
-    k: Array,
-    v: Array,
+    q: Any,
+    k: Any,
+    v: Any,
+    *,
+    options: SequenceParallelOptions | None = ...,
+    return_lse: Literal[True],
+    stats: SequenceParallelStats | None = ...,
+    **overrides: Unpack[SequenceParallelKeywords],
+) -> tuple[Any, Any]: ...
+def sequence_parallel_attention(
+    comm: Communicator,
+    q: Any,
+    k: Any,
+    v: Any,
     *,
     options: SequenceParallelOptions | None = None,
     return_lse: bool = False,
     stats: SequenceParallelStats | None = None,
     **overrides: Unpack[SequenceParallelKeywords],
-) -> Array | tuple[Array, Array]:
+) -> Any:
     """Attention of this rank's queries over the whole sharded sequence (collective).
 
     Parameters
@@ -118,7 +146,11 @@ def sequence_parallel_attention(
         This rank's rows ``[rows, heads, head_dim]`` (``k``/``v`` may have fewer heads:
         GQA), float32, float16 or bfloat16. ``ring`` and ``dynamic``: rank ``r`` holds the
         ``r``-th contiguous shard (any lengths, in rank order). ``zigzag``: rank ``r`` holds
-        :func:`zigzag_shard` of the sequence.
+        :func:`zigzag_shard` of the sequence. On the nvshmem backend they may be GPU arrays
+        (torch or cupy tensors, GPU Buffers; head_dim a multiple of 8 up to 128): the
+        ``ring`` and ``zigzag`` forward then runs on the GPU kernels (no ``valid_length``
+        yet; ``dynamic`` and the backward take numpy arrays), returning arrays of ``q``'s
+        kind.
     options : SequenceParallelOptions, optional
         Mask, scale, schedule and tiling (defaults: non-causal, ``dynamic``).
     return_lse : bool
@@ -137,8 +169,16 @@ def sequence_parallel_attention(
     start = time.perf_counter()
     where = "sequence_parallel_attention"
     opts = _options(options, overrides, where)
-    st = setup(comm, where, {"q": q, "k": k, "v": v}, stats=stats, **_setup_args(opts))
+    arrays: dict[str, Any] = {"q": q, "k": k, "v": v}
+    gpu = any(is_gpu_array(a) for a in arrays.values())
+    prepare = _gpu_inputs(comm, opts, arrays, where) if gpu else None
+    st = setup(comm, where, arrays, stats=stats, prepare=prepare, **_setup_args(opts))
     mine = SequenceParallelStats(schedule=str(opts.schedule))
+    if gpu:
+        out_gpu, lse_gpu = forward_ring_gpu(st, arrays["q"], arrays["k"], arrays["v"], mine)
+        finish_stats(st, stats, mine, start)
+        o_like = _like(q, out_gpu)
+        return (o_like, _like(q, lse_gpu)) if return_lse else o_like
     run = forward_dynamic if opts.schedule == "dynamic" else forward_ring
     out, lse = run(st, q, k, v, opts.block_m, opts.block_n, mine, HOOKS.slowdown)
     finish_stats(st, stats, mine, start)
@@ -172,6 +212,58 @@ def sequence_parallel_attention_backward(
     return backward(
         comm, dout, q, k, v, out, lse, stats=stats, slowdown=HOOKS.slowdown, **_setup_args(opts)
     )
+
+
+def _gpu_inputs(
+    comm: Communicator, opts: SequenceParallelOptions, arrays: dict[str, Any], where: str
+) -> Any:
+    """The check and conversion of GPU inputs, run inside the setup's agreement (so an
+    error on one rank raises on every rank)."""
+    world = comm.world
+    heap: Any = world.heap
+
+    def prepare() -> dict[str, Any]:
+        if not heap.device_memory:
+            raise SequenceParallelError(
+                f"{where}: GPU inputs need the nvshmem backend (this World runs the "
+                f"{world.backend} backend; shmem.init(backend='nvshmem'), or pass numpy arrays)"
+            )
+        if opts.schedule == "dynamic":
+            raise SequenceParallelError(
+                f"{where}: on GPU inputs the schedule must be 'ring' or 'zigzag' (got "
+                "'dynamic', whose GPU work queues are not written yet; pass numpy arrays to "
+                "run it on the host)"
+            )
+        if opts.valid_length is not None:
+            raise SequenceParallelError(
+                f"{where}: document masks (valid_length) on GPU inputs are not written yet "
+                "(pass numpy arrays to run them on the host)"
+            )
+        bufs: dict[str, Buffer] = {}
+        for name, a in arrays.items():
+            try:
+                bufs[name] = _device_buffer(a, name, where)
+            except AttentionArgumentError as exc:
+                raise SequenceParallelError(str(exc)) from None
+            if bufs[name].device != heap.device:
+                raise SequenceParallelError(
+                    f"{where}: {name} is on {bufs[name].device.label}, this rank's World on "
+                    f"{heap.device.label} (expected the World's GPU)"
+                )
+        dtypes = {dtype_name(b.dtype) for b in bufs.values()}
+        d = bufs["q"].shape[-1]
+        if len(dtypes) != 1 or not dtypes <= set(GPU_DTYPES):
+            raise SequenceParallelError(
+                f"{where}: on GPUs q, k and v must share one dtype of {list(GPU_DTYPES)} (got "
+                f"{sorted(dtypes)})"
+            )
+        if d > MAX_HEAD_DIM or d % 8:
+            raise SequenceParallelError(
+                f"{where}: on GPUs head_dim must be a multiple of 8 up to {MAX_HEAD_DIM} (got {d})"
+            )
+        return bufs
+
+    return prepare
 
 
 def _options(

@@ -109,6 +109,29 @@ static int fake_attention(const char* nm, unsigned gx, unsigned gy, unsigned gz,
         free(acc); free(sc);
         return 1;
     }
+    if (!strncmp(nm, "mha_merge_", 10)) {  /* fold a unit's partial (O, LSE) by log-sum-exp */
+        int dt = fa_dtype(nm + 10);
+        float* out = *(float**)params[0]; float* lse = *(float**)params[1];
+        const void* part = *(void**)params[2]; const float* pl = *(float**)params[3];
+        i64 rows = *(i64*)params[4]; int d = *(int*)params[5];
+        LOG("  mha_merge dt=%d rows=%lld d=%d grid=%u", dt, rows, d, gx);
+        if ((i64)gx * 4 < rows) fprintf(stderr, "[fake] MERGE grid too small\n");
+        for (i64 r = 0; r < rows; r++) {
+            double a = lse[r], b = pl[r], hi = a > b ? a : b, lo = a > b ? b : a;
+            if (hi == -INFINITY) continue;
+            double ln = lo == -INFINITY ? hi : hi + log1p(exp(lo - hi));
+            double wo = a == -INFINITY ? 0 : exp(a - ln), wn = b == -INFINITY ? 0 : exp(b - ln);
+            for (int c = 0; c < d; c++) out[r*d + c] = (float)(out[r*d + c] * wo + fa_load(part, r*d + c, dt) * wn);
+            lse[r] = (float)ln;
+        }
+        return 1;
+    }
+    if (!strncmp(nm, "mha_cast_", 9)) {
+        int dt = fa_dtype(nm + 9);
+        void* dst = *(void**)params[0]; const float* src = *(float**)params[1]; i64 n = *(i64*)params[2];
+        for (i64 i = 0; i < n; i++) fa_store(dst, i, src[i], dt);
+        return 1;
+    }
     if (!strncmp(nm, "mha_bwd_dvec_", 13)) {
         int dt = fa_dtype(nm + 13);
         const void *o = *(void**)params[0], *dout = *(void**)params[1]; float* dvec = *(float**)params[2];

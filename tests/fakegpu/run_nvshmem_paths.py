@@ -18,6 +18,7 @@ import shmem
 import shmem._cuda_device as _c
 import shmem.backends as _backends
 from shmem.errors import NvshmemError, NvshmemUnsupportedError, SignalTimeoutError
+from tests.attention_reference import chunk_reference
 
 RESULTS: list[tuple[str, bool]] = []
 
@@ -238,42 +239,6 @@ def attention_checks() -> None:
 
     check("GPU attention backward (GQA, ragged, causal window)", backward)
 
-    def reference(
-        q: np.ndarray, k: np.ndarray, v: np.ndarray, do: np.ndarray, delta: int, mask: MaskSpec
-    ) -> tuple[np.ndarray, ...]:
-        """float64 (O, LSE, dQ, dK, dV) of padded q [b, n, h, d] against k/v [b, m, hk, d],
-        query row i at key position i + delta."""
-        q, k, v, do = (a.astype(np.float64) for a in (q, k, v, do))
-        scale = 1.0 / np.sqrt(q.shape[-1])
-        group = q.shape[2] // k.shape[2]
-        kh, vh = np.repeat(k, group, axis=2), np.repeat(v, group, axis=2)
-        pos = np.arange(q.shape[1])[:, None] + delta
-        j = np.arange(k.shape[1])[None, :]
-        see = np.ones((q.shape[1], k.shape[1]), bool)
-        if mask.causal:
-            see &= j <= pos
-        if mask.left is not None:
-            see &= j >= pos - mask.left
-        if mask.right is not None:
-            see &= j <= pos + mask.right
-        s_ = np.einsum("bihd,bjhd->bhij", q, kh) * scale
-        s_ = np.where(see, s_, -np.inf)
-        m = s_.max(-1, keepdims=True)
-        p = np.where(see, np.exp(s_ - np.where(np.isfinite(m), m, 0.0)), 0.0)
-        l_ = p.sum(-1, keepdims=True)
-        p = np.divide(p, l_, out=np.zeros_like(p), where=l_ > 0)
-        o = np.einsum("bhij,bjhd->bihd", p, vh)
-        with np.errstate(divide="ignore"):
-            lse = np.where(l_[..., 0] > 0, m[..., 0] + np.log(l_[..., 0]), -np.inf)
-        dv = np.einsum("bhij,bihd->bjhd", p, do)
-        dp = np.einsum("bihd,bjhd->bhij", do, vh)
-        ds = p * (dp - np.einsum("bihd,bihd->bhi", do, o)[..., None])
-        dq = np.einsum("bhij,bjhd->bihd", ds, kh) * scale
-        dk = np.einsum("bhij,bihd->bjhd", ds, q) * scale
-        fold = (k.shape[0], k.shape[1], k.shape[2], group, k.shape[3])
-        dk, dv = dk.reshape(fold).sum(3), dv.reshape(fold).sum(3)
-        return o, np.moveaxis(lse, 1, 2), dq, dk, dv
-
     def chunk_units() -> str:
         """A query chunk against another chunk's keys (kv_len != seq_len, position delta):
         the sequence-parallel unit, forward and backward, against a float64 reference."""
@@ -289,7 +254,7 @@ def attention_checks() -> None:
             q = rng.standard_normal((2, n, h, d)).astype(dtype)
             k, v = (rng.standard_normal((2, m, hk, d)).astype(dtype) for _ in range(2))
             do = rng.standard_normal(q.shape).astype(dtype)
-            o, lse, *grads = reference(q, k, v, do, delta, mask)
+            o, lse, *grads = chunk_reference(q, k, v, do, delta, mask)
             scale = 1.0 / np.sqrt(d)
             og, lg = attention_gpu(
                 dev(q), dev(k), dev(v), mask=mask, offsets=None, scale=scale,
@@ -466,6 +431,113 @@ def main() -> None:
             return "ok"
 
         check("family on the GPU stages", family)
+
+        def sequence_parallel() -> str:
+            """sequence_parallel_attention on GPU Buffers (one rank: one unit per call)
+            against the host schedules on the same numpy inputs, and the GPU refusals."""
+            from collectives.mha import (
+                attention,
+                sequence_parallel_attention,
+                sequence_parallel_attention_backward,
+            )
+
+            rng = np.random.default_rng(3)
+            bf16 = ml_dtypes.bfloat16
+
+            def dev(a: np.ndarray) -> shmem.Buffer:
+                b = shmem.Buffer(a.dtype, a.shape, device=heap.device)
+                b.inplace_copy_from(shmem.Buffer.from_numpy(np.ascontiguousarray(a)))
+                return b
+
+            cases: list[tuple[Any, int, dict[str, Any]]] = [
+                (bf16, 64, {"schedule": "ring", "causal": True}),
+                (np.float32, 40, {"schedule": "zigzag", "window": (30, 2)}),
+                (np.float16, 128, {"schedule": "ring"}),
+            ]
+            for dtype, d, kw in cases:
+                q = rng.standard_normal((150, 4, d)).astype(dtype)
+                k, v = (rng.standard_normal((150, 2, d)).astype(dtype) for _ in range(2))
+                o, lse = sequence_parallel_attention(
+                    comm, dev(q), dev(k), dev(v), return_lse=True, **kw
+                )
+                assert isinstance(o, shmem.Buffer) and o.shape == q.shape and o.dtype == q.dtype
+                # one rank holds the whole sequence: the single-process attention is the answer
+                host_kw = {n: kw[n] for n in ("causal", "window") if n in kw}
+                want, want_lse = attention(q[None], k[None], v[None], return_lse=True, **host_kw)
+                want, want_lse = want[0], want_lse[0]
+                tol = 1e-4 if dtype is np.float32 else 2e-2
+                err = np.abs(o.to_numpy().astype(np.float64) - want.astype(np.float64)).max()
+                assert err < tol, (kw, err)
+                assert np.abs(lse.to_numpy() - want_lse).max() < 5 * tol, kw
+            x = dev(rng.standard_normal((8, 2, 64)).astype(bf16))
+            refusals: list[tuple[dict[str, Any], str]] = [
+                ({"schedule": "dynamic"}, "'ring' or 'zigzag'"),
+                ({"schedule": "ring", "valid_length": [0, 3, 8]}, "valid_length"),
+            ]
+            for kw, words in refusals:
+                bad = error_of(lambda kw=kw: sequence_parallel_attention(comm, x, x, x, **kw))
+                assert words in bad, bad
+            y: Any = x  # GPU arrays where the backward's annotations say numpy: refused
+            bad = error_of(
+                lambda: sequence_parallel_attention_backward(
+                    comm, y, y, y, y, y, np.zeros((8, 2), np.float32), schedule="ring"
+                )
+            )
+            assert "only the forward" in bad, bad
+            host = np.zeros((8, 2, 64), np.float32)
+            bad = error_of(lambda: sequence_parallel_attention(comm, host, host, host))
+            assert "numpy inputs run on the host backend" in bad, bad
+            odd = dev(rng.standard_normal((8, 2, 12)).astype(bf16))
+            bad = error_of(
+                lambda: sequence_parallel_attention(comm, odd, odd, odd, schedule="ring")
+            )
+            assert "multiple of 8" in bad, bad
+            return "ok"
+
+        check("sequence_parallel_attention on the GPU (ring, zigzag)", sequence_parallel)
+
+        def folds() -> str:
+            """The GPU ring's folding across several (query, key) segment pairs, at one rank:
+            rows held out of order (positions 100-149, then 0-99, then 150-179) make three
+            segments on each side, nine pairs, some masked out, folded by mha_merge."""
+            import dataclasses
+
+            from collectives.mha import SequenceParallelStats, attention
+            from collectives.mha._sp_gpu import forward_ring_gpu
+            from collectives.mha._sp_setup import setup
+
+            rng = np.random.default_rng(5)
+            pos = np.r_[np.arange(100, 150), np.arange(0, 100), np.arange(150, 180)]
+            worst = 0.0
+            for dtype, causal, window in (
+                (np.float32, True, None),
+                (ml_dtypes.bfloat16, False, (40, 10)),
+            ):
+                q = rng.standard_normal((180, 2, 64)).astype(dtype)
+                k, v = (rng.standard_normal((180, 1, 64)).astype(dtype) for _ in range(2))
+                arrays = {
+                    n: shmem.Buffer.from_numpy(a[pos]).to(heap.device)
+                    for n, a in (("q", q), ("k", k), ("v", v))
+                }
+                st = setup(
+                    comm, "folds", arrays, schedule="ring", causal=causal, window=window,
+                    valid_length=None, scale=None, block_m=64, block_n=64, unit_rows=None,
+                    threads=None, stats=None, prepare=lambda arrays=arrays: arrays,
+                )  # fmt: skip
+                st = dataclasses.replace(st, positions=[pos])
+                stats = SequenceParallelStats()
+                o, lse = forward_ring_gpu(st, arrays["q"], arrays["k"], arrays["v"], stats)
+                want, want_lse = attention(
+                    q[None], k[None], v[None], causal=causal, window=window, return_lse=True
+                )
+                err = np.abs(o.to_numpy().astype(np.float64) - want[0][pos]).max()
+                assert err < (1e-5 if dtype is np.float32 else 2e-2), (causal, err)
+                assert np.abs(lse.to_numpy() - want_lse[0][pos]).max() < 1e-3, causal
+                assert 3 <= stats.units_computed < 9, stats.units_computed  # masked pairs skipped
+                worst = max(worst, float(err))
+            return f"max error {worst:.1e}"
+
+        check("GPU sequence-parallel folds across segment pairs", folds)
 
         class Foreign:
             """Another library's stream (torch, cupy): only ``__cuda_stream__``."""

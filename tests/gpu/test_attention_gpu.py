@@ -20,9 +20,16 @@ from collectives.mha import (
     attention,
     attention_backward,
 )
-from collectives.mha.gpu import BLOCK_M, attention_gpu, work_order, worker_items
+from collectives.mha.gpu import (
+    BLOCK_M,
+    attention_backward_gpu,
+    attention_gpu,
+    work_order,
+    worker_items,
+)
 from shmem import Accelerator, Buffer
 from shmem.dtypes import as_dtype
+from tests.attention_reference import chunk_reference
 
 pytestmark = pytest.mark.gpu
 
@@ -125,6 +132,46 @@ def test_rows_that_see_no_key_give_zero_and_minus_infinity() -> None:
         out.to_numpy()[0].astype(np.float32), v.astype(np.float32), atol=1e-2
     )
     assert np.isfinite(lse.to_numpy()).all()
+
+
+@pytest.mark.parametrize(
+    ("dtype", "d", "rows", "keys", "heads", "kv_heads", "delta", "mask"),
+    [
+        ("bfloat16", 128, 70, 300, 8, 2, 230, MaskSpec(causal=True)),  # at a KV cache's end
+        ("float16", 64, 64, 64, 2, 1, 64, MaskSpec(causal=True)),  # an earlier chunk: all
+        ("bfloat16", 64, 130, 90, 2, 2, -60, MaskSpec(causal=True)),  # 60 rows see nothing
+        ("float16", 96, 100, 200, 4, 4, 37, MaskSpec(causal=False, left=40, right=3)),
+        ("float32", 40, 33, 77, 2, 2, -20, MaskSpec(causal=False, left=15, right=4)),
+    ],
+)
+def test_a_unit_with_its_own_keys_and_a_position_offset(
+    dtype: str, d: int, rows: int, keys: int, heads: int, kv_heads: int, delta: int, mask: Any
+) -> None:
+    """The sequence-parallel unit: a query chunk against another chunk's keys (kv_len !=
+    seq_len, query row i at key position i + delta), forward and backward against float64."""
+    dt = as_dtype(dtype)
+    rng = np.random.default_rng(rows + keys)
+    q = rng.standard_normal((2, rows, heads, d)).astype(dt)
+    k, v = (rng.standard_normal((2, keys, kv_heads, d)).astype(dt) for _ in range(2))
+    do = rng.standard_normal(q.shape).astype(dt)
+    o, lse, *grads = chunk_reference(q, k, v, do, delta, mask)
+    scale = 1.0 / np.sqrt(d)
+    for scheduler in ("queued", "static"):
+        got_o, got_lse = attention_gpu(
+            to_gpu(q), to_gpu(k), to_gpu(v), mask=mask, offsets=None, scale=scale,
+            scheduler=scheduler, schedule=MHASchedule.LPT, workers=None, return_lse=True,
+            delta=delta,
+        )  # fmt: skip
+        np.testing.assert_allclose(got_o.to_numpy().astype(np.float64), o, atol=ATOL[dtype])
+        gl = got_lse.to_numpy()
+        assert np.array_equal(np.isinf(gl), np.isinf(lse))
+        np.testing.assert_allclose(gl[np.isfinite(lse)], lse[np.isfinite(lse)], atol=1e-3)
+    got = attention_backward_gpu(
+        to_gpu(q), to_gpu(k), to_gpu(v), to_gpu(o.astype(dt)), to_gpu(lse.astype(np.float32)),
+        to_gpu(do), mask=mask, offsets=None, scale=scale, delta=delta,
+    )  # fmt: skip
+    for g, want in zip(got, grads, strict=True):
+        np.testing.assert_allclose(g.to_numpy().astype(np.float64), want, atol=4 * ATOL[dtype])
 
 
 @pytest.mark.parametrize("schedule", list(MHASchedule))
