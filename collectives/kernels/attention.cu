@@ -557,7 +557,8 @@ GEN_KERNEL(mha_fwd_float16_general, f16)
 // the running float32 (O, LSE) by log-sum-exp, as the host's merge_partial:
 //   LSE' = logaddexp(LSE, LSE_p),  O' = O e^(LSE - LSE') + O_p e^(LSE_p - LSE')
 // (a side that saw no key, LSE = -inf, weighs 0; rows that saw none stay O = 0, LSE = -inf).
-// cast: the running float32 O to the input type at the end.
+// cast: the running float32 O to the input type at the end. accumulate: float32 sums of the
+// backward's per-unit gradients.
 
 template <typename T>
 __device__ void merge_rows(float* out, float* lse, const T* part, const float* part_lse,
@@ -584,6 +585,13 @@ __device__ void cast_out(T* dst, const float* src, i64 n) {
         store_f32(dst + i, src[i]);
 }
 
+// accumulate: dst += src in float32 (a unit's gradients, in the order the host launches them)
+template <typename T>
+__device__ void accumulate(float* dst, const T* src, i64 n) {
+    for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x)
+        dst[i] += to_f32(src[i]);
+}
+
 #define FOLD_KERNELS(NAME, T)                                                                   \
     extern "C" __global__ void mha_merge_##NAME(float* out, float* lse, const T* part,          \
                                                 const float* part_lse, i64 rows, int d) {       \
@@ -591,6 +599,9 @@ __device__ void cast_out(T* dst, const float* src, i64 n) {
     }                                                                                           \
     extern "C" __global__ void mha_cast_##NAME(T* dst, const float* src, i64 n) {               \
         cast_out<T>(dst, src, n);                                                               \
+    }                                                                                           \
+    extern "C" __global__ void mha_accumulate_##NAME(float* dst, const T* src, i64 n) {         \
+        accumulate<T>(dst, src, n);                                                             \
     }
 
 FOLD_KERNELS(float32, float)

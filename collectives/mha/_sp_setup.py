@@ -158,9 +158,8 @@ def setup(
             arrays.update(prepare())
         elif on_gpu := [name for name, a in arrays.items() if is_gpu_array(a)]:
             raise SequenceParallelError(
-                f"{where}: {', '.join(on_gpu)} on a GPU: on GPUs only the forward runs for now "
-                "(sequence_parallel_attention, schedules 'ring' and 'zigzag', on the nvshmem "
-                "backend); pass numpy arrays to run this on the host"
+                f"{where}: {', '.join(on_gpu)} on a GPU where this path takes numpy arrays "
+                "(GPU inputs go through sequence_parallel_attention and its backward)"
             )
         elif world.heap.device_memory:
             raise SequenceParallelError(

@@ -41,7 +41,7 @@ from shmem.errors import AttentionArgumentError, SequenceParallelError
 from ..communicator import Communicator
 from ._sp_backward import backward
 from ._sp_dynamic import forward_dynamic
-from ._sp_gpu import forward_ring_gpu
+from ._sp_gpu import backward_ring_gpu, forward_ring_gpu
 from ._sp_ring import forward_ring
 from ._sp_setup import HOOKS, finish_stats, setup, zigzag_shard, zigzag_unshard
 from ._units import SequenceParallelStats
@@ -148,9 +148,9 @@ def sequence_parallel_attention(
         ``r``-th contiguous shard (any lengths, in rank order). ``zigzag``: rank ``r`` holds
         :func:`zigzag_shard` of the sequence. On the nvshmem backend they may be GPU arrays
         (torch or cupy tensors, GPU Buffers; head_dim a multiple of 8 up to 128): the
-        ``ring`` and ``zigzag`` forward then runs on the GPU kernels (no ``valid_length``
-        yet; ``dynamic`` and the backward take numpy arrays), returning arrays of ``q``'s
-        kind.
+        ``ring`` and ``zigzag`` schedules then run on the GPU kernels, forward and
+        backward (no ``valid_length`` yet; ``dynamic`` takes numpy arrays), returning arrays
+        of ``q``'s kind.
     options : SequenceParallelOptions, optional
         Mask, scale, schedule and tiling (defaults: non-causal, ``dynamic``).
     return_lse : bool
@@ -186,6 +186,7 @@ def sequence_parallel_attention(
     return (result, lse) if return_lse else result
 
 
+@overload
 def sequence_parallel_attention_backward(
     comm: Communicator,
     dout: Array,
@@ -195,10 +196,37 @@ def sequence_parallel_attention_backward(
     out: Array,
     lse: Array,
     *,
+    options: SequenceParallelOptions | None = ...,
+    stats: SequenceParallelStats | None = ...,
+    **overrides: Unpack[SequenceParallelKeywords],
+) -> tuple[Array, Array, Array]: ...
+@overload
+def sequence_parallel_attention_backward(  # GPU arrays: gradients of each input's kind
+    comm: Communicator,
+    dout: Any,
+    q: Any,
+    k: Any,
+    v: Any,
+    out: Any,
+    lse: Any,
+    *,
+    options: SequenceParallelOptions | None = ...,
+    stats: SequenceParallelStats | None = ...,
+    **overrides: Unpack[SequenceParallelKeywords],
+) -> tuple[Any, Any, Any]: ...
+def sequence_parallel_attention_backward(
+    comm: Communicator,
+    dout: Any,
+    q: Any,
+    k: Any,
+    v: Any,
+    out: Any,
+    lse: Any,
+    *,
     options: SequenceParallelOptions | None = None,
     stats: SequenceParallelStats | None = None,
     **overrides: Unpack[SequenceParallelKeywords],
-) -> tuple[Array, Array, Array]:
+) -> tuple[Any, Any, Any]:
     """Gradients ``(dQ, dK, dV)`` of this rank's rows (collective).
 
     ``dout`` is dL/dO for this rank's rows; ``out`` and ``lse`` come from
@@ -208,10 +236,21 @@ def sequence_parallel_attention_backward(
     overrides are as for the forward, with the same sharding. Returns arrays of the dtypes
     of ``q``, ``k`` and ``v``.
     """
-    opts = _options(options, overrides, "sequence_parallel_attention_backward")
-    return backward(
-        comm, dout, q, k, v, out, lse, stats=stats, slowdown=HOOKS.slowdown, **_setup_args(opts)
-    )
+    where = "sequence_parallel_attention_backward"
+    opts = _options(options, overrides, where)
+    arrays: dict[str, Any] = {"q": q, "k": k, "v": v, "out": out, "dout": dout, "lse": lse}
+    if not any(is_gpu_array(a) for a in arrays.values()):
+        return backward(
+            comm, dout, q, k, v, out, lse, stats=stats, slowdown=HOOKS.slowdown, **_setup_args(opts)
+        )
+    start = time.perf_counter()
+    prepare = _gpu_inputs(comm, opts, arrays, where)
+    st = setup(comm, where, arrays, stats=stats, prepare=prepare, **_setup_args(opts))
+    mine = SequenceParallelStats(schedule=str(opts.schedule))
+    a = arrays
+    grads = backward_ring_gpu(st, a["q"], a["k"], a["v"], a["out"], a["dout"], a["lse"], mine)
+    finish_stats(st, stats, mine, start)
+    return _like(q, grads[0]), _like(k, grads[1]), _like(v, grads[2])
 
 
 def _gpu_inputs(
@@ -250,12 +289,18 @@ def _gpu_inputs(
                     f"{where}: {name} is on {bufs[name].device.label}, this rank's World on "
                     f"{heap.device.label} (expected the World's GPU)"
                 )
-        dtypes = {dtype_name(b.dtype) for b in bufs.values()}
+        dtypes = {dtype_name(b.dtype) for n, b in bufs.items() if n != "lse"}
         d = bufs["q"].shape[-1]
         if len(dtypes) != 1 or not dtypes <= set(GPU_DTYPES):
+            names = ", ".join(n for n in bufs if n != "lse")
             raise SequenceParallelError(
-                f"{where}: on GPUs q, k and v must share one dtype of {list(GPU_DTYPES)} (got "
+                f"{where}: on GPUs {names} must share one dtype of {list(GPU_DTYPES)} (got "
                 f"{sorted(dtypes)})"
+            )
+        if "lse" in bufs and dtype_name(bufs["lse"].dtype) != "float32":
+            raise SequenceParallelError(
+                f"{where}: lse must be float32 (got {dtype_name(bufs['lse'].dtype)}; pass the "
+                "forward's return_lse=True result)"
             )
         if d > MAX_HEAD_DIM or d % 8:
             raise SequenceParallelError(

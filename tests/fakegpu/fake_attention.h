@@ -126,6 +126,12 @@ static int fake_attention(const char* nm, unsigned gx, unsigned gy, unsigned gz,
         }
         return 1;
     }
+    if (!strncmp(nm, "mha_accumulate_", 15)) {
+        int dt = fa_dtype(nm + 15);
+        float* dst = *(float**)params[0]; const void* src = *(void**)params[1]; i64 n = *(i64*)params[2];
+        for (i64 i = 0; i < n; i++) dst[i] = (float)(dst[i] + fa_load(src, i, dt));
+        return 1;
+    }
     if (!strncmp(nm, "mha_cast_", 9)) {
         int dt = fa_dtype(nm + 9);
         void* dst = *(void**)params[0]; const float* src = *(float**)params[1]; i64 n = *(i64*)params[2];

@@ -437,6 +437,7 @@ def main() -> None:
             against the host schedules on the same numpy inputs, and the GPU refusals."""
             from collectives.mha import (
                 attention,
+                attention_backward,
                 sequence_parallel_attention,
                 sequence_parallel_attention_backward,
             )
@@ -469,6 +470,18 @@ def main() -> None:
                 err = np.abs(o.to_numpy().astype(np.float64) - want.astype(np.float64)).max()
                 assert err < tol, (kw, err)
                 assert np.abs(lse.to_numpy() - want_lse).max() < 5 * tol, kw
+                do = rng.standard_normal(q.shape).astype(dtype)
+                grads = sequence_parallel_attention_backward(
+                    comm, dev(do), dev(q), dev(k), dev(v), o, lse, **kw
+                )
+                wants = attention_backward(
+                    q[None], k[None], v[None], o.to_numpy()[None], lse.to_numpy()[None],
+                    do[None], **host_kw,
+                )  # fmt: skip
+                for g, w_, a in zip(grads, wants, (q, k, v), strict=True):
+                    assert isinstance(g, shmem.Buffer) and g.dtype == a.dtype, type(g)
+                    gerr = np.abs(g.to_numpy().astype(np.float64) - w_[0].astype(np.float64))
+                    assert gerr.max() < 4 * tol, (kw, gerr.max())
             x = dev(rng.standard_normal((8, 2, 64)).astype(bf16))
             refusals: list[tuple[dict[str, Any], str]] = [
                 ({"schedule": "dynamic"}, "'ring' or 'zigzag'"),
@@ -477,13 +490,18 @@ def main() -> None:
             for kw, words in refusals:
                 bad = error_of(lambda kw=kw: sequence_parallel_attention(comm, x, x, x, **kw))
                 assert words in bad, bad
-            y: Any = x  # GPU arrays where the backward's annotations say numpy: refused
-            bad = error_of(
+            bad = error_of(  # a numpy lse among GPU inputs
                 lambda: sequence_parallel_attention_backward(
-                    comm, y, y, y, y, y, np.zeros((8, 2), np.float32), schedule="ring"
+                    comm, x, x, x, x, x, np.zeros((8, 2), np.float32), schedule="ring"
                 )
             )
-            assert "only the forward" in bad, bad
+            assert "lse is on the host while another input is on a GPU" in bad, bad
+            bad = error_of(
+                lambda: sequence_parallel_attention_backward(
+                    comm, x, x, x, x, x, dev(np.zeros((8, 2), bf16)), schedule="ring"
+                )
+            )
+            assert "lse must be float32" in bad, bad
             host = np.zeros((8, 2, 64), np.float32)
             bad = error_of(lambda: sequence_parallel_attention(comm, host, host, host))
             assert "numpy inputs run on the host backend" in bad, bad
@@ -502,8 +520,8 @@ def main() -> None:
             segments on each side, nine pairs, some masked out, folded by mha_merge."""
             import dataclasses
 
-            from collectives.mha import SequenceParallelStats, attention
-            from collectives.mha._sp_gpu import forward_ring_gpu
+            from collectives.mha import SequenceParallelStats, attention, attention_backward
+            from collectives.mha._sp_gpu import backward_ring_gpu, forward_ring_gpu
             from collectives.mha._sp_setup import setup
 
             rng = np.random.default_rng(5)
@@ -535,6 +553,21 @@ def main() -> None:
                 assert np.abs(lse.to_numpy() - want_lse[0][pos]).max() < 1e-3, causal
                 assert 3 <= stats.units_computed < 9, stats.units_computed  # masked pairs skipped
                 worst = max(worst, float(err))
+                # the backward over the same pairs: dQ summed here, dK/dV through the slots
+                do = rng.standard_normal(q.shape).astype(dtype)
+                grads = backward_ring_gpu(
+                    st, arrays["q"], arrays["k"], arrays["v"], o,
+                    shmem.Buffer.from_numpy(do[pos]).to(heap.device), lse, stats,
+                )  # fmt: skip
+                inverse = np.argsort(pos)
+                wants = attention_backward(
+                    q[None], k[None], v[None], o.to_numpy()[inverse][None],
+                    lse.to_numpy()[inverse][None], do[None], causal=causal, window=window,
+                )  # fmt: skip
+                for g, w_ in zip(grads, wants, strict=True):
+                    gerr = np.abs(g.to_numpy().astype(np.float64) - w_[0][pos]).max()
+                    assert gerr < (1e-4 if dtype is np.float32 else 8e-2), (causal, gerr)
+                    worst = max(worst, float(gerr))
             return f"max error {worst:.1e}"
 
         check("GPU sequence-parallel folds across segment pairs", folds)

@@ -379,14 +379,20 @@ def test_gpu_reductions_of_every_other_dtype_equal_the_host(
         ("ring", "float32", {"causal": True, "window": (None, 0)}),
     ],
 )
-def test_gpu_sequence_parallel_forward_equals_one_gpu(
+def test_gpu_sequence_parallel_equals_one_gpu(
     gpu_world: Any, schedule: str, dtype: str, kw: dict[str, Any]
 ) -> None:
-    """sequence_parallel_attention on GPU tensors (every rank a shard of one sequence,
-    ragged shard lengths on the ring) against the single-GPU kernel on the whole sequence:
-    each rank's rows of O and LSE."""
+    """sequence_parallel_attention and its backward on GPU Buffers (every rank a shard of
+    one sequence, ragged shard lengths on the ring) against the single-GPU kernels on the
+    whole sequence: each rank's rows of O, LSE, dQ, dK and dV."""
     import collectives
-    from collectives.mha import attention, sequence_parallel_attention, zigzag_shard
+    from collectives.mha import (
+        attention,
+        attention_backward,
+        sequence_parallel_attention,
+        sequence_parallel_attention_backward,
+        zigzag_shard,
+    )
     from collectives.schedule import shard_bounds
 
     w = gpu_world
@@ -405,13 +411,23 @@ def test_gpu_sequence_parallel_forward_equals_one_gpu(
     def gpu(x: np.ndarray[Any, Any]) -> Any:
         return shmem.Buffer.from_numpy(np.ascontiguousarray(x)).to(w.heap.device)
 
+    do = rng.standard_normal(q.shape).astype(dt)
     with collectives.Communicator(w) as comm:
         o, lse = sequence_parallel_attention(
             comm, gpu(q[rows]), gpu(k[rows]), gpu(v[rows]), schedule=schedule,
             return_lse=True, **kw,
         )  # fmt: skip
-    want, want_lse = attention(gpu(q[None]), gpu(k[None]), gpu(v[None]), return_lse=True, **kw)
+        grads = sequence_parallel_attention_backward(
+            comm, gpu(do[rows]), gpu(q[rows]), gpu(k[rows]), gpu(v[rows]), o, lse,
+            schedule=schedule, **kw,
+        )  # fmt: skip
+    full = [gpu(a[None]) for a in (q, k, v)]
+    want, want_lse = attention(*full, return_lse=True, **kw)
     want_o = want.to_numpy()[0][rows].astype(np.float64)
     tol = 1e-4 if dtype == "float32" else 2e-2
     assert np.abs(o.to_numpy().astype(np.float64) - want_o).max() < tol
     assert np.abs(lse.to_numpy() - want_lse.to_numpy()[0][rows]).max() < 5 * tol
+    wants = attention_backward(full[0], full[1], full[2], want, want_lse, gpu(do[None]), **kw)
+    for got, exp in zip(grads, wants, strict=True):
+        err = np.abs(got.to_numpy().astype(np.float64) - exp.to_numpy()[0][rows]).max()
+        assert err < 4 * tol, err
