@@ -4,9 +4,10 @@ and backward.
 Each rank's K/V rows go to symmetric (NVSHMEM) buffers; at step ``s`` a rank reads the rows of
 rank ``(r - s) mod P`` through a peer pointer where the peer's memory is mapped (same node),
 else with an NVSHMEM get into a local buffer. Each pair of a query segment and a key segment
-(one segment per rank on the ring, two for zigzag) is one launch of the single-GPU kernel on
-a padded K/V of its own length with the segments' position difference (``delta``). Pairs
-that no mask lets see each other are skipped.
+(one segment per rank on the ring, two for zigzag, cut where documents of ``valid_length``
+end; a query segment meets only key segments of its own document) is one launch of the
+single-GPU kernel on a padded K/V of its own length with the segments' position difference
+(``delta``). Pairs that no mask lets see each other are skipped.
 
 * Forward: a pair's partial ``(O, LSE)`` is folded into the running float32 result by
   ``mha_merge_<dtype>``, in step order (the same order on every run).
@@ -43,13 +44,21 @@ __all__ = ["backward_ring_gpu", "forward_ring_gpu", "segments"]
 Segment = tuple[int, int, int]  # (first row, end row, position of the first row)
 
 
-def segments(positions: np.ndarray[Any, Any]) -> list[Segment]:
-    """Runs of consecutive positions: ``(first row, end row, position of the first row)``."""
+def segments(
+    positions: np.ndarray[Any, Any], docs: np.ndarray[Any, Any] | None = None
+) -> list[tuple[Segment, int]]:
+    """Runs of consecutive positions within one document: ``((first row, end row, position
+    of the first row), document)`` (document 0 without ``docs``, the row offsets)."""
     if positions.size == 0:
         return []
-    cuts = np.flatnonzero(np.diff(positions) != 1) + 1
+    breaks = np.diff(positions) != 1
+    doc = np.zeros(positions.size, np.int64)
+    if docs is not None:
+        doc = np.searchsorted(docs, positions, side="right") - 1
+        breaks |= np.diff(doc) != 0
+    cuts = np.flatnonzero(breaks) + 1
     bounds = [0, *cuts.tolist(), int(positions.size)]
-    return [(a, b, int(positions[a])) for a, b in itertools.pairwise(bounds)]
+    return [((a, b, int(positions[a])), int(doc[a])) for a, b in itertools.pairwise(bounds)]
 
 
 def sees(st: Setup, q_pos: int, rows: int, k_pos: int, keys: int) -> bool:
@@ -96,14 +105,14 @@ class _Ring:
     def steps(self) -> Iterator[tuple[int, list[tuple[Segment, Segment]]]]:
         """``(source rank, the pairs of segments to compute)`` of each step with work."""
         st, world = self.st, self.st.world
-        mine = segments(st.positions[world.rank])
+        mine = segments(st.positions[world.rank], st.docs)
         for step in range(world.world_size):
             src = (world.rank - step) % world.world_size
-            pairs = [
+            pairs = [  # a document sees only itself: the mask within it is in positions
                 (qs, ks)
-                for qs in mine
-                for ks in segments(st.positions[src])
-                if sees(st, qs[2], qs[1] - qs[0], ks[2], ks[1] - ks[0])
+                for qs, q_doc in mine
+                for ks, k_doc in segments(st.positions[src], st.docs)
+                if q_doc == k_doc and sees(st, qs[2], qs[1] - qs[0], ks[2], ks[1] - ks[0])
             ]
             if pairs:
                 yield src, pairs

@@ -149,8 +149,7 @@ def sequence_parallel_attention(
         :func:`zigzag_shard` of the sequence. On the nvshmem backend they may be GPU arrays
         (torch or cupy tensors, GPU Buffers; head_dim a multiple of 8 up to 128): the
         ``ring`` and ``zigzag`` schedules then run on the GPU kernels, forward and
-        backward (no ``valid_length`` yet; ``dynamic`` takes numpy arrays), returning arrays
-        of ``q``'s kind.
+        backward (``dynamic`` takes numpy arrays), returning arrays of ``q``'s kind.
     options : SequenceParallelOptions, optional
         Mask, scale, schedule and tiling (defaults: non-causal, ``dynamic``).
     return_lse : bool
@@ -272,11 +271,6 @@ def _gpu_inputs(
                 f"{where}: on GPU inputs the schedule must be 'ring' or 'zigzag' (got "
                 "'dynamic', whose GPU work queues are not written yet; pass numpy arrays to "
                 "run it on the host)"
-            )
-        if opts.valid_length is not None:
-            raise SequenceParallelError(
-                f"{where}: document masks (valid_length) on GPU inputs are not written yet "
-                "(pass numpy arrays to run them on the host)"
             )
         bufs: dict[str, Buffer] = {}
         for name, a in arrays.items():

@@ -454,6 +454,12 @@ def main() -> None:
                 (bf16, 64, {"schedule": "ring", "causal": True}),
                 (np.float32, 40, {"schedule": "zigzag", "window": (30, 2)}),
                 (np.float16, 128, {"schedule": "ring"}),
+                (
+                    bf16,
+                    64,
+                    {"schedule": "zigzag", "causal": True, "valid_length": [0, 20, 21, 90, 150]},
+                ),
+                (np.float32, 64, {"schedule": "ring", "valid_length": [0, 70, 150]}),
             ]
             for dtype, d, kw in cases:
                 q = rng.standard_normal((150, 4, d)).astype(dtype)
@@ -463,9 +469,12 @@ def main() -> None:
                 )
                 assert isinstance(o, shmem.Buffer) and o.shape == q.shape and o.dtype == q.dtype
                 # one rank holds the whole sequence: the single-process attention is the answer
-                host_kw = {n: kw[n] for n in ("causal", "window") if n in kw}
-                want, want_lse = attention(q[None], k[None], v[None], return_lse=True, **host_kw)
-                want, want_lse = want[0], want_lse[0]
+                host_kw = {n: kw[n] for n in ("causal", "window", "valid_length") if n in kw}
+                ragged = "valid_length" in kw  # [tokens, heads, d] as it is, else a batch of 1
+                qh, kh, vh = (a if ragged else a[None] for a in (q, k, v))
+                want, want_lse = attention(qh, kh, vh, return_lse=True, **host_kw)
+                if not ragged:
+                    want, want_lse = want[0], want_lse[0]
                 tol = 1e-4 if dtype is np.float32 else 2e-2
                 err = np.abs(o.to_numpy().astype(np.float64) - want.astype(np.float64)).max()
                 assert err < tol, (kw, err)
@@ -474,18 +483,19 @@ def main() -> None:
                 grads = sequence_parallel_attention_backward(
                     comm, dev(do), dev(q), dev(k), dev(v), o, lse, **kw
                 )
-                wants = attention_backward(
-                    q[None], k[None], v[None], o.to_numpy()[None], lse.to_numpy()[None],
-                    do[None], **host_kw,
-                )  # fmt: skip
+                o_h, l_h, do_h = o.to_numpy(), lse.to_numpy(), do
+                if not ragged:
+                    o_h, l_h, do_h = o_h[None], l_h[None], do_h[None]
+                wants = attention_backward(qh, kh, vh, o_h, l_h, do_h, **host_kw)
                 for g, w_, a in zip(grads, wants, (q, k, v), strict=True):
                     assert isinstance(g, shmem.Buffer) and g.dtype == a.dtype, type(g)
-                    gerr = np.abs(g.to_numpy().astype(np.float64) - w_[0].astype(np.float64))
+                    exp = w_ if ragged else w_[0]
+                    gerr = np.abs(g.to_numpy().astype(np.float64) - exp.astype(np.float64))
                     assert gerr.max() < 4 * tol, (kw, gerr.max())
             x = dev(rng.standard_normal((8, 2, 64)).astype(bf16))
             refusals: list[tuple[dict[str, Any], str]] = [
                 ({"schedule": "dynamic"}, "'ring' or 'zigzag'"),
-                ({"schedule": "ring", "valid_length": [0, 3, 8]}, "valid_length"),
+                ({"schedule": "ring", "valid_length": [0, 3, 9]}, "valid_length"),
             ]
             for kw, words in refusals:
                 bad = error_of(lambda kw=kw: sequence_parallel_attention(comm, x, x, x, **kw))

@@ -377,6 +377,8 @@ def test_gpu_reductions_of_every_other_dtype_equal_the_host(
         ("ring", "float16", {}),
         ("zigzag", "float32", {"window": (300, 17)}),
         ("ring", "float32", {"causal": True, "window": (None, 0)}),
+        ("zigzag", "bfloat16", {"causal": True, "valid_length": "docs"}),
+        ("ring", "float16", {"valid_length": "docs"}),
     ],
 )
 def test_gpu_sequence_parallel_equals_one_gpu(
@@ -399,6 +401,8 @@ def test_gpu_sequence_parallel_equals_one_gpu(
     size, rank = w.world_size, w.rank
     dt = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(dtype)
     total, heads, kv_heads, d = 1000 + 37 * size, 4, 2, 64
+    if kw.get("valid_length") == "docs":  # documents across shard boundaries, one of 1 token
+        kw = {**kw, "valid_length": [0, 123, 124, total // 2 + 5, total]}
     rng = np.random.default_rng(11)  # the same sequence on every rank
     q = rng.standard_normal((total, heads, d)).astype(dt)
     k, v = (rng.standard_normal((total, kv_heads, d)).astype(dt) for _ in range(2))
@@ -421,13 +425,24 @@ def test_gpu_sequence_parallel_equals_one_gpu(
             comm, gpu(do[rows]), gpu(q[rows]), gpu(k[rows]), gpu(v[rows]), o, lse,
             schedule=schedule, **kw,
         )  # fmt: skip
-    full = [gpu(a[None]) for a in (q, k, v)]
+    # the single-GPU kernels on the whole sequence: ragged [tokens, ...] with documents,
+    # else a batch of one
+    ragged = "valid_length" in kw
+
+    def whole(x: np.ndarray[Any, Any]) -> Any:
+        return gpu(x if ragged else x[None])
+
+    def rows_of(b: Any) -> np.ndarray[Any, Any]:
+        a: np.ndarray[Any, Any] = b.to_numpy()
+        picked: np.ndarray[Any, Any] = (a if ragged else a[0])[rows]
+        return picked.astype(np.float64)
+
+    full = [whole(a) for a in (q, k, v)]
     want, want_lse = attention(*full, return_lse=True, **kw)
-    want_o = want.to_numpy()[0][rows].astype(np.float64)
     tol = 1e-4 if dtype == "float32" else 2e-2
-    assert np.abs(o.to_numpy().astype(np.float64) - want_o).max() < tol
-    assert np.abs(lse.to_numpy() - want_lse.to_numpy()[0][rows]).max() < 5 * tol
-    wants = attention_backward(full[0], full[1], full[2], want, want_lse, gpu(do[None]), **kw)
+    assert np.abs(o.to_numpy().astype(np.float64) - rows_of(want)).max() < tol
+    assert np.abs(lse.to_numpy() - rows_of(want_lse)).max() < 5 * tol
+    wants = attention_backward(full[0], full[1], full[2], want, want_lse, whole(do), **kw)
     for got, exp in zip(grads, wants, strict=True):
-        err = np.abs(got.to_numpy().astype(np.float64) - exp.to_numpy()[0][rows]).max()
+        err = np.abs(got.to_numpy().astype(np.float64) - rows_of(exp)).max()
         assert err < 4 * tol, err
