@@ -26,6 +26,7 @@ __all__ = [
     "is_capturing",
     "launch",
     "load_kernel",
+    "make_current",
     "memcpy_async",
     "memset_async",
     "record_event",
@@ -92,6 +93,15 @@ def record_event(stream: CudaStream) -> object:
 def wait_event(stream: CudaStream, event: object) -> None:
     """Make later work on ``stream`` wait for ``event`` (no host blocking)."""
     _cuda.wait_event(stream, event)
+
+
+def make_current(device_id: int) -> None:
+    """Make device ``device_id``'s primary context current in the calling thread (a worker
+    thread that launches kernels or allocates). cuda.core's ``Device`` objects are per
+    thread: this one's must be made current in this thread."""
+    from cuda.core import Device
+
+    Device(device_id).set_current()
 
 
 def device_synchronize(device_id: int) -> None:

@@ -23,23 +23,34 @@ the input type once. Package-internal (``sequence_parallel.py``).
 
 from __future__ import annotations
 
-import itertools
+import dataclasses
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
-from shmem import Buffer
+from shmem import Buffer, DeviceContext
 from shmem import cuda as shmem_cuda
 from shmem.dtypes import dtype_name
 
+from . import _units
+from ._plan import _doc_runs
 from ._sp_setup import Setup, close_all, symmetric
-from ._units import SequenceParallelStats
-from .gpu import KERNELS, THREADS, _context, _upload, attention_backward_gpu, attention_gpu
+from ._sp_slots import Slots, plan_units, run_units, unit_groups
+from ._units import OrderedFolds, SequenceParallelStats
+from .gpu import (
+    BLOCK_M,
+    KERNELS,
+    THREADS,
+    _context,
+    _upload,
+    attention_backward_gpu,
+    attention_gpu,
+)
 from .scheduler import MHASchedule
 
-__all__ = ["backward_ring_gpu", "forward_ring_gpu", "segments"]
+__all__ = ["backward_ring_gpu", "forward_dynamic_gpu", "forward_ring_gpu", "segments"]
 
 Segment = tuple[int, int, int]  # (first row, end row, position of the first row)
 
@@ -49,16 +60,12 @@ def segments(
 ) -> list[tuple[Segment, int]]:
     """Runs of consecutive positions within one document: ``((first row, end row, position
     of the first row), document)`` (document 0 without ``docs``, the row offsets)."""
-    if positions.size == 0:
-        return []
-    breaks = np.diff(positions) != 1
-    doc = np.zeros(positions.size, np.int64)
-    if docs is not None:
-        doc = np.searchsorted(docs, positions, side="right") - 1
-        breaks |= np.diff(doc) != 0
-    cuts = np.flatnonzero(breaks) + 1
-    bounds = [0, *cuts.tolist(), int(positions.size)]
-    return [((a, b, int(positions[a])), int(doc[a])) for a, b in itertools.pairwise(bounds)]
+    found = []
+    for a, b in _doc_runs(positions, 0, int(positions.size), docs):
+        first = int(positions[a])
+        doc = 0 if docs is None else int(np.searchsorted(docs, first, side="right")) - 1
+        found.append(((a, b, first), doc))
+    return found
 
 
 def sees(st: Setup, q_pos: int, rows: int, k_pos: int, keys: int) -> bool:
@@ -105,15 +112,9 @@ class _Ring:
     def steps(self) -> Iterator[tuple[int, list[tuple[Segment, Segment]]]]:
         """``(source rank, the pairs of segments to compute)`` of each step with work."""
         st, world = self.st, self.st.world
-        mine = segments(st.positions[world.rank], st.docs)
         for step in range(world.world_size):
             src = (world.rank - step) % world.world_size
-            pairs = [  # a document sees only itself: the mask within it is in positions
-                (qs, ks)
-                for qs, q_doc in mine
-                for ks, k_doc in segments(st.positions[src], st.docs)
-                if q_doc == k_doc and sees(st, qs[2], qs[1] - qs[0], ks[2], ks[1] - ks[0])
-            ]
+            pairs = _pairs(st, st.positions[world.rank], st.positions[src])
             if pairs:
                 yield src, pairs
 
@@ -168,6 +169,72 @@ def _schedule(st: Setup) -> MHASchedule:
     return MHASchedule.LPT if st.mask.causal else MHASchedule.DEFAULT
 
 
+def _pairs(st: Setup, q_pos: np.ndarray[Any, Any], kv_pos: np.ndarray[Any, Any]) -> list[Any]:
+    """The (query segment, key segment) pairs of rows at ``q_pos`` against keys at ``kv_pos``
+    that may see each other: same document, and some key within the mask."""
+    return [
+        (qs, ks)
+        for qs, q_doc in segments(q_pos, st.docs)
+        for ks, k_doc in segments(kv_pos, st.docs)
+        if q_doc == k_doc and sees(st, qs[2], qs[1] - qs[0], ks[2], ks[1] - ks[0])
+    ]
+
+
+def _merge(stream: Any, kernel: Any, out: Buffer, lse: Buffer, o: Buffer, l_: Buffer) -> None:
+    """Queue the fold of a partial ``(o, l_)`` into the float32 ``(out, lse)`` (same rows)."""
+    rows = lse.num_elements
+    shmem_cuda.launch(
+        stream,
+        kernel,
+        max(1, -(-rows // (THREADS // 32))),
+        THREADS,
+        *(np.uint64(b.unsafe_ptr()) for b in (out, lse, o, l_)),
+        np.int64(rows),
+        np.int32(out.shape[-1]),
+    )
+
+
+def _attend(
+    st: Setup,
+    stream: Any,
+    merge: Any,
+    q: Buffer,
+    k: Buffer,
+    v: Buffer,
+    pairs: list[Any],
+    out: Buffer,
+    lse: Buffer,
+) -> int:
+    """Attention of ``q``'s rows over ``k``/``v``'s, pair by pair, folded into the float32
+    ``(out, lse)`` of ``q``'s rows in pair order; returns when the stream has run it all."""
+    partials = []  # alive until their merges have run
+    for (qa, qb, qp), (ka, kb, kp) in pairs:
+        o_part, l_part = attention_gpu(
+            _rows(q, qa, qb),
+            _rows(k, ka, kb),
+            _rows(v, ka, kb),
+            mask=st.mask,
+            offsets=None,
+            scale=st.scale,
+            scheduler="queued",
+            schedule=_schedule(st),
+            workers=None,
+            return_lse=True,
+            stream=stream,
+            delta=qp - kp,
+        )
+        _merge(stream, merge, out[qa:qb], lse[qa:qb], o_part, l_part)
+        partials.append((o_part, l_part))
+    stream.sync()
+    return len(partials)
+
+
+def _running(rows: int, heads: int, dim: int, device: Any) -> tuple[Buffer, Buffer]:
+    """A float32 ``(O, LSE)`` that has seen nothing yet: zeros and -inf."""
+    out = Buffer.zeros((rows, heads, dim), "float32", device=device)
+    return out, _upload(np.full((rows, heads), -np.inf, np.float32), device)
+
+
 def forward_ring_gpu(
     st: Setup, q: Buffer, k: Buffer, v: Buffer, stats: SequenceParallelStats
 ) -> tuple[Buffer, Buffer]:
@@ -177,46 +244,12 @@ def forward_ring_gpu(
     ring = _Ring(st, k, v, {})
     failed = True
     try:
-        out = Buffer.zeros((st.rows, st.heads, st.dim), "float32", device=ring.device)
-        lse = _upload(np.full((st.rows, st.heads), -np.inf, np.float32), ring.device)
+        out, lse = _running(st.rows, st.heads, st.dim, ring.device)
         merge = ring.kernel(f"mha_merge_{dtype}")
         for src, pairs in ring.steps():
             t0 = time.perf_counter()
             kk, vv = ring.kv(src)
-            partials = []  # alive until the step's merges have run
-            for (qa, qb, qp), (ka, kb, kp) in pairs:
-                o_part, l_part = attention_gpu(
-                    _rows(q, qa, qb),
-                    _rows(kk, ka, kb),
-                    _rows(vv, ka, kb),
-                    mask=st.mask,
-                    offsets=None,
-                    scale=st.scale,
-                    scheduler="queued",
-                    schedule=_schedule(st),
-                    workers=None,
-                    return_lse=True,
-                    stream=ring.stream,
-                    delta=qp - kp,
-                )
-                rows = (qb - qa) * st.heads
-                shmem_cuda.launch(
-                    ring.stream,
-                    merge,
-                    -(-rows // (THREADS // 32)),
-                    THREADS,
-                    np.uint64(out[qa:qb].unsafe_ptr()),
-                    np.uint64(lse[qa:qb].unsafe_ptr()),
-                    np.uint64(o_part.unsafe_ptr()),
-                    np.uint64(l_part.unsafe_ptr()),
-                    np.int64(rows),
-                    np.int32(st.dim),
-                )
-                partials.append((o_part, l_part))
-                stats.units_computed += 1
-            # the step's partials and any staged rows are used up before the next step
-            ring.stream.sync()
-            del partials
+            stats.units_computed += _attend(st, ring.stream, merge, q, kk, vv, pairs, out, lse)
             stats.busy_s += time.perf_counter() - t0
             st.world.heap.progress()  # off-node peers' gets of this rank's rows
         result = Buffer(q.dtype, (st.rows, st.heads, st.dim), device=ring.device)
@@ -227,6 +260,144 @@ def forward_ring_gpu(
     stats.units = stats.units_computed
     stats.threads = 1
     return result, lse
+
+
+def forward_dynamic_gpu(
+    st: Setup, q: Buffer, k: Buffer, v: Buffer, stats: SequenceParallelStats, slowdown: float
+) -> tuple[Buffer, Buffer]:
+    """The ``dynamic`` forward on GPUs (collective): the host schedule's units, queues and
+    fixed-order folds (``_units.drive``), a unit being one query chunk against one KV chunk
+    with every head (one kernel launch per segment pair). Its partial ``(O | LSE)`` (float32)
+    goes to a slot on the query's home; the home folds its slots in unit order on the GPU, so
+    the result does not depend on which rank computed what."""
+    world, me = st.world, st.world.rank
+    what = "sequence_parallel_attention"
+    dtype = dtype_name(q.dtype)
+    # a unit takes every head at once (the kernel's grid covers them), and the one thread
+    # that drives the GPU computes
+    ust = dataclasses.replace(st, kv_heads=1, threads=1)
+    plan = plan_units(ust, BLOCK_M)
+    chunks, h, d = plan.chunks, st.heads, st.dim
+    slots = Slots(plan, [(plan.by_q_home, lambda u: chunks[u.q].rows * h * (d + 1))])
+    bufs = symmetric(
+        world,
+        {
+            "q": ((st.rows_max, h, d), dtype),
+            "k": ((st.rows_max, st.kv_heads, d), dtype),
+            "v": ((st.rows_max, st.kv_heads, d), dtype),
+            **slots.buffers(),
+        },
+    )
+    device = q.device
+    try:
+        with _units.guarded(world, bufs["counters"]):  # a failure here stops the peers at once
+            for name, x in (("q", q), ("k", k), ("v", v)):
+                if st.rows:
+                    bufs[name].local()[: st.rows].inplace_copy_from(x)
+            world.ctx.synchronize()
+            _units.ready(world, bufs["counters"], what)
+        out, lse = _running(st.rows, h, d, device)
+        compute_stream = _context(device.id).stream  # the worker thread's
+        fold_ctx = DeviceContext(device)  # the driving thread's
+        merge_t = shmem_cuda.load_kernel(device.id, KERNELS, f"mha_merge_{dtype}")
+        merge_f = shmem_cuda.load_kernel(device.id, KERNELS, "mha_merge_float32")
+        reader = _GpuRows(device)
+
+        def fetch(u: Any) -> tuple[Buffer, Buffer, Buffer]:
+            qc, kc = chunks[u.q], chunks[u.kv]
+            return (
+                reader.rows(bufs["q"], qc.rank, qc.lo, qc.hi),
+                reader.rows(bufs["k"], kc.rank, kc.lo, kc.hi),
+                reader.rows(bufs["v"], kc.rank, kc.lo, kc.hi),
+            )
+
+        def compute(u: Any, data: tuple[Buffer, Buffer, Buffer]) -> tuple[Buffer, Buffer]:
+            shmem_cuda.make_current(device.id)  # a worker thread
+            qc, kc = chunks[u.q], chunks[u.kv]
+            o_u, l_u = _running(qc.rows, h, d, device)
+            _attend(st, compute_stream, merge_t, *data, _pairs(st, qc.pos, kc.pos), o_u, l_u)
+            return o_u, l_u
+
+        def deliver(u: Any, result: tuple[Buffer, Buffer]) -> None:
+            o_u, l_u = result
+            home = chunks[u.q].rank
+            at = slots.offset[home][0, u.id] * 4  # bytes: O, then LSE
+            bufs["part"].put(home, o_u.view("float32", (o_u.num_elements,)), offset=at)
+            bufs["part"].put(home, l_u.view("float32", (l_u.num_elements,)), offset=at + o_u.nbytes)
+            _units.publish(world, bufs["flags"], home, slots.flag[home][0, u.id])
+
+        def fold(u: Any, part: Buffer, off: int) -> None:
+            qc = chunks[u.q]
+            n = qc.rows * h
+            o_slot = part[off : off + n * d].view("float32", (qc.rows, h, d))
+            l_slot = part[off + n * d : off + n * (d + 1)].view("float32", (qc.rows, h))
+            _merge(fold_ctx.stream, merge_f, out[qc.lo : qc.hi], lse[qc.lo : qc.hi], o_slot, l_slot)
+            fold_ctx.synchronize()
+
+        try:
+            groups = unit_groups(plan.by_q_home[me], lambda u: u.q)
+            folds = OrderedFolds(world, bufs["flags"], slots.folds(world, bufs, 0, groups, fold))
+            run_units(
+                ust,
+                plan,
+                bufs["counters"],
+                dynamic=True,
+                fetch=fetch,
+                compute=compute,
+                deliver=deliver,
+                folds=folds,
+                slowdown=slowdown,
+                stats=stats,
+                what=what,
+            )
+        finally:
+            fold_ctx.close()
+        result = Buffer(q.dtype, (st.rows, h, d), device=device)
+        if st.rows:
+            cast = shmem_cuda.load_kernel(device.id, KERNELS, f"mha_cast_{dtype}")
+            count = out.num_elements
+            shmem_cuda.launch(
+                compute_stream,
+                cast,
+                min(-(-count // THREADS), 65535),
+                THREADS,
+                np.uint64(result.unsafe_ptr()),
+                np.uint64(out.unsafe_ptr()),
+                np.int64(count),
+            )
+            compute_stream.sync()
+    finally:
+        close_all(bufs)
+    return result, lse
+
+
+class _GpuRows:
+    """Rows of symmetric GPU buffers on any rank: peer views where mapped, else NVSHMEM gets
+    into device buffers (a few kept, most recent first)."""
+
+    def __init__(self, device: Any, capacity: int = 6) -> None:
+        self._device = device
+        self._views: dict[tuple[int, int], Any] = {}
+        self._cache: dict[tuple[int, int, int, int], Buffer] = {}
+        self._capacity = capacity
+
+    def rows(self, buf: Any, rank: int, lo: int, hi: int) -> Buffer:
+        key = (id(buf), rank)
+        if key not in self._views:
+            self._views[key] = buf.peer(rank)
+        view = self._views[key]
+        if view is not None:
+            return view[lo:hi]  # type: ignore[no-any-return]
+        ckey = (id(buf), rank, lo, hi)
+        hit = self._cache.pop(ckey, None)
+        if hit is None:
+            hit = Buffer(buf.dtype, (hi - lo, *buf.shape[1:]), device=self._device)
+            if hi > lo:
+                buf.get(rank, hit, offset=lo * (hit.nbytes // (hi - lo)))
+        self._cache[ckey] = hit  # most recent last
+        while len(self._cache) > self._capacity:
+            self._cache.pop(next(iter(self._cache)))
+        return hit
 
 
 def backward_ring_gpu(

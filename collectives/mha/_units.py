@@ -39,6 +39,7 @@ __all__ = [
     "SequenceParallelStats",
     "Unit",
     "UnitPlan",
+    "Words",
     "beat",
     "check_peers",
     "drive",
@@ -121,6 +122,22 @@ class RowReader:
         return dst
 
 
+class Words:
+    """This rank's words of a symmetric int64 buffer (counters, flags): loads where the
+    buffer is host memory, atomic fetches where it is GPU memory (the nvshmem backend, whose
+    words the host cannot load)."""
+
+    def __init__(self, buf: Any, me: int) -> None:
+        local = buf.local()
+        self._host = local if isinstance(local, np.ndarray) else None
+        self._buf, self._me = buf, me
+
+    def __getitem__(self, i: int) -> int:
+        if self._host is not None:
+            return int(self._host[i])
+        return int(self._buf.atomic_fetch_add(self._me, i, 0))
+
+
 class OrderedFolds:
     """A home rank's result slots, folded into its outputs in a fixed order as they arrive.
 
@@ -133,7 +150,7 @@ class OrderedFolds:
         self, world: Any, flags: Any, groups: list[list[tuple[int, Callable[[], None]]]]
     ) -> None:
         self._fence = world.heap.fence
-        self._flags = flags.local()
+        self._flags = Words(flags, world.rank)
         self._groups = [deque(g) for g in groups if g]
         self.remaining = sum(len(g) for g in self._groups)
 
@@ -187,7 +204,7 @@ def _abort(world: Any, counters: Any) -> None:
 
 
 def check_peers(counters: Any, me: int, what: str) -> None:
-    failed = int(counters.local()[ABORT])
+    failed = Words(counters, me)[ABORT]
     if failed:
         raise PeerFailedError(
             f"{what}: rank {me} stopped: rank {failed - 1} failed (its error is raised there)",
@@ -208,7 +225,7 @@ def wait_for(
     elsewhere is not taken for a stuck peer)."""
     me, heap = world.rank, world.heap
     timeout = world.config.signal.timeout_s
-    mine = counters.local()
+    mine = Words(counters, me)
     seen = counters.atomic_fetch_add(0, BEAT, 0)
     deadline = time.monotonic() + timeout
     while True:
@@ -240,7 +257,7 @@ def ready(world: Any, counters: Any, what: str) -> None:
     world.heap.fence()  # release: the inputs before the count
     for r in range(world.world_size):
         counters.atomic_fetch_add(r, READY, 1)
-    mine = counters.local()
+    mine = Words(counters, world.rank)
     wait_for(
         world,
         counters,
@@ -255,7 +272,7 @@ def finish(world: Any, counters: Any, what: str) -> None:
     failing peer ends early): after it the call's buffers may be freed."""
     for r in range(world.world_size):
         counters.atomic_fetch_add(r, DONE, 1)
-    mine = counters.local()
+    mine = Words(counters, world.rank)
     wait_for(
         world,
         counters,

@@ -41,7 +41,7 @@ from shmem.errors import AttentionArgumentError, SequenceParallelError
 from ..communicator import Communicator
 from ._sp_backward import backward
 from ._sp_dynamic import forward_dynamic
-from ._sp_gpu import backward_ring_gpu, forward_ring_gpu
+from ._sp_gpu import backward_ring_gpu, forward_dynamic_gpu, forward_ring_gpu
 from ._sp_ring import forward_ring
 from ._sp_setup import HOOKS, finish_stats, setup, zigzag_shard, zigzag_unshard
 from ._units import SequenceParallelStats
@@ -147,9 +147,9 @@ def sequence_parallel_attention(
         GQA), float32, float16 or bfloat16. ``ring`` and ``dynamic``: rank ``r`` holds the
         ``r``-th contiguous shard (any lengths, in rank order). ``zigzag``: rank ``r`` holds
         :func:`zigzag_shard` of the sequence. On the nvshmem backend they may be GPU arrays
-        (torch or cupy tensors, GPU Buffers; head_dim a multiple of 8 up to 128): the
-        ``ring`` and ``zigzag`` schedules then run on the GPU kernels, forward and
-        backward (``dynamic`` takes numpy arrays), returning arrays of ``q``'s kind.
+        (torch or cupy tensors, GPU Buffers; head_dim a multiple of 8 up to 128): every
+        schedule then runs on the GPU kernels (the backward in ring order, whatever the
+        schedule), returning arrays of ``q``'s kind.
     options : SequenceParallelOptions, optional
         Mask, scale, schedule and tiling (defaults: non-causal, ``dynamic``).
     return_lse : bool
@@ -174,7 +174,11 @@ def sequence_parallel_attention(
     st = setup(comm, where, arrays, stats=stats, prepare=prepare, **_setup_args(opts))
     mine = SequenceParallelStats(schedule=str(opts.schedule))
     if gpu:
-        out_gpu, lse_gpu = forward_ring_gpu(st, arrays["q"], arrays["k"], arrays["v"], mine)
+        a = arrays
+        if opts.schedule == "dynamic":
+            out_gpu, lse_gpu = forward_dynamic_gpu(st, a["q"], a["k"], a["v"], mine, HOOKS.slowdown)
+        else:
+            out_gpu, lse_gpu = forward_ring_gpu(st, a["q"], a["k"], a["v"], mine)
         finish_stats(st, stats, mine, start)
         o_like = _like(q, out_gpu)
         return (o_like, _like(q, lse_gpu)) if return_lse else o_like
@@ -265,12 +269,6 @@ def _gpu_inputs(
             raise SequenceParallelError(
                 f"{where}: GPU inputs need the nvshmem backend (this World runs the "
                 f"{world.backend} backend; shmem.init(backend='nvshmem'), or pass numpy arrays)"
-            )
-        if opts.schedule == "dynamic":
-            raise SequenceParallelError(
-                f"{where}: on GPU inputs the schedule must be 'ring' or 'zigzag' (got "
-                "'dynamic', whose GPU work queues are not written yet; pass numpy arrays to "
-                "run it on the host)"
             )
         bufs: dict[str, Buffer] = {}
         for name, a in arrays.items():

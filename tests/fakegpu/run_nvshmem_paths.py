@@ -436,6 +436,7 @@ def main() -> None:
             """sequence_parallel_attention on GPU Buffers (one rank: one unit per call)
             against the host schedules on the same numpy inputs, and the GPU refusals."""
             from collectives.mha import (
+                SequenceParallelStats,
                 attention,
                 attention_backward,
                 sequence_parallel_attention,
@@ -460,13 +461,24 @@ def main() -> None:
                     {"schedule": "zigzag", "causal": True, "valid_length": [0, 20, 21, 90, 150]},
                 ),
                 (np.float32, 64, {"schedule": "ring", "valid_length": [0, 70, 150]}),
+                (bf16, 64, {"schedule": "dynamic", "causal": True}),
+                (np.float32, 64, {"schedule": "dynamic", "causal": True, "unit_rows": 40}),
+                (np.float16, 64, {"schedule": "dynamic", "unit_rows": 33, "window": (50, 9)}),
+                (
+                    np.float32,
+                    64,
+                    {"schedule": "dynamic", "unit_rows": 40, "valid_length": [0, 60, 61, 150]},
+                ),
             ]
             for dtype, d, kw in cases:
                 q = rng.standard_normal((150, 4, d)).astype(dtype)
                 k, v = (rng.standard_normal((150, 2, d)).astype(dtype) for _ in range(2))
+                stats = SequenceParallelStats()
                 o, lse = sequence_parallel_attention(
-                    comm, dev(q), dev(k), dev(v), return_lse=True, **kw
+                    comm, dev(q), dev(k), dev(v), return_lse=True, stats=stats, **kw
                 )
+                if kw.get("unit_rows"):  # several units per query chunk, folded in order
+                    assert stats.units_computed > 4, stats
                 assert isinstance(o, shmem.Buffer) and o.shape == q.shape and o.dtype == q.dtype
                 # one rank holds the whole sequence: the single-process attention is the answer
                 host_kw = {n: kw[n] for n in ("causal", "window", "valid_length") if n in kw}
@@ -494,8 +506,8 @@ def main() -> None:
                     assert gerr.max() < 4 * tol, (kw, gerr.max())
             x = dev(rng.standard_normal((8, 2, 64)).astype(bf16))
             refusals: list[tuple[dict[str, Any], str]] = [
-                ({"schedule": "dynamic"}, "'ring' or 'zigzag'"),
                 ({"schedule": "ring", "valid_length": [0, 3, 9]}, "valid_length"),
+                ({"schedule": "spiral"}, "unknown schedule"),
             ]
             for kw, words in refusals:
                 bad = error_of(lambda kw=kw: sequence_parallel_attention(comm, x, x, x, **kw))
@@ -522,7 +534,7 @@ def main() -> None:
             assert "multiple of 8" in bad, bad
             return "ok"
 
-        check("sequence_parallel_attention on the GPU (ring, zigzag)", sequence_parallel)
+        check("sequence_parallel_attention on the GPU (every schedule)", sequence_parallel)
 
         def folds() -> str:
             """The GPU ring's folding across several (query, key) segment pairs, at one rank:

@@ -379,6 +379,9 @@ def test_gpu_reductions_of_every_other_dtype_equal_the_host(
         ("ring", "float32", {"causal": True, "window": (None, 0)}),
         ("zigzag", "bfloat16", {"causal": True, "valid_length": "docs"}),
         ("ring", "float16", {"valid_length": "docs"}),
+        ("dynamic", "bfloat16", {"causal": True}),
+        ("dynamic", "float32", {"causal": True, "unit_rows": 100}),
+        ("dynamic", "float16", {"causal": True, "valid_length": "docs", "unit_rows": 150}),
     ],
 )
 def test_gpu_sequence_parallel_equals_one_gpu(
