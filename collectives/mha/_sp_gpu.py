@@ -301,7 +301,7 @@ def forward_dynamic_gpu(
         fold_ctx = DeviceContext(device)  # the driving thread's
         merge_t = shmem_cuda.load_kernel(device.id, KERNELS, f"mha_merge_{dtype}")
         merge_f = shmem_cuda.load_kernel(device.id, KERNELS, "mha_merge_float32")
-        reader = _GpuRows(device)
+        reader = _units.RowReader(alloc=lambda shape, dt: Buffer(dt, shape, device=device))
 
         def fetch(u: Any) -> tuple[Buffer, Buffer, Buffer]:
             qc, kc = chunks[u.q], chunks[u.kv]
@@ -369,35 +369,6 @@ def forward_dynamic_gpu(
     finally:
         close_all(bufs)
     return result, lse
-
-
-class _GpuRows:
-    """Rows of symmetric GPU buffers on any rank: peer views where mapped, else NVSHMEM gets
-    into device buffers (a few kept, most recent first)."""
-
-    def __init__(self, device: Any, capacity: int = 6) -> None:
-        self._device = device
-        self._views: dict[tuple[int, int], Any] = {}
-        self._cache: dict[tuple[int, int, int, int], Buffer] = {}
-        self._capacity = capacity
-
-    def rows(self, buf: Any, rank: int, lo: int, hi: int) -> Buffer:
-        key = (id(buf), rank)
-        if key not in self._views:
-            self._views[key] = buf.peer(rank)
-        view = self._views[key]
-        if view is not None:
-            return view[lo:hi]  # type: ignore[no-any-return]
-        ckey = (id(buf), rank, lo, hi)
-        hit = self._cache.pop(ckey, None)
-        if hit is None:
-            hit = Buffer(buf.dtype, (hi - lo, *buf.shape[1:]), device=self._device)
-            if hi > lo:
-                buf.get(rank, hit, offset=lo * (hit.nbytes // (hi - lo)))
-        self._cache[ckey] = hit  # most recent last
-        while len(self._cache) > self._capacity:
-            self._cache.pop(next(iter(self._cache)))
-        return hit
 
 
 def backward_ring_gpu(

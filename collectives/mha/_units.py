@@ -93,26 +93,28 @@ class SequenceParallelStats:
 class RowReader:
     """Rows of symmetric buffers on any rank: zero-copy peer views where reachable, else
     one-sided gets into a small LRU cache (so a rank never holds more than ``capacity``
-    fetched chunks)."""
+    fetched chunks). ``alloc(shape, dtype)`` makes the arrays gets land in (default numpy;
+    GPU Buffers on the nvshmem backend)."""
 
-    def __init__(self, capacity: int = 6) -> None:
+    def __init__(self, capacity: int = 6, alloc: Callable[..., Any] | None = None) -> None:
         self._views: dict[tuple[int, int], Any] = {}
-        self._cache: OrderedDict[tuple[int, int, int, int], np.ndarray[Any, Any]] = OrderedDict()
+        self._cache: OrderedDict[tuple[int, int, int, int], Any] = OrderedDict()
         self._capacity = capacity
+        self._alloc = alloc or np.empty
 
-    def rows(self, buf: Any, rank: int, lo: int, hi: int) -> np.ndarray[Any, Any]:
+    def rows(self, buf: Any, rank: int, lo: int, hi: int) -> Any:
         key = (id(buf), rank)
         if key not in self._views:
             self._views[key] = buf.peer(rank)
         view = self._views[key]
         if view is not None:
-            return view[lo:hi]  # type: ignore[no-any-return]
+            return view[lo:hi]
         ckey = (id(buf), rank, lo, hi)
         hit = self._cache.get(ckey)
         if hit is not None:
             self._cache.move_to_end(ckey)
             return hit
-        dst = np.empty((hi - lo, *buf.shape[1:]), buf.dtype)
+        dst = self._alloc((hi - lo, *buf.shape[1:]), buf.dtype)
         row_bytes = dst[:1].nbytes if hi > lo else 0
         if hi > lo:
             buf.get(rank, dst, offset=lo * row_bytes)
