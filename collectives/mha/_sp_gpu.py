@@ -83,25 +83,36 @@ def sees(st: Setup, q_pos: int, rows: int, k_pos: int, keys: int) -> bool:
 
 
 class _Ring:
-    """This call's symmetric buffers (K and V of every rank, and ``extra`` ones, zeroed), the
-    steps of the ring and the reads of peers' rows."""
+    """This call's symmetric buffers (K and V of every rank, the counters of ``_units``:
+    abort word, arrivals, heartbeat; and ``extra`` ones, zeroed), the steps of the ring and
+    the reads of peers' rows. A failure on any rank inside :meth:`guarded` stops the others
+    at their next step or wait with ``PeerFailedError`` naming it."""
 
     def __init__(
-        self, st: Setup, k: Buffer, v: Buffer, extra: dict[str, tuple[tuple[int, ...], str]]
+        self,
+        st: Setup,
+        k: Buffer,
+        v: Buffer,
+        extra: dict[str, tuple[tuple[int, ...], str]],
+        what: str,
     ) -> None:
-        self.st = st
+        self.st, self.what = st, what
         world = st.world
         dtype = dtype_name(k.dtype)
         shape = (st.rows_max, st.kv_heads, st.dim)
-        self.bufs = symmetric(world, {"k": (shape, dtype), "v": (shape, dtype)})
+        self.bufs = symmetric(
+            world,
+            {"k": (shape, dtype), "v": (shape, dtype), "counters": ((_units.COUNTERS,), "int64")},
+        )
         try:
             for name, (extra_shape, extra_dtype) in extra.items():
                 self.bufs[name] = world.zeros(extra_shape, extra_dtype)
-            if st.rows:
-                self.bufs["k"].local()[: st.rows].inplace_copy_from(k)
-                self.bufs["v"].local()[: st.rows].inplace_copy_from(v)
-            world.ctx.synchronize()
-            world.barrier()  # every rank's K/V is in place
+            with self.guarded():
+                if st.rows:
+                    self.bufs["k"].local()[: st.rows].inplace_copy_from(k)
+                    self.bufs["v"].local()[: st.rows].inplace_copy_from(v)
+                world.ctx.synchronize()
+                _units.ready(world, self.bufs["counters"], what)  # every rank's K/V is in place
         except BaseException:
             close_all(self.bufs)
             raise
@@ -109,14 +120,30 @@ class _Ring:
         self.stream = _context(self.device.id).stream
         self._staging: dict[str, Buffer] = {}
 
+    def guarded(self) -> Any:
+        """On an error (not a peer's) inside, the abort word of every rank is set."""
+        return _units.guarded(self.st.world, self.bufs["counters"])
+
     def steps(self) -> Iterator[tuple[int, list[tuple[Segment, Segment]]]]:
-        """``(source rank, the pairs of segments to compute)`` of each step with work."""
+        """``(source rank, the pairs of segments to compute)`` of each step with work; a
+        peer's failure stops it (``PeerFailedError``), each step done beats the heartbeat
+        that keeps the peers' deadlines from running out."""
         st, world = self.st, self.st.world
+        counters = self.bufs["counters"]
         for step in range(world.world_size):
+            _units.check_peers(counters, world.rank, self.what)
             src = (world.rank - step) % world.world_size
             pairs = _pairs(st, st.positions[world.rank], st.positions[src])
             if pairs:
                 yield src, pairs
+                _units.beat(counters)
+                world.heap.progress()  # off-node peers' gets of this rank's rows
+
+    def finish(self) -> None:
+        """Wait until every rank is done with this call's steps (reads of this rank's K/V,
+        puts into its slots): a barrier that a failing peer ends early."""
+        self.stream.sync()
+        _units.finish(self.st.world, self.bufs["counters"], self.what)
 
     def kv(self, src: int) -> tuple[Buffer, Buffer]:
         """``src``'s K and V rows: peer views where mapped, else gets into local buffers."""
@@ -136,12 +163,8 @@ class _Ring:
             got.append(buf[:rows])
         return got[0], got[1]
 
-    def close(self, failed: bool) -> None:
-        """Free the buffers: after a barrier (every rank is done with this rank's), or at
-        once on a failure (no barrier that could hide the error: the launcher ends the job)."""
-        if not failed:
-            self.stream.sync()
-            self.st.world.barrier()
+    def close(self) -> None:
+        """Free the buffers (after :meth:`finish`, or at once on a failure)."""
         close_all(self.bufs)
 
     def kernel(self, name: str) -> Any:
@@ -241,22 +264,21 @@ def forward_ring_gpu(
     """``(O, LSE)`` of this rank's rows (O in ``q``'s dtype, LSE float32) over the whole
     sequence, ``ring`` or ``zigzag`` order (collective)."""
     dtype = dtype_name(q.dtype)
-    ring = _Ring(st, k, v, {})
-    failed = True
+    ring = _Ring(st, k, v, {}, "sequence_parallel_attention")
     try:
-        out, lse = _running(st.rows, st.heads, st.dim, ring.device)
-        merge = ring.kernel(f"mha_merge_{dtype}")
-        for src, pairs in ring.steps():
-            t0 = time.perf_counter()
-            kk, vv = ring.kv(src)
-            stats.units_computed += _attend(st, ring.stream, merge, q, kk, vv, pairs, out, lse)
-            stats.busy_s += time.perf_counter() - t0
-            st.world.heap.progress()  # off-node peers' gets of this rank's rows
-        result = Buffer(q.dtype, (st.rows, st.heads, st.dim), device=ring.device)
-        ring.elementwise(ring.kernel(f"mha_cast_{dtype}"), out.num_elements, result, out)
-        failed = False
+        with ring.guarded():
+            out, lse = _running(st.rows, st.heads, st.dim, ring.device)
+            merge = ring.kernel(f"mha_merge_{dtype}")
+            for src, pairs in ring.steps():
+                t0 = time.perf_counter()
+                kk, vv = ring.kv(src)
+                stats.units_computed += _attend(st, ring.stream, merge, q, kk, vv, pairs, out, lse)
+                stats.busy_s += time.perf_counter() - t0
+            result = Buffer(q.dtype, (st.rows, st.heads, st.dim), device=ring.device)
+            ring.elementwise(ring.kernel(f"mha_cast_{dtype}"), out.num_elements, result, out)
+            ring.finish()  # every rank is done reading this rank's K/V
     finally:
-        ring.close(failed)
+        ring.close()
     stats.units = stats.units_computed
     stats.threads = 1
     return result, lse
@@ -388,61 +410,62 @@ def backward_ring_gpu(
     dtype = dtype_name(q.dtype)
     kv_shape = (st.rows_max, st.kv_heads, st.dim)
     # slot r of "dkv": rank r's float32 contribution to this rank's dK (0) and dV (1)
-    ring = _Ring(st, k, v, {"dkv": ((size, 2, *kv_shape), "float32")})
-    failed = True
+    ring = _Ring(
+        st, k, v, {"dkv": ((size, 2, *kv_shape), "float32")}, "sequence_parallel_attention_backward"
+    )
     try:
-        add_t = ring.kernel(f"mha_accumulate_{dtype}")
-        dq32 = Buffer.zeros((st.rows, st.heads, st.dim), "float32", device=ring.device)
-        contrib = Buffer("float32", (2, *kv_shape), device=ring.device)
-        for src, pairs in ring.steps():
-            t0 = time.perf_counter()
-            kk, vv = ring.kv(src)
-            shmem_cuda.memset_async(contrib.unsafe_ptr(), 0, contrib.nbytes, ring.stream)
-            partials = []
-            for (qa, qb, qp), (ka, kb, kp) in pairs:
-                grads = attention_backward_gpu(
-                    _rows(q, qa, qb),
-                    _rows(kk, ka, kb),
-                    _rows(vv, ka, kb),
-                    _rows(out, qa, qb),
-                    lse[qa:qb].view(lse.dtype, (1, qb - qa, st.heads)),
-                    _rows(dout, qa, qb),
-                    mask=st.mask,
-                    offsets=None,
-                    scale=st.scale,
-                    stream=ring.stream,
-                    delta=qp - kp,
-                )
-                dq_p, dk_p, dv_p = grads
-                ring.elementwise(add_t, dq_p.num_elements, dq32[qa:qb], dq_p)
-                ring.elementwise(add_t, dk_p.num_elements, contrib[0, ka:kb], dk_p)
-                ring.elementwise(add_t, dv_p.num_elements, contrib[1, ka:kb], dv_p)
-                partials.append(grads)
-                stats.units_computed += 1
-            ring.stream.sync()
-            del partials
-            # this step's dK | dV of src's rows, into src's slot for this rank
-            ring.bufs["dkv"].put(src, contrib, offset=rank * contrib.nbytes)
-            stats.busy_s += time.perf_counter() - t0
-            world.heap.progress()
-        ring.stream.sync()
-        world.barrier()  # every contribution to every rank's slots is in place
-        add_f = ring.kernel("mha_accumulate_float32")
-        slots = ring.bufs["dkv"].local()
-        sums = Buffer.zeros((2, st.rows, st.kv_heads, st.dim), "float32", device=ring.device)
-        for r in range(size):  # rank order: the same sums on every run
-            ring.elementwise(add_f, sums.num_elements // 2, sums[0], slots[r, 0, : st.rows])
-            ring.elementwise(add_f, sums.num_elements // 2, sums[1], slots[r, 1, : st.rows])
-        cast = ring.kernel(f"mha_cast_{dtype}")
-        dq = Buffer(q.dtype, q.shape, device=ring.device)
-        dk = Buffer(k.dtype, k.shape, device=ring.device)
-        dv = Buffer(v.dtype, v.shape, device=ring.device)
-        ring.elementwise(cast, dq.num_elements, dq, dq32)
-        ring.elementwise(cast, dk.num_elements, dk, sums[0])
-        ring.elementwise(cast, dv.num_elements, dv, sums[1])
-        failed = False
+        with ring.guarded():
+            add_t = ring.kernel(f"mha_accumulate_{dtype}")
+            dq32 = Buffer.zeros((st.rows, st.heads, st.dim), "float32", device=ring.device)
+            contrib = Buffer("float32", (2, *kv_shape), device=ring.device)
+            for src, pairs in ring.steps():
+                t0 = time.perf_counter()
+                kk, vv = ring.kv(src)
+                shmem_cuda.memset_async(contrib.unsafe_ptr(), 0, contrib.nbytes, ring.stream)
+                partials = []
+                for (qa, qb, qp), (ka, kb, kp) in pairs:
+                    grads = attention_backward_gpu(
+                        _rows(q, qa, qb),
+                        _rows(kk, ka, kb),
+                        _rows(vv, ka, kb),
+                        _rows(out, qa, qb),
+                        lse[qa:qb].view(lse.dtype, (1, qb - qa, st.heads)),
+                        _rows(dout, qa, qb),
+                        mask=st.mask,
+                        offsets=None,
+                        scale=st.scale,
+                        stream=ring.stream,
+                        delta=qp - kp,
+                    )
+                    dq_p, dk_p, dv_p = grads
+                    ring.elementwise(add_t, dq_p.num_elements, dq32[qa:qb], dq_p)
+                    ring.elementwise(add_t, dk_p.num_elements, contrib[0, ka:kb], dk_p)
+                    ring.elementwise(add_t, dv_p.num_elements, contrib[1, ka:kb], dv_p)
+                    partials.append(grads)
+                    stats.units_computed += 1
+                ring.stream.sync()
+                del partials
+                # this step's dK | dV of src's rows, into src's slot for this rank
+                ring.bufs["dkv"].put(src, contrib, offset=rank * contrib.nbytes)
+                stats.busy_s += time.perf_counter() - t0
+            ring.finish()  # every contribution to every rank's slots is in place
+            add_f = ring.kernel("mha_accumulate_float32")
+            slots = ring.bufs["dkv"].local()
+            sums = Buffer.zeros((2, st.rows, st.kv_heads, st.dim), "float32", device=ring.device)
+            half = sums.num_elements // 2
+            for r in range(size):  # rank order: the same sums on every run
+                ring.elementwise(add_f, half, sums[0], slots[r, 0, : st.rows])
+                ring.elementwise(add_f, half, sums[1], slots[r, 1, : st.rows])
+            cast = ring.kernel(f"mha_cast_{dtype}")
+            dq = Buffer(q.dtype, q.shape, device=ring.device)
+            dk = Buffer(k.dtype, k.shape, device=ring.device)
+            dv = Buffer(v.dtype, v.shape, device=ring.device)
+            ring.elementwise(cast, dq.num_elements, dq, dq32)
+            ring.elementwise(cast, dk.num_elements, dk, sums[0])
+            ring.elementwise(cast, dv.num_elements, dv, sums[1])
+            ring.stream.sync()  # the slots are read before they are freed
     finally:
-        ring.close(failed)
+        ring.close()
     stats.units = stats.units_computed
     stats.threads = 1
     return dq, dk, dv

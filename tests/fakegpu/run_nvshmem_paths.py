@@ -527,6 +527,26 @@ def main() -> None:
             host = np.zeros((8, 2, 64), np.float32)
             bad = error_of(lambda: sequence_parallel_attention(comm, host, host, host))
             assert "numpy inputs run on the host backend" in bad, bad
+            # a failure inside a schedule: the caller's error, and the call's buffers freed
+            import collectives.mha._sp_gpu
+
+            sp_gpu: Any = collectives.mha._sp_gpu  # its attention_gpu, replaced for a moment
+
+            def broken(*args: Any, **kwargs: Any) -> Any:
+                raise RuntimeError("injected unit failure")
+
+            before = dict(w._arena.allocated())
+            real = sp_gpu.attention_gpu
+            sp_gpu.attention_gpu = broken
+            try:
+                for schedule in ("ring", "zigzag", "dynamic"):
+                    bad = error_of(
+                        lambda s_=schedule: sequence_parallel_attention(comm, x, x, x, schedule=s_)
+                    )
+                    assert "injected unit failure" in bad, bad
+                    assert dict(w._arena.allocated()) == before, schedule
+            finally:
+                sp_gpu.attention_gpu = real
             odd = dev(rng.standard_normal((8, 2, 12)).astype(bf16))
             bad = error_of(
                 lambda: sequence_parallel_attention(comm, odd, odd, odd, schedule="ring")
