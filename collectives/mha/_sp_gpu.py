@@ -23,6 +23,7 @@ the input type once. Package-internal (``sequence_parallel.py``).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from collections.abc import Iterator
@@ -102,11 +103,17 @@ class _Ring:
         shape = (st.rows_max, st.kv_heads, st.dim)
         self.bufs = symmetric(
             world,
-            {"k": (shape, dtype), "v": (shape, dtype), "counters": ((_units.COUNTERS,), "int64")},
+            {
+                "k": (shape, dtype),
+                "v": (shape, dtype),
+                "counters": ((_units.COUNTERS,), "int64"),
+                **extra,
+            },
+            zeroed=tuple(extra),
         )
+        self.device = k.device
+        self.stream = _context(self.device.id).stream
         try:
-            for name, (extra_shape, extra_dtype) in extra.items():
-                self.bufs[name] = world.zeros(extra_shape, extra_dtype)
             with self.guarded():
                 if st.rows:
                     self.bufs["k"].local()[: st.rows].inplace_copy_from(k)
@@ -116,8 +123,6 @@ class _Ring:
         except BaseException:
             close_all(self.bufs)
             raise
-        self.device = k.device
-        self.stream = _context(self.device.id).stream
         self._staging: dict[str, Buffer] = {}
 
     def guarded(self) -> Any:
@@ -157,14 +162,16 @@ class _Ring:
                 continue
             buf = self._staging.get(name)
             if buf is None:
-                buf = self._staging[name] = Buffer(sym.dtype, sym.shape, device=self.device)
+                buf = self._staging[name] = _new(sym.dtype, sym.shape, self.device)
             if rows:
                 sym.get(src, buf[:rows])
             got.append(buf[:rows])
         return got[0], got[1]
 
     def close(self) -> None:
-        """Free the buffers (after :meth:`finish`, or at once on a failure)."""
+        """Free the buffers (after :meth:`finish`, or at once on a failure: then after this
+        rank's queued kernels, which may still read or write them, have run)."""
+        _drain(self.stream)
         close_all(self.bufs)
 
     def kernel(self, name: str) -> Any:
@@ -181,6 +188,22 @@ class _Ring:
                 *(np.uint64(b.unsafe_ptr()) for b in ptrs),
                 np.int64(count),
             )
+
+
+def _new(dtype: Any, shape: tuple[int, ...], device: Any) -> Buffer:
+    """An uninitialised device buffer that other streams may use at once (its allocation
+    is ordered on the default stream, which is waited for here)."""
+    buf = Buffer(dtype, shape, device=device)
+    shmem_cuda.default_stream_synchronize(device)
+    return buf
+
+
+def _drain(*streams: Any) -> None:
+    """Wait for what was queued on ``streams`` (on the way out of a failed call as well:
+    errors here must not hide the one being raised)."""
+    for stream in streams:
+        with contextlib.suppress(Exception):
+            stream.sync()
 
 
 def _rows(x: Buffer, a: int, b: int) -> Buffer:
@@ -274,7 +297,7 @@ def forward_ring_gpu(
                 kk, vv = ring.kv(src)
                 stats.units_computed += _attend(st, ring.stream, merge, q, kk, vv, pairs, out, lse)
                 stats.busy_s += time.perf_counter() - t0
-            result = Buffer(q.dtype, (st.rows, st.heads, st.dim), device=ring.device)
+            result = _new(q.dtype, (st.rows, st.heads, st.dim), ring.device)
             ring.elementwise(ring.kernel(f"mha_cast_{dtype}"), out.num_elements, result, out)
             ring.finish()  # every rank is done reading this rank's K/V
     finally:
@@ -311,6 +334,8 @@ def forward_dynamic_gpu(
         },
     )
     device = q.device
+    compute_stream = _context(device.id).stream  # the worker thread's
+    fold_ctx = DeviceContext(device)  # the driving thread's
     try:
         with _units.guarded(world, bufs["counters"]):  # a failure here stops the peers at once
             for name, x in (("q", q), ("k", k), ("v", v)):
@@ -318,45 +343,45 @@ def forward_dynamic_gpu(
                     bufs[name].local()[: st.rows].inplace_copy_from(x)
             world.ctx.synchronize()
             _units.ready(world, bufs["counters"], what)
-        out, lse = _running(st.rows, h, d, device)
-        compute_stream = _context(device.id).stream  # the worker thread's
-        fold_ctx = DeviceContext(device)  # the driving thread's
-        merge_t = shmem_cuda.load_kernel(device.id, KERNELS, f"mha_merge_{dtype}")
-        merge_f = shmem_cuda.load_kernel(device.id, KERNELS, "mha_merge_float32")
-        reader = _units.RowReader(alloc=lambda shape, dt: Buffer(dt, shape, device=device))
+            out, lse = _running(st.rows, h, d, device)
+            merge_t = shmem_cuda.load_kernel(device.id, KERNELS, f"mha_merge_{dtype}")
+            merge_f = shmem_cuda.load_kernel(device.id, KERNELS, "mha_merge_float32")
+            reader = _units.RowReader(alloc=lambda shape, dt: _new(dt, shape, device))
 
-        def fetch(u: Any) -> tuple[Buffer, Buffer, Buffer]:
-            qc, kc = chunks[u.q], chunks[u.kv]
-            return (
-                reader.rows(bufs["q"], qc.rank, qc.lo, qc.hi),
-                reader.rows(bufs["k"], kc.rank, kc.lo, kc.hi),
-                reader.rows(bufs["v"], kc.rank, kc.lo, kc.hi),
-            )
+            def fetch(u: Any) -> tuple[Buffer, Buffer, Buffer]:
+                qc, kc = chunks[u.q], chunks[u.kv]
+                return (
+                    reader.rows(bufs["q"], qc.rank, qc.lo, qc.hi),
+                    reader.rows(bufs["k"], kc.rank, kc.lo, kc.hi),
+                    reader.rows(bufs["v"], kc.rank, kc.lo, kc.hi),
+                )
 
-        def compute(u: Any, data: tuple[Buffer, Buffer, Buffer]) -> tuple[Buffer, Buffer]:
-            shmem_cuda.make_current(device.id)  # a worker thread
-            qc, kc = chunks[u.q], chunks[u.kv]
-            o_u, l_u = _running(qc.rows, h, d, device)
-            _attend(st, compute_stream, merge_t, *data, _pairs(st, qc.pos, kc.pos), o_u, l_u)
-            return o_u, l_u
+            def compute(u: Any, data: tuple[Buffer, Buffer, Buffer]) -> tuple[Buffer, Buffer]:
+                shmem_cuda.make_current(device.id)  # a worker thread
+                qc, kc = chunks[u.q], chunks[u.kv]
+                o_u, l_u = _running(qc.rows, h, d, device)
+                pairs = _pairs(st, qc.pos, kc.pos)
+                _attend(st, compute_stream, merge_t, *data, pairs, o_u, l_u)
+                return o_u, l_u
 
-        def deliver(u: Any, result: tuple[Buffer, Buffer]) -> None:
-            o_u, l_u = result
-            home = chunks[u.q].rank
-            at = slots.offset[home][0, u.id] * 4  # bytes: O, then LSE
-            bufs["part"].put(home, o_u.view("float32", (o_u.num_elements,)), offset=at)
-            bufs["part"].put(home, l_u.view("float32", (l_u.num_elements,)), offset=at + o_u.nbytes)
-            _units.publish(world, bufs["flags"], home, slots.flag[home][0, u.id])
+            def deliver(u: Any, result: tuple[Buffer, Buffer]) -> None:
+                o_u, l_u = result
+                home = chunks[u.q].rank
+                at = slots.offset[home][0, u.id] * 4  # bytes: O, then LSE
+                part = bufs["part"]
+                part.put(home, o_u.view("float32", (o_u.num_elements,)), offset=at)
+                part.put(home, l_u.view("float32", (l_u.num_elements,)), offset=at + o_u.nbytes)
+                _units.publish(world, bufs["flags"], home, slots.flag[home][0, u.id])
 
-        def fold(u: Any, part: Buffer, off: int) -> None:
-            qc = chunks[u.q]
-            n = qc.rows * h
-            o_slot = part[off : off + n * d].view("float32", (qc.rows, h, d))
-            l_slot = part[off + n * d : off + n * (d + 1)].view("float32", (qc.rows, h))
-            _merge(fold_ctx.stream, merge_f, out[qc.lo : qc.hi], lse[qc.lo : qc.hi], o_slot, l_slot)
-            fold_ctx.synchronize()
+            def fold(u: Any, part: Buffer, off: int) -> None:
+                qc = chunks[u.q]
+                n = qc.rows * h
+                o_slot = part[off : off + n * d].view("float32", (qc.rows, h, d))
+                l_slot = part[off + n * d : off + n * (d + 1)].view("float32", (qc.rows, h))
+                rows = slice(qc.lo, qc.hi)
+                _merge(fold_ctx.stream, merge_f, out[rows], lse[rows], o_slot, l_slot)
+                fold_ctx.synchronize()
 
-        try:
             groups = unit_groups(plan.by_q_home[me], lambda u: u.q)
             folds = OrderedFolds(world, bufs["flags"], slots.folds(world, bufs, 0, groups, fold))
             run_units(
@@ -372,23 +397,23 @@ def forward_dynamic_gpu(
                 stats=stats,
                 what=what,
             )
-        finally:
-            fold_ctx.close()
-        result = Buffer(q.dtype, (st.rows, h, d), device=device)
-        if st.rows:
-            cast = shmem_cuda.load_kernel(device.id, KERNELS, f"mha_cast_{dtype}")
-            count = out.num_elements
-            shmem_cuda.launch(
-                compute_stream,
-                cast,
-                min(-(-count // THREADS), 65535),
-                THREADS,
-                np.uint64(result.unsafe_ptr()),
-                np.uint64(out.unsafe_ptr()),
-                np.int64(count),
-            )
-            compute_stream.sync()
+            result = _new(q.dtype, (st.rows, h, d), device)
+            if st.rows:
+                cast = shmem_cuda.load_kernel(device.id, KERNELS, f"mha_cast_{dtype}")
+                count = out.num_elements
+                shmem_cuda.launch(
+                    compute_stream,
+                    cast,
+                    min(-(-count // THREADS), 65535),
+                    THREADS,
+                    np.uint64(result.unsafe_ptr()),
+                    np.uint64(out.unsafe_ptr()),
+                    np.int64(count),
+                )
+                compute_stream.sync()
     finally:
+        _drain(compute_stream, fold_ctx.stream)  # nothing queued still uses the buffers
+        fold_ctx.close()
         close_all(bufs)
     return result, lse
 
@@ -417,7 +442,7 @@ def backward_ring_gpu(
         with ring.guarded():
             add_t = ring.kernel(f"mha_accumulate_{dtype}")
             dq32 = Buffer.zeros((st.rows, st.heads, st.dim), "float32", device=ring.device)
-            contrib = Buffer("float32", (2, *kv_shape), device=ring.device)
+            contrib = _new("float32", (2, *kv_shape), ring.device)
             for src, pairs in ring.steps():
                 t0 = time.perf_counter()
                 kk, vv = ring.kv(src)
@@ -457,9 +482,9 @@ def backward_ring_gpu(
                 ring.elementwise(add_f, half, sums[0], slots[r, 0, : st.rows])
                 ring.elementwise(add_f, half, sums[1], slots[r, 1, : st.rows])
             cast = ring.kernel(f"mha_cast_{dtype}")
-            dq = Buffer(q.dtype, q.shape, device=ring.device)
-            dk = Buffer(k.dtype, k.shape, device=ring.device)
-            dv = Buffer(v.dtype, v.shape, device=ring.device)
+            dq = _new(q.dtype, q.shape, ring.device)
+            dk = _new(k.dtype, k.shape, ring.device)
+            dv = _new(v.dtype, v.shape, ring.device)
             ring.elementwise(cast, dq.num_elements, dq, dq32)
             ring.elementwise(cast, dk.num_elements, dk, sums[0])
             ring.elementwise(cast, dv.num_elements, dv, sums[1])

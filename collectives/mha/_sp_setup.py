@@ -333,13 +333,18 @@ def finish_stats(
         setattr(stats, f.name, getattr(mine, f.name))
 
 
-def symmetric(world: Any, shapes: dict[str, tuple[tuple[int, ...], str]]) -> dict[str, Any]:
-    """Allocate symmetric buffers (collective); on failure free those already made."""
+def symmetric(
+    world: Any, shapes: dict[str, tuple[tuple[int, ...], str]], zeroed: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    """Allocate symmetric buffers (collective): int64 ones and those named in ``zeroed``
+    zero-filled; on failure free those already made."""
     bufs: dict[str, Any] = {}
     try:
         for name, (shape, dtype) in shapes.items():
             bufs[name] = (
-                world.zeros(shape, dtype) if dtype == "int64" else world.empty(shape, dtype)
+                world.zeros(shape, dtype)
+                if dtype == "int64" or name in zeroed
+                else world.empty(shape, dtype)
             )
     except BaseException:
         close_all(bufs)

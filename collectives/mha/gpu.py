@@ -144,8 +144,9 @@ def worker_items(sched: Any, summary: MHATileSummary, worker: int) -> list[int]:
 # -- inputs and outputs --------------------------------------------------------------------------
 
 
-def _device_buffer(x: Any, name: str, where: str) -> Buffer:
-    """``x`` as a contiguous GPU Buffer (zero-copy when it already is one)."""
+def _device_buffer(x: Any, name: str, where: str, align: int = 16) -> Buffer:
+    """``x`` as a contiguous GPU Buffer (zero-copy when it already is one), starting on an
+    ``align``-byte boundary (16: the kernels' vector loads of rows; 4: scalar loads)."""
     buf = x if isinstance(x, Buffer) else None
     if buf is None:
         try:
@@ -162,10 +163,11 @@ def _device_buffer(x: Any, name: str, where: str) -> Buffer:
         )
     if not buf.is_contiguous:
         buf = buf.contiguous()
-    if buf.unsafe_ptr() % 16:
+    if buf.unsafe_ptr() % align:
         raise AttentionArgumentError(
-            f"{where}: {name} is not 16-byte aligned (got address {buf.unsafe_ptr():#x}; "
-            "expected a tensor that starts on a 16-byte boundary, e.g. .contiguous().clone())"
+            f"{where}: {name} is not {align}-byte aligned (got address {buf.unsafe_ptr():#x}; "
+            f"expected a tensor that starts on a {align}-byte boundary, e.g. "
+            ".contiguous().clone())"
         )
     return buf
 
@@ -406,7 +408,9 @@ def attention_backward_gpu(
     where = "attention_backward"
     names = ("q", "k", "v", "out", "lse", "dout")
     bufs = [
-        _device_buffer(a, n, where) for a, n in zip((q, k, v, out, lse, dout), names, strict=True)
+        # the LSE is read with scalar loads: a row slice of it need not be 16-byte aligned
+        _device_buffer(a, n, where, 4 if n == "lse" else 16)
+        for a, n in zip((q, k, v, out, lse, dout), names, strict=True)
     ]
     qb, kb, vb, ob, lb, db = bufs
     device = qb.device

@@ -273,7 +273,7 @@ def _gpu_inputs(
         bufs: dict[str, Buffer] = {}
         for name, a in arrays.items():
             try:
-                bufs[name] = _device_buffer(a, name, where)
+                bufs[name] = _device_buffer(a, name, where, 4 if name == "lse" else 16)
             except AttentionArgumentError as exc:
                 raise SequenceParallelError(str(exc)) from None
             if bufs[name].device != heap.device:

@@ -558,7 +558,7 @@ def main() -> None:
 
         def folds() -> str:
             """The GPU ring's folding across several (query, key) segment pairs, at one rank:
-            rows held out of order (positions 100-149, then 0-99, then 150-179) make three
+            rows held out of order (positions 101-149, then 0-100, then 150-179) make three
             segments on each side, nine pairs, some masked out, folded by mha_merge."""
             import dataclasses
 
@@ -567,7 +567,9 @@ def main() -> None:
             from collectives.mha._sp_setup import setup
 
             rng = np.random.default_rng(5)
-            pos = np.r_[np.arange(100, 150), np.arange(0, 100), np.arange(150, 180)]
+            # (49 rows first: with 2 heads the next segment's LSE rows start 8 bytes off a
+            # 16-byte boundary, which the backward must take)
+            pos = np.r_[np.arange(101, 150), np.arange(0, 101), np.arange(150, 180)]
             worst = 0.0
             for dtype, causal, window in (
                 (np.float32, True, None),
