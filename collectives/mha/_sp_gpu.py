@@ -1,5 +1,5 @@
-"""Sequence-parallel attention on GPUs (the nvshmem backend): ``ring`` and ``zigzag``, forward
-and backward.
+"""Sequence-parallel attention on GPUs (the nvshmem backend): every schedule forward, the
+backward in ring order.
 
 Each rank's K/V rows go to symmetric (NVSHMEM) buffers; at step ``s`` a rank reads the rows of
 rank ``(r - s) mod P`` through a peer pointer where the peer's memory is mapped (same node),
@@ -14,7 +14,13 @@ single-GPU kernel on a padded K/V of its own length with the segments' position 
 * Backward (FlashAttention-2, ``P`` recomputed from the forward's LSE): a pair gives ``dQ``
   for this rank's rows, summed here in float32 in step order, and ``dK``/``dV`` for the key
   owner's rows, summed per step into one float32 contribution that is put into the owner's
-  slot for this rank; after a barrier each rank sums its slots in rank order.
+  slot for this rank; after every rank's ``finish`` each sums its slots in rank order.
+* ``dynamic`` (:func:`forward_dynamic_gpu`): the host's units, queues and fixed-order folds
+  (``_units.drive``) with the data, counters and flags in NVSHMEM memory; a unit takes every
+  head at once.
+
+Every schedule keeps the host protocol's abort word, arrivals and heartbeat-restarted
+deadlines (``_units``): a failing rank stops the others with ``PeerFailedError``.
 
 Precision: a pair's partial O and gradients leave the kernels in the input type (as in
 FlashAttention-style ring implementations) and are summed in float32; results are cast to
