@@ -1,5 +1,6 @@
-"""A float64 reference for a sequence-parallel attention unit, shared by the fake-GPU run
-(tests/fakegpu) and the GPU tests (tests/gpu): pure numpy."""
+"""float64 attention references shared by the tiers (pure numpy): the mask of a set of
+query and key positions, and a sequence-parallel unit's forward and backward (the fake-GPU
+run in tests/fakegpu, the GPU tests in tests/gpu, the host backward's unit tests)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,20 @@ import numpy as np
 from collectives.mha import MaskSpec
 
 Array = np.ndarray[Any, Any]
+
+
+def visible(rows: Any, cols: Any, mask: MaskSpec) -> Array:
+    """``[len(rows), len(cols)]``: whether the query at position ``rows[a]`` sees the key at
+    position ``cols[b]`` under ``mask`` (causal, window sides)."""
+    i, j = np.asarray(rows)[:, None], np.asarray(cols)[None, :]
+    vis = np.ones((i.size, j.size), bool)
+    if mask.causal:
+        vis &= j <= i
+    if mask.left is not None:
+        vis &= j >= i - mask.left
+    if mask.right is not None:
+        vis &= j <= i + mask.right
+    return vis
 
 
 def chunk_reference(
@@ -23,15 +38,7 @@ def chunk_reference(
     scale = 1.0 / np.sqrt(q.shape[-1])
     group = q.shape[2] // k.shape[2]
     kh, vh = np.repeat(k, group, axis=2), np.repeat(v, group, axis=2)
-    pos = np.arange(q.shape[1])[:, None] + delta
-    j = np.arange(k.shape[1])[None, :]
-    see = np.ones((q.shape[1], k.shape[1]), bool)
-    if mask.causal:
-        see &= j <= pos
-    if mask.left is not None:
-        see &= j >= pos - mask.left
-    if mask.right is not None:
-        see &= j <= pos + mask.right
+    see = visible(np.arange(q.shape[1]) + delta, np.arange(k.shape[1]), mask)
     s = np.where(see, np.einsum("bihd,bjhd->bhij", q, kh) * scale, -np.inf)
     m = s.max(-1, keepdims=True)
     p = np.where(see, np.exp(s - np.where(np.isfinite(m), m, 0.0)), 0.0)

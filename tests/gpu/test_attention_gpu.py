@@ -29,7 +29,7 @@ from collectives.mha.gpu import (
 )
 from shmem import Accelerator, Buffer
 from shmem.dtypes import as_dtype
-from tests.attention_reference import chunk_reference
+from tests.attention_reference import chunk_reference, visible
 
 pytestmark = pytest.mark.gpu
 
@@ -50,15 +50,7 @@ def reference(q: Any, k: Any, v: Any, mask: MaskSpec, docs: list[int]) -> tuple[
     o = np.zeros(q.shape)
     lse = np.full((tokens, heads), -np.inf)
     for a, b in itertools.pairwise(docs):
-        i = np.arange(b - a)[:, None]
-        j = np.arange(b - a)[None, :]
-        vis = np.ones((b - a, b - a), bool)
-        if mask.causal:
-            vis &= j <= i
-        if mask.left is not None:
-            vis &= j >= i - mask.left
-        if mask.right is not None:
-            vis &= j <= i + mask.right
+        vis = visible(np.arange(b - a), np.arange(b - a), mask)
         for h in range(heads):
             s = np.where(vis, q[a:b, h] @ k[a:b, h // group].T / np.sqrt(d), -np.inf)
             m = s.max(axis=1, keepdims=True)

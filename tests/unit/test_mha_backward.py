@@ -12,6 +12,7 @@ import pytest
 
 from collectives.mha import MaskSpec, attention_tile, attention_tile_backward
 from collectives.mha._units import UnitPlan, pieces, runs
+from tests.attention_reference import visible
 
 MASKS = [
     ("none", MaskSpec()),
@@ -19,18 +20,6 @@ MASKS = [
     ("window", MaskSpec(left=5, right=2)),
     ("causal-window", MaskSpec(causal=True, left=9)),
 ]
-
-
-def visible(rows: Any, cols: Any, mask: MaskSpec) -> Any:
-    i, j = np.asarray(rows)[:, None], np.asarray(cols)[None, :]
-    vis = np.ones((i.size, j.size), bool)
-    if mask.causal:
-        vis &= j <= i
-    if mask.left is not None:
-        vis &= j >= i - mask.left
-    if mask.right is not None:
-        vis &= j <= i + mask.right
-    return vis
 
 
 def loss_and_grads(q: Any, k: Any, v: Any, do: Any, vis: Any, scale: float) -> tuple[Any, ...]:
