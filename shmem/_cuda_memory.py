@@ -270,21 +270,19 @@ def fill(buf: Buffer, scalar: np.ndarray[Any, Any], ctx: Any) -> None:
         ctx.synchronize()
     stream = _stream_of(buf.device, ctx)
     drv = _drv()
-    bits = scalar.reshape(1).view(
-        {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[buf.dtype.itemsize]
-    )[0]
     ptr, h = buf._ptr, stream.handle
     size = buf.dtype.itemsize
+    raw = np.ascontiguousarray(scalar.reshape(1))
     if size == 1:
-        _check(drv.cuMemsetD8Async(ptr, int(bits), n, h), "cuMemsetD8Async")
+        _check(drv.cuMemsetD8Async(ptr, int(raw.view(np.uint8)[0]), n, h), "cuMemsetD8Async")
     elif size == 2:
-        _check(drv.cuMemsetD16Async(ptr, int(bits), n, h), "cuMemsetD16Async")
+        _check(drv.cuMemsetD16Async(ptr, int(raw.view(np.uint16)[0]), n, h), "cuMemsetD16Async")
     elif size == 4:
-        _check(drv.cuMemsetD32Async(ptr, int(bits), n, h), "cuMemsetD32Async")
-    else:  # 8 bytes: the low and high words as two columns of a pitch-8 2-D memset
-        lo, hi = int(bits) & 0xFFFFFFFF, int(bits) >> 32
-        _check(drv.cuMemsetD2D32Async(ptr, 8, lo, 1, n, h), "cuMemsetD2D32Async")
-        _check(drv.cuMemsetD2D32Async(ptr + 4, 8, hi, 1, n, h), "cuMemsetD2D32Async")
+        _check(drv.cuMemsetD32Async(ptr, int(raw.view(np.uint32)[0]), n, h), "cuMemsetD32Async")
+    else:  # 8 or 16 bytes (float64, complex128, long double): each 32-bit word of the
+        # element as one column of a 2-D memset whose pitch is the element
+        for col, word in enumerate(raw.view(np.uint32).tolist()):
+            _check(drv.cuMemsetD2D32Async(ptr + 4 * col, size, word, 1, n, h), "cuMemsetD2D32Async")
     if foreign:
         stream.sync()
 

@@ -294,6 +294,26 @@ def main() -> None:
     buf = w.zeros(100, "float32")
     check("local is a device Buffer", lambda: (buf.local().is_host, buf.local().shape))
     check("zeros", lambda: buf.local().to_numpy()[:3].tolist())  # noqa: PLW0108 - deferred
+
+    def fills() -> str:
+        """Device fills of every element size, 16-byte ones (complex128, long double)
+        included: one 2-D memset per 32-bit word of the element."""
+        cases: list[tuple[Any, Any]] = [
+            ("uint8", 7),
+            ("float16", -2.5),
+            ("float32", 3.25),
+            ("float64", -1e300),
+            ("complex64", 1 - 2j),
+            ("complex128", 3.5 + 4e-300j),
+            (np.longdouble, np.longdouble(1) / 3),
+        ]
+        for dt, value in cases:
+            got = shmem.Buffer.scalar(value, dt, device=heap.device).to_numpy()
+            want = np.asarray(value).astype(shmem.dtypes.as_dtype(dt))
+            assert got.tobytes() == want.tobytes(), (dt, got, want)
+        return "ok"
+
+    check("device fills of every element size", fills)
     check("put numpy, get", lambda: (buf.put(0, np.arange(100, dtype=np.float32)), buf.get(0)[4]))
     dev_dst = shmem.Buffer("float32", 100, device=heap.device)
     check("get into a device Buffer", lambda: buf.get(0, dev_dst).to_numpy()[2])

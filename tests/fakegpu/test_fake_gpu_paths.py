@@ -65,6 +65,7 @@ def test_gpu_paths_run_end_to_end_on_the_fake_driver(tmp_path: Path) -> None:
     assert "OK   family on the GPU stages" in output, output[-4000:]
     assert "OK   GPU attention backward" in output, output[-4000:]
     assert "OK   GPU attention unit: a query chunk" in output, output[-4000:]
+    assert "OK   device fills of every element size" in output, output[-4000:]
     assert "OK   sequence_parallel_attention on the GPU" in output, output[-4000:]
     assert "OK   GPU sequence-parallel folds across segment pairs" in output, output[-4000:]
     assert int(summary[-1].split()[1]) >= 56, summary  # the OpenSHMEM refusals and locks
