@@ -17,7 +17,9 @@ ROOT = Path(__file__).resolve().parents[2]
 FAKE = ROOT / "tests" / "fakegpu"
 
 
-def test_gpu_paths_run_end_to_end_on_the_fake_driver(tmp_path: Path) -> None:
+def fake_env(tmp_path: Path) -> dict[str, str]:
+    """Build the fake libcuda into ``tmp_path`` and return the environment that loads it
+    (skips without a C compiler or cuda.core)."""
     cc = shutil.which("cc") or shutil.which("gcc")
     if cc is None:
         pytest.skip("no C compiler to build the fake libcuda")
@@ -38,6 +40,12 @@ def test_gpu_paths_run_end_to_end_on_the_fake_driver(tmp_path: Path) -> None:
         "SHMEM_BACKEND": "nvshmem",
     }
     env.pop("FAKE_LOG", None)
+    env.pop("SHMEM_REQUIRE_GPU", None)
+    return env
+
+
+def test_gpu_paths_run_end_to_end_on_the_fake_driver(tmp_path: Path) -> None:
+    env = fake_env(tmp_path)
     run = subprocess.run(
         [
             sys.executable,
@@ -84,3 +92,48 @@ def test_gpu_paths_run_end_to_end_on_the_fake_driver(tmp_path: Path) -> None:
         assert problem not in output, output[-4000:]
     assert "nvshmem calls: ['get_unique_id', 'init', 'buffer', 'barrier_all'" in output
     assert "'free', 'finalize']" in output
+
+
+# tests/gpu tests the fake cannot host: torch built without CUDA here, memory pools (IPC),
+# and the ten sequence-parallel cases (two minutes of emulated kernels: run_gpu_tests.py
+# runs them by hand)
+_NOT_ON_THE_FAKE = "not torch and not sequence_parallel_equals_one_gpu and not shared_with_torch"
+
+
+@pytest.mark.parametrize(
+    ("files", "mpi"),
+    [
+        (["tests/gpu/test_attention_gpu.py", "tests/gpu/test_device_gpu.py"], False),
+        (["tests/gpu/test_nvshmem_ranks.py"], True),
+    ],
+    ids=["one-process", "one-rank"],
+)
+def test_the_gpu_tests_pass_on_the_fake_driver(tmp_path: Path, files: list[str], mpi: bool) -> None:
+    """The GPU tier's own code (arguments, references, tolerances) at one rank on the fake
+    driver, so a GPU run does not spend its time on a stale test."""
+    env = fake_env(tmp_path)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "launch",
+            "-n",
+            "1",
+            "--timeout",
+            "240",
+            str(FAKE / "run_gpu_tests.py"),
+            *(["--only-mpi"] if mpi else []),
+            "-k",
+            _NOT_ON_THE_FAKE,
+            *files,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        cwd=ROOT,
+        check=False,
+    )
+    output = run.stdout + run.stderr
+    assert run.returncode == 0, output[-4000:]
+    assert " passed" in output and " failed" not in output, output[-4000:]
