@@ -394,6 +394,7 @@ def test_gpu_sequence_parallel_equals_one_gpu(
     whole sequence: each rank's rows of O, LSE, dQ, dK and dV."""
     import collectives
     from collectives.mha import (
+        SequenceParallelStats,
         attention,
         attention_backward,
         sequence_parallel_attention,
@@ -421,15 +422,21 @@ def test_gpu_sequence_parallel_equals_one_gpu(
         return shmem.Buffer.from_numpy(np.ascontiguousarray(x)).to(w.heap.device)
 
     do = rng.standard_normal(q.shape).astype(dt)
+    stats = SequenceParallelStats()
     with collectives.Communicator(w) as comm:
         o, lse = sequence_parallel_attention(
             comm, gpu(q[rows]), gpu(k[rows]), gpu(v[rows]), schedule=schedule,
-            return_lse=True, **kw,
+            return_lse=True, stats=stats, **kw,
         )  # fmt: skip
         grads = sequence_parallel_attention_backward(
             comm, gpu(do[rows]), gpu(q[rows]), gpu(k[rows]), gpu(v[rows]), o, lse,
             schedule=schedule, **kw,
         )  # fmt: skip
+    # per-rank work balance, for the log (ranks share one GPU: not a scaling figure)
+    print(
+        f"SP {schedule} rank {rank}/{size}: units computed {stats.units_computed}, taken "
+        f"{stats.units_taken}, given {stats.units_given}, busy {stats.busy_per_rank}"
+    )
     # the single-GPU kernels on the whole sequence: ragged [tokens, ...] with documents,
     # else a batch of one
     ragged = "valid_length" in kw
