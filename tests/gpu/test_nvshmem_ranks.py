@@ -457,5 +457,8 @@ def test_gpu_sequence_parallel_equals_one_gpu(
     assert np.abs(lse.to_numpy() - rows_of(want_lse)).max() < 5 * tol
     wants = attention_backward(full[0], full[1], full[2], want, want_lse, whole(do), **mask)
     for got, exp in zip(grads, wants, strict=True):
-        err = np.abs(got.to_numpy().astype(np.float64) - rows_of(exp)).max()
-        assert err < 4 * tol, err
+        # relative to the gradient's size: dK/dV sum one partial (rounded to the input
+        # type) per rank where the single-GPU kernel rounds once
+        want_g = rows_of(exp)
+        err = np.abs(got.to_numpy().astype(np.float64) - want_g).max()
+        assert err < 4 * tol * max(1.0, float(np.abs(want_g).max(initial=0.0))), err
