@@ -184,16 +184,7 @@ class _Ring:
         return shmem_cuda.load_kernel(self.device.id, KERNELS, name)
 
     def elementwise(self, kernel: Any, count: int, *ptrs: Buffer) -> None:
-        """Queue a grid-stride kernel over ``count`` elements of ``ptrs`` (cast, accumulate)."""
-        if count:
-            shmem_cuda.launch(
-                self.stream,
-                kernel,
-                min(-(-count // THREADS), 65535),
-                THREADS,
-                *(np.uint64(b.unsafe_ptr()) for b in ptrs),
-                np.int64(count),
-            )
+        _elementwise(self.stream, kernel, count, *ptrs)
 
 
 def _new(dtype: Any, shape: tuple[int, ...], device: Any) -> Buffer:
@@ -210,6 +201,19 @@ def _drain(*streams: Any) -> None:
     for stream in streams:
         with contextlib.suppress(Exception):
             stream.sync()
+
+
+def _elementwise(stream: Any, kernel: Any, count: int, *ptrs: Buffer) -> None:
+    """Queue a grid-stride kernel over ``count`` elements of ``ptrs`` (cast, accumulate)."""
+    if count:
+        shmem_cuda.launch(
+            stream,
+            kernel,
+            min(-(-count // THREADS), 65535),
+            THREADS,
+            *(np.uint64(b.unsafe_ptr()) for b in ptrs),
+            np.int64(count),
+        )
 
 
 def _rows(x: Buffer, a: int, b: int) -> Buffer:
@@ -404,19 +408,9 @@ def forward_dynamic_gpu(
                 what=what,
             )
             result = _new(q.dtype, (st.rows, h, d), device)
-            if st.rows:
-                cast = shmem_cuda.load_kernel(device.id, KERNELS, f"mha_cast_{dtype}")
-                count = out.num_elements
-                shmem_cuda.launch(
-                    compute_stream,
-                    cast,
-                    min(-(-count // THREADS), 65535),
-                    THREADS,
-                    np.uint64(result.unsafe_ptr()),
-                    np.uint64(out.unsafe_ptr()),
-                    np.int64(count),
-                )
-                compute_stream.sync()
+            cast = shmem_cuda.load_kernel(device.id, KERNELS, f"mha_cast_{dtype}")
+            _elementwise(compute_stream, cast, out.num_elements, result, out)
+            compute_stream.sync()
     finally:
         _drain(compute_stream, fold_ctx.stream)  # nothing queued still uses the buffers
         fold_ctx.close()

@@ -44,26 +44,23 @@ def fake_env(tmp_path: Path) -> dict[str, str]:
     return env
 
 
-def test_gpu_paths_run_end_to_end_on_the_fake_driver(tmp_path: Path) -> None:
-    env = fake_env(tmp_path)
-    run = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "launch",
-            "-n",
-            "1",
-            "--timeout",
-            "240",
-            str(FAKE / "run_nvshmem_paths.py"),
-        ],
+def run_on_the_fake(tmp_path: Path, script: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """``script`` of tests/fakegpu with ``args``, one rank under the launcher, on the fake
+    driver built into ``tmp_path``."""
+    cmd = [sys.executable, "-m", "launch", "-n", "1", "--timeout", "240", str(FAKE / script)]
+    return subprocess.run(
+        [*cmd, *args],
         capture_output=True,
         text=True,
         timeout=300,
-        env=env,
+        env=fake_env(tmp_path),
         cwd=ROOT,
         check=False,
     )
+
+
+def test_gpu_paths_run_end_to_end_on_the_fake_driver(tmp_path: Path) -> None:
+    run = run_on_the_fake(tmp_path, "run_nvshmem_paths.py")
     output = run.stdout + run.stderr
     assert run.returncode == 0, output[-4000:]
     summary = [line for line in output.splitlines() if line.startswith("SUMMARY")]
@@ -111,29 +108,8 @@ _NOT_ON_THE_FAKE = "not torch and not sequence_parallel_equals_one_gpu and not s
 def test_the_gpu_tests_pass_on_the_fake_driver(tmp_path: Path, files: list[str], mpi: bool) -> None:
     """The GPU tier's own code (arguments, references, tolerances) at one rank on the fake
     driver, so a GPU run does not spend its time on a stale test."""
-    env = fake_env(tmp_path)
-    run = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "launch",
-            "-n",
-            "1",
-            "--timeout",
-            "240",
-            str(FAKE / "run_gpu_tests.py"),
-            *(["--only-mpi"] if mpi else []),
-            "-k",
-            _NOT_ON_THE_FAKE,
-            *files,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-        cwd=ROOT,
-        check=False,
-    )
+    mpi_only = ["--only-mpi"] if mpi else []
+    run = run_on_the_fake(tmp_path, "run_gpu_tests.py", *mpi_only, "-k", _NOT_ON_THE_FAKE, *files)
     output = run.stdout + run.stderr
     assert run.returncode == 0, output[-4000:]
     assert " passed" in output and " failed" not in output, output[-4000:]
