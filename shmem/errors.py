@@ -235,7 +235,8 @@ class IpcPermissionError(ShmemError, PermissionError):
 
 
 class ExporterGoneError(ShmemError, ConnectionError):
-    """The exporting process is no longer serving (it exited or closed the buffer).
+    """The exporting process is no longer serving (it exited). A buffer its exporter closed
+    while it lives is a :class:`DescriptorError` ("unknown buffer"): nobody failed.
 
     ``failed_pid`` is the exporter's pid (-1 when unknown): under the launcher, a rank that
     ends with this error is reported as a consequence of that process's rank, if it was one.

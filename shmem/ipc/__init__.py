@@ -253,11 +253,12 @@ def import_(desc: IpcDescriptor | str | bytes) -> ImportedBuffer:
     ------
     DescriptorError
         Malformed, corrupted, wrong version, oversized, another host, a token the exporter
-        rejects, or memory smaller than the descriptor says. Nothing is mapped then.
+        rejects, a buffer its exporter has closed ("unknown buffer"), or memory smaller
+        than the descriptor says. Nothing is mapped then.
     IpcPermissionError
         Another user's descriptor or exporter.
     ExporterGoneError
-        The exporter has exited or closed the buffer.
+        The exporter has exited.
     """
     d = desc if isinstance(desc, IpcDescriptor) else IpcDescriptor.parse(desc)
     if d.host != socket.gethostname():

@@ -1,11 +1,16 @@
+#define _GNU_SOURCE 1
 #include <string.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 typedef int CUresult;
 typedef struct { unsigned gx,gy,gz,bx,by,bz,shm; void* hStream; void* attrs; unsigned nattrs; } CUlaunchConfig;
 static int g_ctx_dummy; static void* g_cur = 0;
 static int streamdev(void* s);
+static int curdev(void);
 #define LOG(...) do{ if(getenv("FAKE_LOG")) {fprintf(stderr,"[fake] " __VA_ARGS__); fputc('\n',stderr);} }while(0)
 
 static void chk_stream(const char* what, void* s){
@@ -57,7 +62,41 @@ CUresult cuMemFreeHost(void* p){LOG("cuMemFreeHost");return 0;}
 CUresult cuMemAlloc(uintptr_t* p,size_t n){*p=(uintptr_t)calloc(1,n?n:1);return 0;}
 CUresult cuMemFree(uintptr_t p){return 0;}
 static int g_pools[4]; static int g_access[4][4];
-#define POOLIDX(p) ((int)((int*)(p)-g_pools))
+/* Pools made by cuMemPoolCreate (cuda.core's IPC-enabled DeviceMemoryResource) or imported from
+   another process's: a memfd mapped whole, allocations bumped from its start, so an importing
+   process maps the same bytes. Default pools stay the g_pools entries. */
+typedef struct { int magic, dev, fd, imported; char* base; size_t size, used; } Pool;
+#define POOL_MAGIC 0x504f4f4c
+static int is_made(void* p){ return !(p>=(void*)g_pools && p<(void*)(g_pools+4)) && ((Pool*)p)->magic==POOL_MAGIC; }
+static int pooldev(void* p){ return is_made(p) ? ((Pool*)p)->dev : (int)((int*)(p)-g_pools); }
+#define POOLIDX(p) pooldev(p)
+static Pool* g_made[256]; static int g_nmade;
+static Pool* pool_of(uintptr_t ptr){ for(int i=0;i<g_nmade;i++){ Pool* q=g_made[i]; if(q && ptr>=(uintptr_t)q->base && ptr<(uintptr_t)q->base+q->size) return q; } return 0; }
+static Pool* pool_map(int fd,int dev,int imported){
+  struct stat st; if(fstat(fd,&st)!=0 || st.st_size<=0) return 0;
+  void* m=mmap(0,(size_t)st.st_size,PROT_READ|PROT_WRITE,MAP_SHARED,fd,0); if(m==MAP_FAILED) return 0;
+  Pool* q=calloc(1,sizeof(Pool)); q->magic=POOL_MAGIC; q->dev=dev; q->fd=fd; q->imported=imported; q->base=m; q->size=(size_t)st.st_size;
+  if(g_nmade<256) g_made[g_nmade++]=q;
+  return q; }
+/* CUmemPoolProps: allocType, handleTypes, location{type,id}, win32 attrs, maxSize, usage */
+typedef struct { int allocType, handleTypes, locType, locId; void* win32; size_t maxSize; unsigned short usage; } PoolProps;
+CUresult cuMemPoolCreate(void** out,const PoolProps* pr){
+  size_t n=pr->maxSize?pr->maxSize:(256u<<20); int fd=memfd_create("fake-cuda-pool",MFD_CLOEXEC);
+  if(fd<0 || ftruncate(fd,(off_t)n)!=0) return 2;
+  Pool* q=pool_map(fd,pr->locId,0); if(!q) return 2;
+  LOG("cuMemPoolCreate dev %d handleTypes=%d maxSize=%zu",pr->locId,pr->handleTypes,n); *out=q; return 0; }
+CUresult cuMemPoolDestroy(void* p){ if(is_made(p)){ Pool* q=p; for(int i=0;i<g_nmade;i++) if(g_made[i]==q) g_made[i]=0; munmap(q->base,q->size); close(q->fd); q->magic=0; free(q);} return 0; }
+CUresult cuMemPoolTrimTo(void* p,size_t keep){ return 0; }
+CUresult cuMemPoolExportToShareableHandle(void* h,void* p,int type,unsigned long long fl){
+  if(!is_made(p) || type!=1) return 1;
+  *(int*)h=dup(((Pool*)p)->fd); LOG("cuMemPoolExportToShareableHandle -> fd %d",*(int*)h); return *(int*)h<0?999:0; }
+CUresult cuMemPoolImportFromShareableHandle(void** out,void* h,int type,unsigned long long fl){
+  if(type!=1) return 1;
+  int fd=dup((int)(intptr_t)h); Pool* q=fd<0?0:pool_map(fd,curdev(),1); if(!q) return 1;
+  LOG("cuMemPoolImportFromShareableHandle fd %d: %zu bytes",(int)(intptr_t)h,q->size); *out=q; return 0; }
+static int pool_alloc(uintptr_t* out,size_t n,void* p){
+  Pool* q=p; size_t at=(q->used+511)&~(size_t)511; if(at+(n?n:1)>q->size) return 2;
+  q->used=at+(n?n:1); *out=(uintptr_t)q->base+at; return 0; }
 static int curdev(void){return (int)((char*)g_cur-(char*)&g_ctx_dummy);}
 static int streamdev(void* s){ if(s==0||s==(void*)1||s==(void*)2) return curdev(); return (int)((char*)*(void**)s-(char*)&g_ctx_dummy);}
 CUresult cuDeviceGetMemPool(void** p,int d){*p=&g_pools[d];return 0;}
@@ -71,8 +110,21 @@ typedef struct { uintptr_t p; size_t n; int dev; } Alloc;
 static Alloc g_allocs[100000]; static int g_na;
 static void track(uintptr_t p,size_t n,int dev){ if(g_na<100000){g_allocs[g_na].p=p;g_allocs[g_na].n=n?n:1;g_allocs[g_na].dev=dev;g_na++;} }
 static int owner(uintptr_t p){ for(int i=g_na-1;i>=0;i--) if(p>=g_allocs[i].p && p<g_allocs[i].p+g_allocs[i].n) return g_allocs[i].dev; return -1; }
+static const Alloc* alloc_of(uintptr_t p){ for(int i=g_na-1;i>=0;i--) if(p>=g_allocs[i].p && p<g_allocs[i].p+g_allocs[i].n) return &g_allocs[i]; return 0; }
+/* CUmemPoolPtrExportData (64 bytes): the allocation's offset in its pool and its size */
+typedef struct { unsigned magic; unsigned pad; uint64_t off, size; unsigned char rest[40]; } PtrExport;
+CUresult cuMemPoolExportPointer(PtrExport* d,uintptr_t ptr){
+  Pool* q=pool_of(ptr); const Alloc* a=alloc_of(ptr); if(!q || !a || a->p!=ptr) return 1;
+  memset(d,0,sizeof *d); d->magic=POOL_MAGIC; d->off=ptr-(uintptr_t)q->base; d->size=a->n; return 0; }
+CUresult cuMemPoolImportPointer(uintptr_t* out,void* p,PtrExport* d){
+  if(!is_made(p) || d->magic!=POOL_MAGIC || d->off+d->size>((Pool*)p)->size) return 1;
+  *out=(uintptr_t)((Pool*)p)->base+d->off; track(*out,d->size,((Pool*)p)->dev); return 0; }
+/* CU_POINTER_ATTRIBUTE_RANGE_START_ADDR (11) and _RANGE_SIZE (12): the tracked allocation */
+static int range_attr(int attr,void* data,uintptr_t p){
+  const Alloc* a=alloc_of(p); if(attr==11){*(uintptr_t*)data=a?a->p:0; return 1;}
+  if(attr==12){*(size_t*)data=a?a->n:0; return 1;} return 0; }
 static void chk_access(const char* what, uintptr_t p, int dev){ int o=owner(p); if(o>=0 && o!=dev && g_access[o][dev]==0) fprintf(stderr,"[fake] PEERFAULT %s: kernel on dev %d touches dev %d pool memory %p without pool access\n",what,dev,o,(void*)p); }
-CUresult cuMemAllocFromPoolAsync(uintptr_t* p,size_t n,void* pool,void* s){chk_stream("cuMemAllocFromPoolAsync",s); if(POOLIDX(pool)!=streamdev(s)) fprintf(stderr,"[fake] MISMATCH cuMemAllocFromPoolAsync: pool of dev %d on a stream of dev %d\n",POOLIDX(pool),streamdev(s));*p=(uintptr_t)calloc(1,n?n:1); track(*p,n,POOLIDX(pool));LOG("cuMemAllocFromPoolAsync %zu",n);return 0;}
+CUresult cuMemAllocFromPoolAsync(uintptr_t* p,size_t n,void* pool,void* s){chk_stream("cuMemAllocFromPoolAsync",s); if(POOLIDX(pool)!=streamdev(s)) fprintf(stderr,"[fake] MISMATCH cuMemAllocFromPoolAsync: pool of dev %d on a stream of dev %d\n",POOLIDX(pool),streamdev(s));if(is_made(pool)){ if(pool_alloc(p,n,pool)) return 2; } else *p=(uintptr_t)calloc(1,n?n:1); track(*p,n,POOLIDX(pool));LOG("cuMemAllocFromPoolAsync %zu",n);return 0;}
 CUresult cuMemAllocAsync(uintptr_t* p,size_t n,void* s){*p=(uintptr_t)calloc(1,n?n:1);return 0;}
 CUresult cuMemFreeAsync(uintptr_t p,void* s){LOG("cuMemFreeAsync stream=%p (dev %d)",s,streamdev(s));return 0;}
 CUresult cuMemcpyAsync(uintptr_t d,uintptr_t s,size_t n,void* st){LOG("cuMemcpyAsync dst=%p src=%p n=%zu stream=%p (dev %d)",(void*)d,(void*)s,n,st,streamdev(st));memcpy((void*)d,(void*)s,n);return 0;}
@@ -85,7 +137,7 @@ CUresult cuMemsetD2D32Async(uintptr_t d,size_t pitch,unsigned v,size_t w,size_t 
 CUresult cuMemsetD32Async(uintptr_t d,unsigned v,size_t n,void* s){for(size_t i=0;i<n;i++)((unsigned*)d)[i]=v;LOG("cuMemsetD32Async v=0x%x n=%zu",v,n);return 0;}
 CUresult cuMemcpy2DAsync(const void* p,void* s){return 0;}
 CUresult cuPointerGetAttributes(unsigned n,int* attrs,void** data,uintptr_t p){
-  for(unsigned i=0;i<n;i++){ if(attrs[i]==2)*(unsigned*)data[i]=2; else if(attrs[i]==9)*(int*)data[i]=0; else memset(data[i],0,4);} return 0;}
+  for(unsigned i=0;i<n;i++){ if(range_attr(attrs[i],data[i],p)) continue; if(attrs[i]==2)*(unsigned*)data[i]=2; else if(attrs[i]==9)*(int*)data[i]=0; else memset(data[i],0,4);} return 0;}
 CUresult cuGetErrorString(int e,const char** p){*p="fake error";return 0;}
 CUresult cuGetErrorName(int e,const char** p){*p="FAKE";return 0;}
 static int g_lib;
@@ -195,7 +247,7 @@ CUresult cuLaunchKernelEx(const CUlaunchConfig* c,void* f,void** params,void** e
 
 CUresult cuStreamIsCapturing(void* s,int* st){*st=0;return 0;}
 CUresult cuStreamGetCaptureInfo(void* s,int* st,unsigned long long* id,void** g,void** deps,void** ed,size_t* n){if(st)*st=0;return 0;}
-CUresult cuPointerGetAttribute(void* data,int attr,uintptr_t p){memset(data,0,8);return 0;}
+CUresult cuPointerGetAttribute(void* data,int attr,uintptr_t p){if(!range_attr(attr,data,p))memset(data,0,8);return 0;}
 CUresult cuKernelGetAttribute(int* pi,int attr,void* k,int dev){*pi=attr==0?1024:0;return 0;}
 CUresult cuKernelGetParamInfo(void* k,size_t idx,size_t* off,size_t* sz){if(idx>=3)return 1; *off=idx*8; *sz=8; return 0;}
 CUresult cuKernelGetParamCount(void* k,size_t* n){*n=3;return 0;}
@@ -216,7 +268,7 @@ X(cuEventRecord),X(cuEventSynchronize),X(cuEventQuery),X(cuEventElapsedTime),{"c
 X(cuMemAlloc),X(cuMemFree),X(cuDeviceGetMemPool),X(cuDeviceGetDefaultMemPool),X(cuMemGetMemPool),X(cuMemPoolGetAttribute),X(cuMemPoolSetAttribute),
 X(cuMemPoolGetAccess),X(cuMemAllocFromPoolAsync),X(cuMemAllocAsync),X(cuMemFreeAsync),X(cuMemcpyAsync),X(cuMemsetD8Async),X(cuMemsetD16Async),
 X(cuMemsetD32Async),X(cuMemsetD2D32Async),X(cuMemcpy2DAsync),X(cuPointerGetAttributes),X(cuGetErrorString),X(cuGetErrorName),X(cuLibraryLoadData),X(cuLibraryUnload),
-X(cuLibraryGetKernel),X(cuKernelGetFunction),X(cuLaunchKernelEx),X(cuStreamIsCapturing),X(cuStreamGetCaptureInfo),X(cuPointerGetAttribute),X(cuKernelGetAttribute),X(cuKernelGetParamInfo),X(cuKernelGetParamCount),X(cuMemGetDefaultMemPool),X(cuMemPoolSetAccess),X(cuLibraryGetModule),X(cuOccupancyMaxActiveBlocksPerMultiprocessor),X(cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags),X(cuCtxDisablePeerAccess),{0,0}};
+X(cuLibraryGetKernel),X(cuKernelGetFunction),X(cuLaunchKernelEx),X(cuStreamIsCapturing),X(cuStreamGetCaptureInfo),X(cuPointerGetAttribute),X(cuKernelGetAttribute),X(cuKernelGetParamInfo),X(cuKernelGetParamCount),X(cuMemGetDefaultMemPool),X(cuMemPoolSetAccess),X(cuLibraryGetModule),X(cuOccupancyMaxActiveBlocksPerMultiprocessor),X(cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags),X(cuCtxDisablePeerAccess),X(cuMemPoolCreate),X(cuMemPoolDestroy),X(cuMemPoolTrimTo),X(cuMemPoolExportToShareableHandle),X(cuMemPoolImportFromShareableHandle),X(cuMemPoolExportPointer),X(cuMemPoolImportPointer),{0,0}};
 CUresult cuGetProcAddress_v2(const char* sym,void** pfn,int ver,uint64_t flags,int* st){
   for(int i=0;T[i].n;i++) if(!strcmp(T[i].n,sym)){*pfn=T[i].f; if(st)*st=0; return 0;}
   if(getenv("FAKE_MISS")) fprintf(stderr,"[fake] MISSING %s\n",sym);

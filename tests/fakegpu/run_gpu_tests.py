@@ -8,8 +8,8 @@ check of the kernels: the fake emulates them (tests/fakegpu/README.md).
         python -m launch -n 1 tests/fakegpu/run_gpu_tests.py --only-mpi \\
         tests/gpu/test_nvshmem_ranks.py::test_gpu_sequence_parallel_equals_one_gpu
 
-Tests that need what the fake has not (a second PE, torch on CUDA, IPC between processes)
-fail or skip here; pick the ones to check.
+Tests that need what the fake has not (a second PE, torch on CUDA) fail or skip here; pick
+the ones to check. GPU IPC between processes runs: the fake's IPC pools are memfds.
 """
 
 from __future__ import annotations
@@ -19,12 +19,9 @@ from typing import Any
 
 import pytest
 
-import shmem._cuda_device as _c
-import shmem.backends as _backends
+from tests.fakegpu import fakedriver
 
-_c._driver_present = lambda: True  # the fake libcuda stands in for a driver
-_c.device_count.cache_clear()
-_backends._nvshmem_status = lambda: None  # and the fake nvshmem for nvshmem4py
+fakedriver.install()  # here and in the Python processes the tests start
 
 
 class _FakeProbe:

@@ -91,16 +91,22 @@ def test_gpu_paths_run_end_to_end_on_the_fake_driver(tmp_path: Path) -> None:
     assert "'free', 'finalize']" in output
 
 
-# tests/gpu tests the fake cannot host: torch built without CUDA here, memory pools (IPC),
-# and the ten sequence-parallel cases (two minutes of emulated kernels: run_gpu_tests.py
-# runs them by hand)
+# tests/gpu tests the fake cannot host: torch built without CUDA here, and the ten
+# sequence-parallel cases (two minutes of emulated kernels: run_gpu_tests.py runs them by hand)
 _NOT_ON_THE_FAKE = "not torch and not sequence_parallel_equals_one_gpu and not shared_with_torch"
 
 
 @pytest.mark.parametrize(
     ("files", "mpi"),
     [
-        (["tests/gpu/test_attention_gpu.py", "tests/gpu/test_device_gpu.py"], False),
+        (
+            [
+                "tests/gpu/test_attention_gpu.py",
+                "tests/gpu/test_device_gpu.py",
+                "tests/gpu/test_gpu_ipc.py",  # two processes: the fake's IPC pools are memfds
+            ],
+            False,
+        ),
         (["tests/gpu/test_nvshmem_ranks.py"], True),
     ],
     ids=["one-process", "one-rank"],
