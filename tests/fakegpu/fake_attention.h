@@ -12,10 +12,17 @@ static double fa_load(const void* p, i64 i, int dt) {
     if (dt == 4) return ((const float*)p)[i];
     uint16_t h = ((const uint16_t*)p)[i];
     if (dt == 2) { uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }
-    /* float16 */
-    int s = h >> 15, e = (h >> 10) & 31, m = h & 1023; double v;
-    if (e == 0) v = ldexp(m, -24); else if (e == 31) v = m ? NAN : INFINITY; else v = ldexp(m + 1024, e - 25);
-    return s ? -v : v;
+    /* float16, through a table of all 65536 values (built once: ldexp per load was slow) */
+    static double table[65536]; static int built;
+    if (!__atomic_load_n(&built, __ATOMIC_ACQUIRE)) {
+        for (int b = 0; b < 65536; b++) {
+            int s = b >> 15, e = (b >> 10) & 31, m = b & 1023; double v;
+            if (e == 0) v = ldexp(m, -24); else if (e == 31) v = m ? NAN : INFINITY; else v = ldexp(m + 1024, e - 25);
+            table[b] = s ? -v : v;
+        }
+        __atomic_store_n(&built, 1, __ATOMIC_RELEASE);
+    }
+    return table[h];
 }
 static void fa_store(void* p, i64 i, double x, int dt) {
     if (dt == 8) { ((double*)p)[i] = x; return; }

@@ -6,6 +6,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <time.h>
 typedef int CUresult;
 typedef struct { unsigned gx,gy,gz,bx,by,bz,shm; void* hStream; void* attrs; unsigned nattrs; } CUlaunchConfig;
 static int g_ctx_dummy; static void* g_cur = 0;
@@ -20,7 +21,7 @@ static void chk_stream(const char* what, void* s){
 }
 CUresult cuInit(unsigned f){return 0;}
 CUresult cuDriverGetVersion(int* v){*v=13020;LOG("cuDriverGetVersion");return 0;}
-CUresult cuDeviceGetCount(int* c){*c=2;return 0;}
+CUresult cuDeviceGetCount(int* c){const char* g=getenv("FAKE_GPUS"); *c=g?atoi(g):2; return 0;} /* FAKE_GPUS=1: the lent machine */
 CUresult cuDeviceGet(int* d,int o){*d=o;return 0;}
 CUresult cuDeviceGetName(char* s,int len,int dev){snprintf(s,len,"NVIDIA FAKE H100");return 0;}
 CUresult cuDeviceGetUuid(unsigned char* u,int dev){for(int i=0;i<16;i++)u[i]=i+dev;return 0;}
@@ -158,6 +159,10 @@ static int fake_es(const char* dt){
   if(tok(dt,"float8_e4m3")||tok(dt,"float8_e5m2")||tok(dt,"int8")||tok(dt,"uint8")||tok(dt,"bool")) return 1;
   return 4; }
 #include "fake_attention.h"
+static uint64_t now_ns(void){ struct timespec t; clock_gettime(CLOCK_MONOTONIC,&t); return (uint64_t)t.tv_sec*1000000000ull+(uint64_t)t.tv_nsec; }
+/* a spinning "kernel" sleeps a little: ranks may outnumber the cores, and the rank it waits for needs one */
+static void spin_pause(void){ struct timespec t={0,20000}; nanosleep(&t,0); }
+#include "fake_collectives.h"
 CUresult cuLaunchKernelEx(const CUlaunchConfig* c,void* f,void** params,void** extra){chk_stream("cuLaunchKernelEx",c->hStream);
   const char* nm = ((FKern*)f)->name;
   LOG("cuLaunchKernelEx %s grid=(%u,%u,%u) block=(%u,%u,%u) shm=%u nattrs=%u stream=%p dev=%d",nm,c->gx,c->gy,c->gz,c->bx,c->by,c->bz,c->shm,c->nattrs,c->hStream,streamdev(c->hStream));
@@ -181,20 +186,26 @@ CUresult cuLaunchKernelEx(const CUlaunchConfig* c,void* f,void** params,void** e
     for(unsigned z=0;z<c->gz;z++)for(unsigned y=0;y<c->gy;y++)for(unsigned x=0;x<c->gx;x++){int b=x+c->gx*(y+c->gy*z); out[b]=b;}
   } else if(!strcmp(nm,"shmem_signal")){
     uint64_t* f=*(uint64_t**)params[0]; uint64_t v=*(uint64_t*)params[1]; int op=*(int*)params[2];
-    LOG("  signal %p op=%d v=%llu",(void*)f,op,(unsigned long long)v); if(op==0)*f=v; else *f+=v;
+    LOG("  signal %p op=%d v=%llu",(void*)f,op,(unsigned long long)v); if(op==0)__atomic_store_n(f,v,__ATOMIC_RELEASE); else __atomic_fetch_add(f,v,__ATOMIC_ACQ_REL);
   } else if(!strcmp(nm,"shmem_wait_until")){
-    uint64_t* f=*(uint64_t**)params[0]; int cmp=*(int*)params[1]; long long val=*(long long*)params[2]; long long* res=*(long long**)params[4];
-    long long v=(long long)*f; int ok = cmp==0? v==val : cmp==1? v!=val : cmp==2? v>val : cmp==3? v>=val : cmp==4? v<val : v<=val;
+    /* as the kernel: spin (another process may raise the flag) until it holds or timeout_ns */
+    uint64_t* f=*(uint64_t**)params[0]; int cmp=*(int*)params[1]; long long val=*(long long*)params[2]; uint64_t tmo=*(uint64_t*)params[3]; long long* res=*(long long**)params[4];
+    uint64_t t0=now_ns(); long long v; int ok;
+    for(;;){ v=(long long)__atomic_load_n(f,__ATOMIC_ACQUIRE); ok = cmp==0? v==val : cmp==1? v!=val : cmp==2? v>val : cmp==3? v>=val : cmp==4? v<val : v<=val;
+      if(ok || now_ns()-t0>tmo) break; spin_pause(); }
     res[0]=v; res[1]=ok; LOG("  wait_until v=%lld cmp=%d val=%lld ok=%d",v,cmp,val,ok);
   } else if(!strcmp(nm,"shmem_barrier")){
-    uint64_t** pads=*(uint64_t***)params[0]; int rank=*(int*)params[1]; int size=*(int*)params[2]; uint64_t ep=*(uint64_t*)params[3]; long long* res=*(long long**)params[5];
+    uint64_t** pads=*(uint64_t***)params[0]; int rank=*(int*)params[1]; int size=*(int*)params[2]; uint64_t ep=*(uint64_t*)params[3]; uint64_t tmo=*(uint64_t*)params[4]; long long* res=*(long long**)params[5];
     int round=0; res[0]=-1; res[1]=0;
-    for(int d=1; d<size; d<<=1, ++round){ pads[(rank+d)%size][round]=ep; if(pads[rank][round]<ep){res[0]=round;res[1]=(long long)pads[rank][round];break;} }
+    for(int d=1; d<size; d<<=1, ++round){ __atomic_store_n(&pads[(rank+d)%size][round],ep,__ATOMIC_RELEASE); uint64_t t0=now_ns(), v;
+      while((v=__atomic_load_n(&pads[rank][round],__ATOMIC_ACQUIRE))<ep){ if(now_ns()-t0>tmo){res[0]=round;res[1]=(long long)v;break;} spin_pause(); }
+      if(res[0]>=0) break; }
     LOG("  barrier rank=%d size=%d epoch=%llu -> %lld",rank,size,(unsigned long long)ep,res[0]);
   } else if(!strcmp(nm,"shmem_atomic")){
     void* t=*(void**)params[0]; int w=*(int*)params[1]; int op=*(int*)params[2]; uint64_t v=*(uint64_t*)params[3], cmpv=*(uint64_t*)params[4]; uint64_t* old=*(uint64_t**)params[5];
-    if(w==8){uint64_t* p=t; uint64_t prev=*p; if(op==0)*p+=v; else if(op==1)*p=v; else if(prev==cmpv)*p=v; *old=prev;}
-    else {uint32_t* p=t; uint32_t prev=*p; if(op==0)*p+=(uint32_t)v; else if(op==1)*p=(uint32_t)v; else if(prev==(uint32_t)cmpv)*p=(uint32_t)v; *old=prev;}
+    /* atomic across the processes that map the same heap */
+    if(w==8){uint64_t* p=t; uint64_t prev; if(op==0)prev=__atomic_fetch_add(p,v,__ATOMIC_ACQ_REL); else if(op==1)prev=__atomic_exchange_n(p,v,__ATOMIC_ACQ_REL); else {prev=cmpv; __atomic_compare_exchange_n(p,&prev,v,0,__ATOMIC_ACQ_REL,__ATOMIC_ACQUIRE);} *old=prev;}
+    else {uint32_t* p=t; uint32_t prev; if(op==0)prev=__atomic_fetch_add(p,(uint32_t)v,__ATOMIC_ACQ_REL); else if(op==1)prev=__atomic_exchange_n(p,(uint32_t)v,__ATOMIC_ACQ_REL); else {prev=(uint32_t)cmpv; __atomic_compare_exchange_n(p,&prev,(uint32_t)v,0,__ATOMIC_ACQ_REL,__ATOMIC_ACQUIRE);} *old=prev;}
     LOG("  atomic w=%d op=%d -> old=%llu",w,op,(unsigned long long)*old);
   } else if(!strncmp(nm,"allreduce_one_shot_",19) || !strncmp(nm,"allreduce_two_shot_",19)){
     int two = nm[10]=='t'; int k=0;
@@ -209,7 +220,7 @@ CUresult cuLaunchKernelEx(const CUlaunchConfig* c,void* f,void** params,void** e
     uint64_t* epoch=(uint64_t*)(arrive+2); if(stage0==0) stage0=*epoch+1; /* device-side stages */
     LOG("  allreduce %s n=%llu es=%d op=%d rank=%d size=%d stage0=%llu base=%u arrive=%u",nm,n,es,op,rank,size,(unsigned long long)stage0,base,*arrive);
     if(opk && (op<0 || op>7)) fprintf(stderr,"[fake] OPCODE %d out of range\n",op);
-    if(size!=1){fprintf(stderr,"[fake] allreduce emulated for one rank only\n"); return 1;}
+    if(size!=1){ fake_collective(nm,params); return 0; } /* fake_collectives.h */
     if(*arrive!=0 || base!=0) fprintf(stderr,"[fake] ARRIVE MISMATCH: counter %u, host base %u (both 0: device-side stages)\n",*arrive,base);
     if(flags[0][0] < stage0-1){ *status=1; fprintf(stderr,"[fake] ENTRY: flag %llu < stage0-1 %llu\n",(unsigned long long)flags[0][0],(unsigned long long)(stage0-1)); return 0; }
     if(in!=scratch[0]) memcpy(scratch[0],in,n*es);
@@ -230,13 +241,14 @@ CUresult cuLaunchKernelEx(const CUlaunchConfig* c,void* f,void** params,void** e
     uint64_t stage0=*(uint64_t*)params[k++]; k++; int* status=*(int**)params[k++]; int rank=*(int*)params[k++]; int size=*(int*)params[k++];
     uint64_t* epoch=(uint64_t*)(arrive+2); if(stage0==0) stage0=*epoch+1;
     LOG("  %s n=%llu lo=%llu hi=%llu stride=%llu root=%d rank=%d size=%d stage0=%llu",nm,n,lo,hi,stride,root,rank,size,(unsigned long long)stage0);
-    if(size!=1){fprintf(stderr,"[fake] family emulated for one rank only\n"); return 1;}
+    if(size!=1){ fake_collective(nm,params); return 0; } /* fake_collectives.h */
     if(*arrive!=0 || base!=0) fprintf(stderr,"[fake] ARRIVE MISMATCH: counter %u, host base %u (both 0: device-side stages)\n",*arrive,base);
     if(flags[0][0] < stage0-1){ *status=1; fprintf(stderr,"[fake] ENTRY: flag %llu < stage0-1 %llu\n",(unsigned long long)flags[0][0],(unsigned long long)(stage0-1)); return 0; }
     if(rs){ const char* dt=nm+15; int es = fake_es(dt);
       memcpy(scratch[0],in,n*es); if(hi>lo) memcpy(out,scratch[0]+lo*es,(hi-lo)*es); }
     else { memcpy(scratch[0],in,n); memcpy(out,scratch[0],n); (void)a2a; }
     flags[0][0]=stage0+1; *epoch=stage0+1;
+  } else if(!strcmp(nm,"allreduce_drain") && *(int*)params[7]!=1){ fake_collective(nm,params);
   } else if(!strcmp(nm,"allreduce_drain")){
     uint64_t** flags=*(uint64_t***)params[0]; unsigned* arrive=*(unsigned**)params[1]; uint64_t stage0=*(uint64_t*)params[3]; int* status=*(int**)params[5];
     if(stage0==0) stage0=*(uint64_t*)(arrive+2)+1;

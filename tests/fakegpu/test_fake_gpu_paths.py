@@ -3,7 +3,9 @@ nvshmem stand-in (tests/fakegpu/README.md). Skipped without a C compiler."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -44,16 +46,20 @@ def fake_env(tmp_path: Path) -> dict[str, str]:
     return env
 
 
-def run_on_the_fake(tmp_path: Path, script: str, *args: str) -> subprocess.CompletedProcess[str]:
-    """``script`` of tests/fakegpu with ``args``, one rank under the launcher, on the fake
-    driver built into ``tmp_path``."""
-    cmd = [sys.executable, "-m", "launch", "-n", "1", "--timeout", "240", str(FAKE / script)]
+def run_on_the_fake(
+    tmp_path: Path, script: str, *args: str, ranks: int = 1, gpus: int = 2
+) -> subprocess.CompletedProcess[str]:
+    """``script`` of tests/fakegpu with ``args``, ``ranks`` ranks under the launcher, on the
+    fake driver built into ``tmp_path`` with ``gpus`` devices (1: the lent machine, where
+    ranks share the GPU and NVSHMEM runs in LIMITED_MPG mode)."""
+    cmd = [sys.executable, "-m", "launch", "-n", str(ranks), "--timeout", "240"]
+    cmd.append(str(FAKE / script))
     return subprocess.run(
         [*cmd, *args],
         capture_output=True,
         text=True,
         timeout=300,
-        env=fake_env(tmp_path),
+        env={**fake_env(tmp_path), "FAKE_GPUS": str(gpus)},
         cwd=ROOT,
         check=False,
     )
@@ -119,3 +125,99 @@ def test_the_gpu_tests_pass_on_the_fake_driver(tmp_path: Path, files: list[str],
     output = run.stdout + run.stderr
     assert run.returncode == 0, output[-4000:]
     assert " passed" in output and " failed" not in output, output[-4000:]
+
+
+# what the fake reduces at several ranks (fake_collectives.h): not bool, float8 or complex,
+# which the one-rank run above covers
+_SEVERAL_RANKS = "not torch and not bool and not float8 and not complex"
+
+
+@pytest.mark.parametrize(
+    ("ranks", "gpus", "select", "at_least"),
+    [
+        (2, 2, f"not sequence_parallel_equals_one_gpu and {_SEVERAL_RANKS}", 150),
+        # three ranks on one GPU: LIMITED_MPG, as on the lent machine
+        (3, 1, f"not sequence_parallel_equals_one_gpu and {_SEVERAL_RANKS}", 150),
+        # three of the ten sequence-parallel cases (ring causal, zigzag with documents,
+        # dynamic): about five seconds each here (float16 ones take 20-50)
+        (2, 1, "init_reports_mode or sequence_parallel_equals_one_gpu and (kw0 or kw5 or kw7)", 4),
+    ],
+    ids=["collectives-2", "collectives-3-one-gpu", "sequence-parallel-2-one-gpu"],
+)
+def test_the_gpu_tests_pass_at_several_ranks_on_the_fake(
+    tmp_path: Path, ranks: int, gpus: int, select: str, at_least: int
+) -> None:
+    """tests/gpu/test_nvshmem_ranks.py with several processes: each rank's heap a file every
+    rank maps (the nvshmem stand-in), the family's kernels run their cross-rank protocol
+    (fake_collectives.h). The host side of every multi-rank GPU path: peer pointer tables,
+    stages, call signatures, puts into peers' slots, the dynamic queue's atomics."""
+    run = run_on_the_fake(
+        tmp_path,
+        "run_gpu_tests.py",
+        "--only-mpi",
+        "-s",  # test_init_reports_mode_and_version prints the mode
+        "-k",
+        select,
+        "tests/gpu/test_nvshmem_ranks.py",
+        ranks=ranks,
+        gpus=gpus,
+    )
+    output = run.stdout + run.stderr
+    assert run.returncode == 0, output[-4000:]
+    assert " passed" in output and " failed" not in output, output[-4000:]
+    assert "UNEMULATED" not in output and "MISMATCH" not in output, output[-4000:]
+    assert ("mode LIMITED_MPG" in output) == (gpus == 1), output[-4000:]
+    passed = re.findall(r"(\d+) passed", output)
+    assert passed and int(passed[-1]) >= at_least, output[-4000:]  # nothing skipped away
+
+
+def test_the_gpu_runs_scripts_work_on_the_fake(tmp_path: Path) -> None:
+    """What `./dev gpu` runs besides tests/gpu (the preflight canary, the example, the GPU
+    benchmarks), on the fake at the ranks it uses there: a script bug must not cost a lent
+    GPU's time. Timings here are the fake's, meaningless; the records' fields are checked."""
+    # every process takes the fake; one GPU, as on the lent machine (LIMITED_MPG at 2 ranks)
+    env = {**fake_env(tmp_path), "FAKEGPU_DRIVER": "1", "FAKE_GPUS": "1"}
+    out = tmp_path / "out"
+    out.mkdir()
+
+    def launched(ranks: int, script: str, *args: str) -> str:
+        cmd = [sys.executable, "-m", "launch", "-n", str(ranks), "--timeout", "200", script]
+        run = subprocess.run(
+            [*cmd, *args],
+            capture_output=True,
+            text=True,
+            timeout=260,
+            env=env,
+            cwd=ROOT,
+            check=False,
+        )
+        output = run.stdout + run.stderr
+        assert run.returncode == 0, (script, output[-4000:])
+        return output
+
+    assert "canary ok" in launched(2, "scripts/gpu_preflight.py", "canary")
+    assert "ring exchange ok: 2 ranks" in launched(2, "examples/01_ring_exchange.py")
+    launched(
+        2, "benchmarks/gpu_collectives.py", "--sizes", "4096", "--repeat", "2",
+        "--out", str(out / "collectives.jsonl"),
+    )  # fmt: skip
+    rows = [json.loads(line) for line in (out / "collectives.jsonl").read_text().splitlines()]
+    assert {r["collective"] for r in rows} == {
+        "all_reduce",
+        "reduce_scatter",
+        "all_gather",
+        "broadcast",
+        "all_to_all",
+    }, rows
+    assert all(r["ranks"] == 2 and r["ours_us"] > 0 and "copy_fraction" in r for r in rows)
+    # NVSHMEM's collectives would exit the process in LIMITED_MPG: refused and recorded
+    assert all("LIMITED_MPG" in r.get("nvshmem_error", "") for r in rows), rows
+    # float64: the torch peer of the other dtypes needs torch on CUDA
+    launched(
+        1, "benchmarks/gpu_allreduce.py", "--sizes", "4096", "--repeat", "2", "--ranks", "2",
+        "--dtypes", "float64", "--out", str(out / "allreduce.jsonl"),
+    )  # fmt: skip
+    rows = [json.loads(line) for line in (out / "allreduce.jsonl").read_text().splitlines()]
+    assert rows and all("bandwidth_fraction" in r for r in rows), rows
+    # the stand-in has no NVSHMEM collectives: reported in the record, the figures kept
+    assert all("nvshmem_error" in r for r in rows), rows

@@ -1,8 +1,19 @@
-"""A one-PE stand-in for ``nvshmem.core`` over the fake libcuda: it records the calls made and
-refuses any that needs a second PE (tests/fakegpu/README.md)."""
+"""A stand-in for ``nvshmem.core`` over the fake libcuda (tests/fakegpu/README.md). It records
+the calls made. At one PE the heap is device memory of the fake; at several (the ranks of one
+job on one machine) each PE's part of a buffer is a memfd that every PE maps, so peer pointers
+(``get_peer_buffer``) reach it as NVSHMEM's do within a node; the barrier is MPI's. PEs
+sharing a device (``FAKE_GPUS=1`` in the fake libcuda: the lent machine's one GPU) get
+NVSHMEM's LIMITED_MPG mode, where a host collective exits the process as NVSHMEM's does. Calls that
+move data through NVSHMEM itself (``put``, ``get``, ``signal_op``: peers not reachable by
+load/store) are refused: every PE here is reachable.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import mmap
+import os
 from typing import Any
 
 import numpy as np
@@ -42,7 +53,10 @@ class Version:
 
 def get_unique_id(empty: bool = False) -> _Uid:
     CALLS.append("get_unique_id")
-    return _Uid()
+    uid = _Uid()
+    if not empty:
+        uid._data[:16] = np.frombuffer(os.urandom(16), np.uint8)
+    return uid
 
 
 def init(
@@ -54,12 +68,33 @@ def init(
     initializer_method: str = "",
 ) -> None:
     CALLS.append("init")
-    if initializer_method != "uid" or nranks != 1 or rank != 0 or uid is None or device is None:
+    if (
+        initializer_method != "uid"
+        or not isinstance(nranks, int)
+        or not isinstance(rank, int)
+        or not 0 <= rank < nranks
+        or uid is None
+        or device is None
+    ):
         raise AssertionError(
             f"fake nvshmem: unexpected init({initializer_method}, {rank}, {nranks})"
         )
-    _state["status"] = InitStatus.STATUS_IS_INITIALIZED
-    _state["device"] = device
+    if nranks > 1 and not uid._data[:16].any():
+        raise AssertionError("fake nvshmem: the unique id did not reach this PE")
+    status = InitStatus.STATUS_IS_INITIALIZED
+    if nranks > 1:  # PEs sharing a GPU without MPS: NVSHMEM's LIMITED_MPG mode
+        from mpi4py import MPI
+
+        devices = MPI.COMM_WORLD.allgather(int(device.device_id))
+        if len(set(devices)) < len(devices):
+            status = InitStatus.STATUS_LIMITED_MPG
+    _state.update(
+        status=status,
+        device=device,
+        rank=rank,
+        nranks=nranks,
+        maps=[],
+    )
 
 
 def init_status() -> int:
@@ -70,14 +105,61 @@ def get_version() -> Version:
     return Version()
 
 
+def _map(path: str | None, size: int) -> Any:
+    """A file mapped here (``None``: a new memfd of ``size`` bytes, kept open as this PE's
+    part) as a cuda.core Buffer (the fake's device memory is host memory); ``(buffer, fd)``."""
+    from cuda.core import Buffer
+
+    if path is None:
+        fd = os.memfd_create("fake-nvshmem", 0)
+        os.ftruncate(fd, size)
+    else:
+        fd = os.open(path, os.O_RDWR)
+    try:
+        m = mmap.mmap(fd, size)
+    except BaseException:
+        os.close(fd)
+        raise
+    if path is not None:
+        os.close(fd)
+        fd = -1
+    _state["maps"].append(m)
+    address = ctypes.addressof(ctypes.c_char.from_buffer(m))
+    return Buffer.from_handle(address, size), fd
+
+
 def buffer(size: int, release: bool = False, except_on_del: bool = True) -> Any:
+    """A symmetric buffer (collective: every PE in the same order, as NVSHMEM's). At several
+    PEs each part is a memfd that peers open through /proc/<pid>/fd: nothing in /dev/shm,
+    nothing left behind by a PE that dies."""
     CALLS.append("buffer")
     dev = _state["device"]
-    return dev.allocate(size, stream=dev.default_stream)
+    if _state["nranks"] == 1:
+        return dev.allocate(size, stream=dev.default_stream)
+    from mpi4py import MPI
+
+    buf, fd = _map(None, size)
+    parts = MPI.COMM_WORLD.allgather((os.getpid(), fd, size))
+    if len({p[2] for p in parts}) != 1:
+        raise AssertionError(f"fake nvshmem: buffer sizes differ between PEs: {parts}")
+    _state.setdefault("buffers", {})[int(buf.handle)] = (fd, parts)
+    return buf
+
+
+def get_peer_buffer(buf: Any, pe: int) -> Any:
+    CALLS.append("get_peer_buffer")
+    known = _state.get("buffers", {}).get(int(buf.handle))
+    if known is None or not 0 <= pe < _state["nranks"] or pe == _state["rank"]:
+        raise AssertionError(f"fake nvshmem: get_peer_buffer of PE {pe}")
+    pid, fd, size = known[1][pe]
+    return _map(f"/proc/{pid}/fd/{fd}", size)[0]
 
 
 def free(buf: Any) -> None:
     CALLS.append("free")
+    known = _state.get("buffers", {}).pop(int(buf.handle), None)
+    if known is not None:  # (peers that mapped it keep their mapping)
+        os.close(known[0])
     buf.close()
 
 
@@ -85,6 +167,10 @@ def barrier_all(stream: Any) -> None:
     CALLS.append("barrier_all")
     if stream is None:
         raise TypeError("fake nvshmem: barrier_all needs a stream")
+    if _state.get("nranks", 1) > 1:
+        from mpi4py import MPI
+
+        MPI.COMM_WORLD.Barrier()
 
 
 def quiet(stream: Any = None) -> None:
@@ -94,10 +180,23 @@ def quiet(stream: Any = None) -> None:
 def finalize() -> None:
     CALLS.append("finalize")
     _state["status"] = InitStatus.STATUS_NOT_INITIALIZED
+    if _state.get("nranks", 1) > 1:
+        for m in _state["maps"]:
+            with contextlib.suppress(BufferError):  # a view still exported: the OS unmaps
+                m.close()
 
 
-def _one_pe_only(*args: Any, **kwargs: Any) -> Any:
-    raise AssertionError("fake nvshmem: this call needs a second PE")
+def collective_on_buffer(*args: Any, **kwargs: Any) -> Any:
+    """NVSHMEM's host collectives: not emulated; in LIMITED_MPG mode NVSHMEM exits the
+    process (``exit(-1)``, no exception), and so does this stand-in."""
+    if _state["status"] == InitStatus.STATUS_LIMITED_MPG:
+        print("fake nvshmem: collective_on_buffer in LIMITED_MPG mode: exit(-1)", flush=True)
+        os._exit(255)
+    raise AssertionError("fake nvshmem: NVSHMEM's own collectives are not emulated")
 
 
-get_peer_buffer = put = get = signal_op = _one_pe_only
+def _load_store_only(*args: Any, **kwargs: Any) -> Any:
+    raise AssertionError("fake nvshmem: every PE here is reachable by load/store")
+
+
+put = get = signal_op = _load_store_only
