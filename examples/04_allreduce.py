@@ -26,13 +26,17 @@ def main() -> None:
         world.empty(N, "bfloat16") as grad,
     ):
         rng = np.random.default_rng(world.rank)
-        grad.local()[...] = rng.standard_normal(N).astype(grad.dtype)
+        # a put to this rank's own copy: host memory or a GPU's, the same call
+        grad.put(world.rank, rng.standard_normal(N).astype(grad.dtype))
         comm.all_reduce(grad, op="avg", out=grad)  # in place, zero-copy
-        digests = world.comm.allgather(hashlib.sha256(grad.local().tobytes()).hexdigest())
+        avg = grad.to_numpy()  # numpy on either backend (a copy from a GPU)
+        digests = world.comm.allgather(hashlib.sha256(avg.tobytes()).hexdigest())
         assert len(set(digests)) == 1, "every rank holds the same average"
-        chunk = comm.reduce_scatter(grad.local().astype(np.float32), op="max")
-        gathered = comm.all_gather(chunk)
-        assert gathered.shape[0] == N
+        with world.empty(N, "float32") as wide:
+            wide.put(world.rank, avg.astype(np.float32))
+            chunk = comm.reduce_scatter(wide, op="max")
+            gathered = comm.all_gather(chunk)
+            assert gathered.shape[0] == N
         if world.rank == 0:
             print(
                 f"all-reduce ok: {world.world_size} ranks averaged {N} bfloat16 values; "

@@ -196,7 +196,10 @@ def test_the_gpu_runs_scripts_work_on_the_fake(tmp_path: Path) -> None:
         return output
 
     assert "canary ok" in launched(2, "scripts/gpu_preflight.py", "canary")
+    # the examples ./dev gpu runs on the nvshmem backend
     assert "ring exchange ok: 2 ranks" in launched(2, "examples/01_ring_exchange.py")
+    assert "work queue ok: 200 tasks" in launched(2, "examples/02_work_queue.py")
+    assert "'gpu_all_gather': 1" in launched(2, "examples/04_allreduce.py")
     launched(
         2, "benchmarks/gpu_collectives.py", "--sizes", "4096", "--repeat", "2",
         "--out", str(out / "collectives.jsonl"),
