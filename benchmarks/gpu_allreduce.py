@@ -19,6 +19,7 @@ Reported, not asserted.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import time
 from pathlib import Path
@@ -183,9 +184,12 @@ def _nvshmem_reduce_timed(
     nv: Any, stream: Any, nbytes: int, dtype: str, repeat: int
 ) -> dict[str, Any]:
     name = {"float32": "float", "bfloat16": "bfloat16", "float16": "half", "float64": "double"}
-    src = nv.buffer(nbytes)
-    dst = nv.buffer(nbytes)
+    made: list[Any] = []
     try:
+        src = nv.buffer(nbytes)
+        made.append(src)
+        dst = nv.buffer(nbytes)
+        made.append(dst)
         team = nv.Teams.TEAM_WORLD
 
         def run() -> None:
@@ -195,8 +199,9 @@ def _nvshmem_reduce_timed(
 
         t = cuda_median_seconds(stream, run, repeat)
     finally:
-        nv.free(dst)
-        nv.free(src)
+        for b in reversed(made):  # a failed free must not hide the error that got here
+            with contextlib.suppress(Exception):
+                nv.free(b)
     return {"nvshmem_reduce_us": t * 1e6}
 
 

@@ -14,7 +14,11 @@ the roofline a collective of that size cannot beat on one GPU) and the ratios
 ``vs_nvshmem`` (NVSHMEM's time / ours: above 1, we are faster) and ``copy_fraction``.
 
 Several ranks on one GPU time-slice it: the figures compare implementations on the same
-machine in the same run, not scaling. Reported, not asserted.
+machine in the same run, not scaling. Reported, not asserted. Several ranks on one GPU
+without the MPS daemon (NVSHMEM's LIMITED_MPG mode: the lent machine) is where NVSHMEM's
+host collectives exit the process: they are refused there through the heap's guard and the
+record says so (``nvshmem_error``); NVSHMEM's figures then come from a one-rank run, or from
+one rank per GPU.
 """
 
 from __future__ import annotations

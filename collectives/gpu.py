@@ -574,15 +574,12 @@ class GpuAllReduce:
     def close(self) -> None:
         """Free the symmetric buffers (collective: after every peer finished its last call).
 
-        After a timeout a peer may still write into them, so they are left allocated then.
+        After a timeout a peer may still write into them, so they are left allocated then:
+        after one this rank saw, and when the closing drain itself does not see every peer
+        finish (its status word: a timeout, or a failed CUDA-graph replay nobody read).
         """
         if self.broken:
-            log.warning(
-                "Communicator.close: rank %d leaves %d bytes of GPU scratch allocated (a "
-                "timed-out all_reduce may still write there)",
-                self.rank,
-                self.scratch.nbytes + self.results.nbytes + self.flags.nbytes,
-            )
+            self._keep_scratch("a timed-out all_reduce may still write there")
             return
         if not self._unreachable:
             heap = self.heap
@@ -601,11 +598,27 @@ class GpuAllReduce:
                 np.int32(self.rank),
                 np.int32(self.size),
             )
+            shmem_cuda.memcpy_async(int(self._status.ctypes.data), arrive + 4, 4, heap.stream)
             heap.stream.sync()
+            if self._status[0]:
+                self.broken = True
+                self._keep_scratch(
+                    f"status {int(self._status[0])}: not every peer finished its last call, "
+                    "or a failed CUDA-graph replay left the status set"
+                )
+                return
         self._tables.close(self.heap.stream)
         self._arrive.close(self.heap.stream)
         for buf in (self.flags, self.results, self.scratch):
             buf.close()
+
+    def _keep_scratch(self, why: str) -> None:
+        log.warning(
+            "Communicator.close: rank %d leaves %d bytes of GPU scratch allocated (%s)",
+            self.rank,
+            self.scratch.nbytes + self.results.nbytes + self.flags.nbytes,
+            why,
+        )
 
 
 def _as_device_buffer(x: Any, device: Any, where: str, output: bool = False) -> Buffer:

@@ -153,7 +153,16 @@ class NvshmemHeap:
                 continue
             try:
                 pb = nv.get_peer_buffer(self._slab, r)
-            except Exception:  # not reachable: put/get through NVSHMEM
+            except Exception as exc:  # not reachable: put/get through NVSHMEM
+                if self.num_nodes == 1:  # every peer of one node should be: say why not
+                    log.warning(
+                        "nvshmem: rank %d cannot map rank %d's heap on this node (%s: %s); "
+                        "it is reached through NVSHMEM put/get",
+                        self.rank,
+                        r,
+                        type(exc).__name__,
+                        exc,
+                    )
                 self._peer_base.append(None)
                 continue
             self._peer_buffers.append(pb)

@@ -19,9 +19,9 @@ static uint64_t* fs_epoch(const FSync* s) { return (uint64_t*)(s->arrive + 2); }
 /* every rank has published stage ``want`` (and, at stage0, the same call signature) */
 static int fs_wait(const FSync* s, uint64_t want) {
     if (__atomic_load_n(s->status, __ATOMIC_ACQUIRE) != 0) return 0;
+    uint64_t t0 = now_ns();  /* one deadline for all peers: the kernel waits on them at once */
     for (int t = 0; t < s->size; t++) {
         uint64_t* flag = &s->flags[s->rank][t];
-        uint64_t t0 = now_ns();
         while (__atomic_load_n(flag, __ATOMIC_ACQUIRE) < want) {
             if (__atomic_load_n(s->status, __ATOMIC_ACQUIRE) != 0 || now_ns() - t0 > s->timeout_ns) {
                 int zero = 0;
@@ -57,6 +57,10 @@ static void fs_arrive(const FSync* s, int k) {
 
 static FSync fs_params(void** params, int k, int has_sig) {
     FSync s;
+    unsigned* arrive = *(unsigned**)params[k + 1];
+    unsigned base = *(unsigned*)params[k + 2];
+    if (*arrive != 0 || base != 0)  /* as at one rank: the counter starts each launch at 0 */
+        fprintf(stderr, "[fake] ARRIVE MISMATCH: counter %u, host base %u (both 0: device-side stages)\n", *arrive, base);
     s.flags = *(uint64_t***)params[k];
     s.arrive = *(unsigned**)params[k + 1];
     s.stage0 = *(uint64_t*)params[k + 3];
@@ -164,8 +168,7 @@ static void fv_store(char* p, uint64_t idx, FVal v, FType t, int acc) {
     double x = acc == FA_FLOAT ? (double)v.f : v.d;
     if (t.kind == FK_F64) ((double*)p)[idx] = x;
     else if (t.kind == FK_F32) ((float*)p)[idx] = acc == FA_FLOAT ? v.f : (float)v.d;
-    else if (t.kind == FK_BF16 && x != x) ((uint16_t*)p)[idx] = 0x7fc0;  /* canonical NaN */
-    else if (x != x) ((uint16_t*)p)[idx] = 0x7e00;
+    else if (x != x) ((uint16_t*)p)[idx] = 0x7fff;  /* the GPU's conversions: canonical NaN */
     else fa_store(p, (i64)idx, x, t.kind == FK_BF16 ? 2 : 1);
 }
 

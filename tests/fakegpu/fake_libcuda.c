@@ -6,6 +6,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <fcntl.h>
 #include <time.h>
 typedef int CUresult;
 typedef struct { unsigned gx,gy,gz,bx,by,bz,shm; void* hStream; void* attrs; unsigned nattrs; } CUlaunchConfig;
@@ -76,24 +77,29 @@ static Pool* pool_of(uintptr_t ptr){ for(int i=0;i<g_nmade;i++){ Pool* q=g_made[
 static Pool* pool_map(int fd,int dev,int imported){
   struct stat st; if(fstat(fd,&st)!=0 || st.st_size<=0) return 0;
   void* m=mmap(0,(size_t)st.st_size,PROT_READ|PROT_WRITE,MAP_SHARED,fd,0); if(m==MAP_FAILED) return 0;
+  int slot=-1; for(int i=0;i<g_nmade;i++) if(!g_made[i]){slot=i;break;}  /* destroyed pools' slots */
+  if(slot<0 && g_nmade<256) slot=g_nmade++;
+  if(slot<0){ munmap(m,(size_t)st.st_size); fprintf(stderr,"[fake] more than 256 memory pools alive\n"); return 0; }
   Pool* q=calloc(1,sizeof(Pool)); q->magic=POOL_MAGIC; q->dev=dev; q->fd=fd; q->imported=imported; q->base=m; q->size=(size_t)st.st_size;
-  if(g_nmade<256) g_made[g_nmade++]=q;
+  g_made[slot]=q;
   return q; }
 /* CUmemPoolProps: allocType, handleTypes, location{type,id}, win32 attrs, maxSize, usage */
 typedef struct { int allocType, handleTypes, locType, locId; void* win32; size_t maxSize; unsigned short usage; } PoolProps;
 CUresult cuMemPoolCreate(void** out,const PoolProps* pr){
   size_t n=pr->maxSize?pr->maxSize:(256u<<20); int fd=memfd_create("fake-cuda-pool",MFD_CLOEXEC);
-  if(fd<0 || ftruncate(fd,(off_t)n)!=0) return 2;
-  Pool* q=pool_map(fd,pr->locId,0); if(!q) return 2;
+  if(fd<0) return 2;
+  Pool* q=ftruncate(fd,(off_t)n)==0 ? pool_map(fd,pr->locId,0) : 0;
+  if(!q){ close(fd); return 2; }
   LOG("cuMemPoolCreate dev %d handleTypes=%d maxSize=%zu",pr->locId,pr->handleTypes,n); *out=q; return 0; }
 CUresult cuMemPoolDestroy(void* p){ if(is_made(p)){ Pool* q=p; for(int i=0;i<g_nmade;i++) if(g_made[i]==q) g_made[i]=0; munmap(q->base,q->size); close(q->fd); q->magic=0; free(q);} return 0; }
 CUresult cuMemPoolTrimTo(void* p,size_t keep){ return 0; }
 CUresult cuMemPoolExportToShareableHandle(void* h,void* p,int type,unsigned long long fl){
   if(!is_made(p) || type!=1) return 1;
-  *(int*)h=dup(((Pool*)p)->fd); LOG("cuMemPoolExportToShareableHandle -> fd %d",*(int*)h); return *(int*)h<0?999:0; }
+  *(int*)h=fcntl(((Pool*)p)->fd,F_DUPFD_CLOEXEC,0); LOG("cuMemPoolExportToShareableHandle -> fd %d",*(int*)h); return *(int*)h<0?999:0; }
 CUresult cuMemPoolImportFromShareableHandle(void** out,void* h,int type,unsigned long long fl){
   if(type!=1) return 1;
-  int fd=dup((int)(intptr_t)h); Pool* q=fd<0?0:pool_map(fd,curdev(),1); if(!q) return 1;
+  int fd=fcntl((int)(intptr_t)h,F_DUPFD_CLOEXEC,0); Pool* q=fd<0?0:pool_map(fd,curdev(),1);
+  if(!q){ if(fd>=0) close(fd); return 1; }
   LOG("cuMemPoolImportFromShareableHandle fd %d: %zu bytes",(int)(intptr_t)h,q->size); *out=q; return 0; }
 static int pool_alloc(uintptr_t* out,size_t n,void* p){
   Pool* q=p; size_t at=(q->used+511)&~(size_t)511; if(at+(n?n:1)>q->size) return 2;

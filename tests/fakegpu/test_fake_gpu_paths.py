@@ -124,7 +124,7 @@ def test_the_gpu_tests_pass_on_the_fake_driver(tmp_path: Path, files: list[str],
     run = run_on_the_fake(tmp_path, "run_gpu_tests.py", *mpi_only, "-k", _NOT_ON_THE_FAKE, *files)
     output = run.stdout + run.stderr
     assert run.returncode == 0, output[-4000:]
-    assert " passed" in output and " failed" not in output, output[-4000:]
+    assert " passed" in output and not re.search(r"\d+ failed", output), output[-4000:]
 
 
 # what the fake reduces at several ranks (fake_collectives.h): not bool, float8 or complex,
@@ -164,7 +164,7 @@ def test_the_gpu_tests_pass_at_several_ranks_on_the_fake(
     )
     output = run.stdout + run.stderr
     assert run.returncode == 0, output[-4000:]
-    assert " passed" in output and " failed" not in output, output[-4000:]
+    assert " passed" in output and not re.search(r"\d+ failed", output), output[-4000:]
     assert "UNEMULATED" not in output and "MISMATCH" not in output, output[-4000:]
     assert ("mode LIMITED_MPG" in output) == (gpus == 1), output[-4000:]
     passed = re.findall(r"(\d+) passed", output)

@@ -194,6 +194,32 @@ def test_gpu_all_reduce_in_place_on_an_shmem_buffer_and_errors(gpu_world: Any) -
         buf.close()
 
 
+def test_gpu_close_keeps_the_scratch_when_the_drain_sees_a_failure(gpu_world: Any) -> None:
+    """A failed CUDA-graph replay leaves the status word set with nobody reading it; close's
+    drain then returns at once, and the scratch a peer may still write must stay allocated
+    (it was freed regardless)."""
+    import collectives
+    from shmem import cuda as shmem_cuda
+
+    w = gpu_world
+    comm = collectives.Communicator(w)
+    comm.all_reduce(np.ones(16, np.float32))
+    gpu = comm._gpu
+    assert gpu is not None
+    stream = w.heap.stream
+    status = int(gpu._arrive.handle) + 4
+    shmem_cuda.memset_async(status, 1, 1, stream)  # the status word: 1, a timed-out wait
+    stream.sync()
+    comm.close()
+    assert gpu.broken and not gpu.scratch.closed and not gpu.flags.closed
+    # tidy up for the tests after this one: clear the status, close for real
+    shmem_cuda.memset_async(status, 0, 4, stream)
+    stream.sync()
+    gpu.broken = False
+    gpu.close()
+    assert gpu.scratch.closed and gpu.flags.closed
+
+
 @pytest.mark.parametrize("n_per_rank", [1, 1000, (1 << 19) + 5])
 def test_gpu_family_equals_host_semantics(gpu_world: Any, n_per_rank: int) -> None:
     """all_gather, all_to_all, broadcast from every root, and reduce_scatter on the GPU

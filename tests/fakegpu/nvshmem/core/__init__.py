@@ -111,7 +111,7 @@ def _map(path: str | None, size: int) -> Any:
     from cuda.core import Buffer
 
     if path is None:
-        fd = os.memfd_create("fake-nvshmem", 0)
+        fd = os.memfd_create("fake-nvshmem", os.MFD_CLOEXEC)  # peers open it through /proc
         os.ftruncate(fd, size)
     else:
         fd = os.open(path, os.O_RDWR)
@@ -155,8 +155,18 @@ def get_peer_buffer(buf: Any, pe: int) -> Any:
     return _map(f"/proc/{pid}/fd/{fd}", size)[0]
 
 
+def _collective() -> None:
+    """``free`` and ``finalize`` are collective in NVSHMEM: a rank that skips one hangs the
+    others there, here too."""
+    if _state.get("nranks", 1) > 1:
+        from mpi4py import MPI
+
+        MPI.COMM_WORLD.Barrier()
+
+
 def free(buf: Any) -> None:
     CALLS.append("free")
+    _collective()
     known = _state.get("buffers", {}).pop(int(buf.handle), None)
     if known is not None:  # (peers that mapped it keep their mapping)
         os.close(known[0])
@@ -179,6 +189,7 @@ def quiet(stream: Any = None) -> None:
 
 def finalize() -> None:
     CALLS.append("finalize")
+    _collective()
     _state["status"] = InitStatus.STATUS_NOT_INITIALIZED
     if _state.get("nranks", 1) > 1:
         for m in _state["maps"]:
