@@ -14,6 +14,14 @@ static int g_ctx_dummy; static void* g_cur = 0;
 static int streamdev(void* s);
 static int curdev(void);
 #define LOG(...) do{ if(getenv("FAKE_LOG")) {fprintf(stderr,"[fake] " __VA_ARGS__); fputc('\n',stderr);} }while(0)
+#include "fake_async.h"
+typedef struct { uintptr_t p; size_t n; int dev; } Alloc;
+static const Alloc* alloc_of(uintptr_t p);
+static void track(uintptr_t p,size_t n,int dev);
+/* memory a copy may run later from: the fake's device allocations, pinned host memory, and
+   what the nvshmem stand-in registers (fakegpu_track); anything else is pageable host memory */
+static int fa_device(uintptr_t p){ return alloc_of(p)!=0; }
+void fakegpu_track(uintptr_t p,size_t n,int dev){ track(p,n,dev); }
 
 static void chk_stream(const char* what, void* s){
   if(s==0 || s==(void*)1 || s==(void*)2) return;
@@ -41,27 +49,27 @@ CUresult cuCtxSetCurrent(void* c){if(c!=g_cur)LOG("cuCtxSetCurrent dev %d",(int)
 CUresult cuCtxPushCurrent(void* c){LOG("cuCtxPushCurrent");g_cur=c;return 0;}
 CUresult cuCtxPopCurrent(void** c){if(c)*c=g_cur;return 0;}
 CUresult cuCtxGetDevice(int* d){*d=(int)((char*)g_cur-(char*)&g_ctx_dummy);return 0;}
-CUresult cuCtxSynchronize(void){LOG("cuCtxSynchronize");return 0;}
+CUresult cuCtxSynchronize(void){LOG("cuCtxSynchronize"); if(fa_enabled()) fa_drain_all(); return 0;}
 CUresult cuCtxGetStreamPriorityRange(int* l,int* g){*l=0;*g=-5;return 0;}
-CUresult cuStreamCreateWithPriority(void** s,unsigned fl,int prio){*s=malloc(8);*(void**)*s=g_cur;LOG("cuStreamCreateWithPriority flags=%u prio=%d",fl,prio);return 0;}
-CUresult cuStreamDestroy(void* s){return 0;}
-CUresult cuStreamSynchronize(void* s){LOG("cuStreamSynchronize %p (dev %d)",s,streamdev(s));return 0;}
-CUresult cuStreamQuery(void* s){return 0;}
+CUresult cuStreamCreateWithPriority(void** s,unsigned fl,int prio){FStream* st=calloc(1,sizeof(FStream)); st->ctx=g_cur; pthread_mutex_init(&st->q.mu,0); pthread_cond_init(&st->q.cv,0); st->q.nonblocking=(int)(fl&1); fa_register(&st->q); *s=st;LOG("cuStreamCreateWithPriority flags=%u prio=%d",fl,prio);return 0;}
+CUresult cuStreamDestroy(void* s){if(fa_enabled()) fa_drain(fa_queue(s)); return 0;} /* the queue stays: a late worker may still touch it */
+CUresult cuStreamSynchronize(void* s){LOG("cuStreamSynchronize %p (dev %d)",s,streamdev(s)); if(fa_enabled()){FQ* q=fa_queue(s); fa_implicit(q); fa_drain(q);} return 0;}
+CUresult cuStreamQuery(void* s){if(fa_enabled()){FQ* q=fa_queue(s); pthread_mutex_lock(&q->mu); int busy=q->done<q->queued; pthread_mutex_unlock(&q->mu); return busy?600:0;} return 0;}
 CUresult cuStreamGetFlags(void* s,unsigned* f){*f=1;return 0;}
 CUresult cuStreamGetPriority(void* s,int* p){*p=0;return 0;}
 CUresult cuStreamGetCtx(void* s,void** c){*c=g_cur;return 0;}
 CUresult cuStreamGetCtx_v2(void* s,void** c,void** g){*c=g_cur;if(g)*g=0;return 0;}
 CUresult cuStreamGetDevice(void* s,int* d){*d=0;return 0;}
-CUresult cuStreamWaitEvent(void* s,void* e,unsigned f){LOG("cuStreamWaitEvent stream=%p event=%p",s,e);return 0;}
-CUresult cuEventCreate(void** e,unsigned fl){*e=malloc(8);LOG("cuEventCreate flags=%u",fl);return 0;}
+CUresult cuStreamWaitEvent(void* s,void* e,unsigned f){LOG("cuStreamWaitEvent stream=%p event=%p",s,e); FEvent* ev=e; if(fa_enabled() && ev->q) fa_wait_for(fa_queue(s),ev->q,ev->at); return 0;}
+CUresult cuEventCreate(void** e,unsigned fl){*e=calloc(1,sizeof(FEvent));LOG("cuEventCreate flags=%u",fl);return 0;}
 CUresult cuEventDestroy(void* e){return 0;}
-CUresult cuEventRecord(void* e,void* s){chk_stream("cuEventRecord",s);LOG("cuEventRecord event=%p stream=%p",e,s);return 0;}
-CUresult cuEventSynchronize(void* e){return 0;}
-CUresult cuEventQuery(void* e){return 600;}
-CUresult cuEventElapsedTime(float* ms,void* a,void* b){*ms=1.25f;LOG("cuEventElapsedTime start=%p end=%p",a,b);return 0;}
-CUresult cuMemAllocHost(void** p,size_t n){*p=calloc(1,n?n:1);LOG("cuMemAllocHost %zu",n);return 0;}
+CUresult cuEventRecord(void* e,void* s){chk_stream("cuEventRecord",s);LOG("cuEventRecord event=%p stream=%p",e,s); if(fa_enabled()){FQ* q=fa_queue(s); fa_implicit(q); ((FEvent*)e)->q=q; ((FEvent*)e)->at=fa_position(q);} return 0;}
+CUresult cuEventSynchronize(void* e){FEvent* ev=e; if(fa_enabled() && ev->q) fa_drain_upto(ev->q,ev->at); return 0;}
+CUresult cuEventQuery(void* e){FEvent* ev=e; if(fa_enabled()){ if(!ev->q) return 0; pthread_mutex_lock(&ev->q->mu); int busy=ev->q->done<ev->at; pthread_mutex_unlock(&ev->q->mu); return busy?600:0;} return 600;}
+CUresult cuEventElapsedTime(float* ms,void* a,void* b){if(fa_enabled()){cuEventSynchronize(a); cuEventSynchronize(b);} *ms=1.25f;LOG("cuEventElapsedTime start=%p end=%p",a,b);return 0;}
+CUresult cuMemAllocHost(void** p,size_t n){*p=calloc(1,n?n:1); track((uintptr_t)*p,n,-2);LOG("cuMemAllocHost %zu",n);return 0;}
 CUresult cuMemFreeHost(void* p){LOG("cuMemFreeHost");return 0;}
-CUresult cuMemAlloc(uintptr_t* p,size_t n){*p=(uintptr_t)calloc(1,n?n:1);return 0;}
+CUresult cuMemAlloc(uintptr_t* p,size_t n){*p=(uintptr_t)calloc(1,n?n:1); track(*p,n,-3); return 0;}
 CUresult cuMemFree(uintptr_t p){return 0;}
 static int g_pools[4]; static int g_access[4][4];
 /* Pools made by cuMemPoolCreate (cuda.core's IPC-enabled DeviceMemoryResource) or imported from
@@ -113,7 +121,6 @@ CUresult cuMemPoolGetAttribute(void* p,int a,void* v){memset(v,0,8);return 0;}
 CUresult cuMemPoolSetAttribute(void* p,int a,void* v){return 0;}
 CUresult cuMemPoolGetAccess(int* f,void* p,void* loc){int id=((int*)loc)[1]; *f = (id==POOLIDX(p))?3:g_access[POOLIDX(p)][id]; return 0;}
 
-typedef struct { uintptr_t p; size_t n; int dev; } Alloc;
 static Alloc g_allocs[100000]; static int g_na;
 static void track(uintptr_t p,size_t n,int dev){ if(g_na<100000){g_allocs[g_na].p=p;g_allocs[g_na].n=n?n:1;g_allocs[g_na].dev=dev;g_na++;} }
 static int owner(uintptr_t p){ for(int i=g_na-1;i>=0;i--) if(p>=g_allocs[i].p && p<g_allocs[i].p+g_allocs[i].n) return g_allocs[i].dev; return -1; }
@@ -132,16 +139,19 @@ static int range_attr(int attr,void* data,uintptr_t p){
   if(attr==12){*(size_t*)data=a?a->n:0; return 1;} return 0; }
 static void chk_access(const char* what, uintptr_t p, int dev){ int o=owner(p); if(o>=0 && o!=dev && g_access[o][dev]==0) fprintf(stderr,"[fake] PEERFAULT %s: kernel on dev %d touches dev %d pool memory %p without pool access\n",what,dev,o,(void*)p); }
 CUresult cuMemAllocFromPoolAsync(uintptr_t* p,size_t n,void* pool,void* s){chk_stream("cuMemAllocFromPoolAsync",s); if(POOLIDX(pool)!=streamdev(s)) fprintf(stderr,"[fake] MISMATCH cuMemAllocFromPoolAsync: pool of dev %d on a stream of dev %d\n",POOLIDX(pool),streamdev(s));if(is_made(pool)){ if(pool_alloc(p,n,pool)) return 2; } else *p=(uintptr_t)calloc(1,n?n:1); track(*p,n,POOLIDX(pool));LOG("cuMemAllocFromPoolAsync %zu",n);return 0;}
-CUresult cuMemAllocAsync(uintptr_t* p,size_t n,void* s){*p=(uintptr_t)calloc(1,n?n:1);return 0;}
+CUresult cuMemAllocAsync(uintptr_t* p,size_t n,void* s){*p=(uintptr_t)calloc(1,n?n:1); track(*p,n,-3); return 0;}
 CUresult cuMemFreeAsync(uintptr_t p,void* s){LOG("cuMemFreeAsync stream=%p (dev %d)",s,streamdev(s));return 0;}
-CUresult cuMemcpyAsync(uintptr_t d,uintptr_t s,size_t n,void* st){LOG("cuMemcpyAsync dst=%p src=%p n=%zu stream=%p (dev %d)",(void*)d,(void*)s,n,st,streamdev(st));memcpy((void*)d,(void*)s,n);return 0;}
-CUresult cuMemsetD8Async(uintptr_t d,unsigned char v,size_t n,void* s){memset((void*)d,v,n);LOG("cuMemsetD8Async v=0x%x n=%zu",v,n);return 0;}
-CUresult cuMemsetD16Async(uintptr_t d,unsigned short v,size_t n,void* s){for(size_t i=0;i<n;i++)((unsigned short*)d)[i]=v;LOG("cuMemsetD16Async v=0x%x n=%zu",v,n);return 0;}
-CUresult cuMemsetD2D32Async(uintptr_t d,size_t pitch,unsigned v,size_t w,size_t h,void* s){
+CUresult cuMemcpyAsync(uintptr_t d,uintptr_t s,size_t n,void* st){LOG("cuMemcpyAsync dst=%p src=%p n=%zu stream=%p (dev %d)",(void*)d,(void*)s,n,st,streamdev(st));if(fa_enabled()){ FQ* q=fa_queue(st);
+    if(fa_device(d) && fa_device(s)){ FOp* op=calloc(1,sizeof(FOp)); op->kind=1; op->dst=d; op->src=s; op->n=n; fa_enqueue(st,op); return 0; }
+    fa_implicit(q); fa_drain(q); } /* pageable host memory: the stream first, then the copy, in the call (as CUDA) */
+  memcpy((void*)d,(void*)s,n);return 0;}
+CUresult cuMemsetD8Async(uintptr_t d,unsigned char v,size_t n,void* s){if(fa_enabled()){ FOp* op=calloc(1,sizeof(FOp)); op->kind=2; op->dst=d; op->v=(unsigned)v; op->w=n; op->h=1; op->pitch=0; op->width=1; fa_enqueue(s,op); return 0; } memset((void*)d,v,n);LOG("cuMemsetD8Async v=0x%x n=%zu",v,n);return 0;}
+CUresult cuMemsetD16Async(uintptr_t d,unsigned short v,size_t n,void* s){if(fa_enabled()){ FOp* op=calloc(1,sizeof(FOp)); op->kind=2; op->dst=d; op->v=(unsigned)v; op->w=n; op->h=1; op->pitch=0; op->width=2; fa_enqueue(s,op); return 0; } for(size_t i=0;i<n;i++)((unsigned short*)d)[i]=v;LOG("cuMemsetD16Async v=0x%x n=%zu",v,n);return 0;}
+CUresult cuMemsetD2D32Async(uintptr_t d,size_t pitch,unsigned v,size_t w,size_t h,void* s){if(fa_enabled()){ FOp* op=calloc(1,sizeof(FOp)); op->kind=2; op->dst=d; op->v=v; op->w=w; op->h=h; op->pitch=pitch; op->width=4; fa_enqueue(s,op); return 0; } 
   LOG("cuMemsetD2D32Async d=%p pitch=%zu v=0x%x w=%zu h=%zu",(void*)d,pitch,v,w,h);
   if(pitch<w*4 || (d&3)) return 1;
   for(size_t r=0;r<h;r++) for(size_t i=0;i<w;i++) ((unsigned*)(d+r*pitch))[i]=v; return 0;}
-CUresult cuMemsetD32Async(uintptr_t d,unsigned v,size_t n,void* s){for(size_t i=0;i<n;i++)((unsigned*)d)[i]=v;LOG("cuMemsetD32Async v=0x%x n=%zu",v,n);return 0;}
+CUresult cuMemsetD32Async(uintptr_t d,unsigned v,size_t n,void* s){if(fa_enabled()){ FOp* op=calloc(1,sizeof(FOp)); op->kind=2; op->dst=d; op->v=(unsigned)v; op->w=n; op->h=1; op->pitch=0; op->width=4; fa_enqueue(s,op); return 0; } for(size_t i=0;i<n;i++)((unsigned*)d)[i]=v;LOG("cuMemsetD32Async v=0x%x n=%zu",v,n);return 0;}
 CUresult cuMemcpy2DAsync(const void* p,void* s){return 0;}
 CUresult cuPointerGetAttributes(unsigned n,int* attrs,void** data,uintptr_t p){
   for(unsigned i=0;i<n;i++){ if(range_attr(attrs[i],data[i],p)) continue; if(attrs[i]==2)*(unsigned*)data[i]=2; else if(attrs[i]==9)*(int*)data[i]=0; else memset(data[i],0,4);} return 0;}
@@ -149,11 +159,12 @@ CUresult cuGetErrorString(int e,const char** p){*p="fake error";return 0;}
 CUresult cuGetErrorName(int e,const char** p){*p="FAKE";return 0;}
 static int g_lib;
 typedef struct { char name[128]; } FKern;
-static FKern g_kerns[64]; static int g_nk;
+static FKern g_kerns[1024]; static int g_nk;  /* (64 overflowed: the project has more kernels) */
 CUresult cuLibraryLoadData(void** lib,const void* code,void* a,void* b,unsigned c,void* d,void* e,unsigned f){*lib=&g_lib;LOG("cuLibraryLoadData");return 0;}
 CUresult cuLibraryUnload(void* l){return 0;}
 CUresult cuLibraryGetKernel(void** k,void* lib,const char* name){
   for(int i=0;i<g_nk;i++) if(!strcmp(g_kerns[i].name,name)){*k=&g_kerns[i];LOG("cuLibraryGetKernel %s (again)",name);return 0;}
+  if(g_nk>=1024){ fprintf(stderr,"[fake] more than 1024 kernels\n"); return 1; }
   snprintf(g_kerns[g_nk].name,128,"%s",name); *k=&g_kerns[g_nk++]; LOG("cuLibraryGetKernel %s",name); return 0;}
 CUresult cuKernelGetFunction(void** f,void* k){*f=k;return 0;}
 /* element size of the dtype token at the start of dt ("int8_op", "bfloat16_to_float32_sum") */
@@ -170,6 +181,10 @@ static uint64_t now_ns(void){ struct timespec t; clock_gettime(CLOCK_MONOTONIC,&
 static void spin_pause(void){ struct timespec t={0,20000}; nanosleep(&t,0); }
 #include "fake_collectives.h"
 CUresult cuLaunchKernelEx(const CUlaunchConfig* c,void* f,void** params,void** extra){chk_stream("cuLaunchKernelEx",c->hStream);
+  if(!params){LOG("  NO PARAMS");return 1;}
+  if(fa_enabled()){ FOp* op=calloc(1,sizeof(FOp)); op->kind=0; op->cfg=*c; op->f=f; fa_copy_params(op,params); fa_enqueue(c->hStream,op); return 0; }
+  return run_kernel(c,f,params);}
+static CUresult run_kernel(const CUlaunchConfig* c,void* f,void** params){
   const char* nm = ((FKern*)f)->name;
   LOG("cuLaunchKernelEx %s grid=(%u,%u,%u) block=(%u,%u,%u) shm=%u nattrs=%u stream=%p dev=%d",nm,c->gx,c->gy,c->gz,c->bx,c->by,c->bz,c->shm,c->nattrs,c->hStream,streamdev(c->hStream));
   if(!params){LOG("  NO PARAMS");return 1;}

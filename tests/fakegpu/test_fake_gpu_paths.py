@@ -28,7 +28,17 @@ def fake_env(tmp_path: Path) -> dict[str, str]:
     pytest.importorskip("cuda.core")
     lib = tmp_path / "libcuda.so.1"
     subprocess.run(
-        [cc, "-shared", "-fPIC", "-O1", "-o", str(lib), str(FAKE / "fake_libcuda.c"), "-lm"],
+        [
+            cc,
+            "-shared",
+            "-fPIC",
+            "-O1",
+            "-o",
+            str(lib),
+            str(FAKE / "fake_libcuda.c"),
+            "-lm",
+            "-lpthread",
+        ],
         check=True,
         timeout=120,
     )
@@ -47,11 +57,17 @@ def fake_env(tmp_path: Path) -> dict[str, str]:
 
 
 def run_on_the_fake(
-    tmp_path: Path, script: str, *args: str, ranks: int = 1, gpus: int = 2
+    tmp_path: Path,
+    script: str,
+    *args: str,
+    ranks: int = 1,
+    gpus: int = 2,
+    streams: str = "",
 ) -> subprocess.CompletedProcess[str]:
     """``script`` of tests/fakegpu with ``args``, ``ranks`` ranks under the launcher, on the
     fake driver built into ``tmp_path`` with ``gpus`` devices (1: the lent machine, where
-    ranks share the GPU and NVSHMEM runs in LIMITED_MPG mode)."""
+    ranks share the GPU and NVSHMEM runs in LIMITED_MPG mode). ``streams="lazy"``: queued
+    work runs only when something waits for it (fake_async.h), so a missing wait fails."""
     cmd = [sys.executable, "-m", "launch", "-n", str(ranks), "--timeout", "240"]
     cmd.append(str(FAKE / script))
     return subprocess.run(
@@ -59,7 +75,7 @@ def run_on_the_fake(
         capture_output=True,
         text=True,
         timeout=300,
-        env={**fake_env(tmp_path), "FAKE_GPUS": str(gpus)},
+        env={**fake_env(tmp_path), "FAKE_GPUS": str(gpus), "FAKE_ASYNC": streams},
         cwd=ROOT,
         check=False,
     )
@@ -102,26 +118,34 @@ def test_gpu_paths_run_end_to_end_on_the_fake_driver(tmp_path: Path) -> None:
 _NOT_ON_THE_FAKE = "not torch and not sequence_parallel_equals_one_gpu and not shared_with_torch"
 
 
+_ONE_PROCESS = [
+    "tests/gpu/test_attention_gpu.py",
+    "tests/gpu/test_device_gpu.py",
+    "tests/gpu/test_gpu_ipc.py",  # two processes: the fake's IPC pools are memfds
+]
+
+
 @pytest.mark.parametrize(
-    ("files", "mpi"),
+    ("files", "mpi", "streams"),
     [
-        (
-            [
-                "tests/gpu/test_attention_gpu.py",
-                "tests/gpu/test_device_gpu.py",
-                "tests/gpu/test_gpu_ipc.py",  # two processes: the fake's IPC pools are memfds
-            ],
-            False,
-        ),
-        (["tests/gpu/test_nvshmem_ranks.py"], True),
+        (_ONE_PROCESS, False, ""),
+        (["tests/gpu/test_nvshmem_ranks.py"], True, ""),
+        # again with streams that run their work only when something waits for it: a
+        # missing synchronize or cross-stream wait fails every time (fake_async.h)
+        (_ONE_PROCESS, False, "lazy"),
+        (["tests/gpu/test_nvshmem_ranks.py"], True, "lazy"),
     ],
-    ids=["one-process", "one-rank"],
+    ids=["one-process", "one-rank", "one-process-lazy-streams", "one-rank-lazy-streams"],
 )
-def test_the_gpu_tests_pass_on_the_fake_driver(tmp_path: Path, files: list[str], mpi: bool) -> None:
+def test_the_gpu_tests_pass_on_the_fake_driver(
+    tmp_path: Path, files: list[str], mpi: bool, streams: str
+) -> None:
     """The GPU tier's own code (arguments, references, tolerances) at one rank on the fake
-    driver, so a GPU run does not spend its time on a stale test."""
+    driver, so a GPU run does not spend its time on a stale test; and the host code's
+    waits for its streams."""
     mpi_only = ["--only-mpi"] if mpi else []
-    run = run_on_the_fake(tmp_path, "run_gpu_tests.py", *mpi_only, "-k", _NOT_ON_THE_FAKE, *files)
+    args = ("-k", _NOT_ON_THE_FAKE, *files)
+    run = run_on_the_fake(tmp_path, "run_gpu_tests.py", *mpi_only, *args, streams=streams)
     output = run.stdout + run.stderr
     assert run.returncode == 0, output[-4000:]
     assert " passed" in output and not re.search(r"\d+ failed", output), output[-4000:]

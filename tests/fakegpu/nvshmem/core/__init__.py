@@ -125,6 +125,10 @@ def _map(path: str | None, size: int) -> Any:
         fd = -1
     _state["maps"].append(m)
     address = ctypes.addressof(ctypes.c_char.from_buffer(m))
+    # device memory to the fake driver: copies to and from it may run later (FAKE_ASYNC=1)
+    ctypes.CDLL("libcuda.so.1").fakegpu_track(
+        ctypes.c_uint64(address), ctypes.c_size_t(size), ctypes.c_int(-3)
+    )
     return Buffer.from_handle(address, size), fd
 
 
