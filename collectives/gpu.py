@@ -43,7 +43,7 @@ import numpy as np
 
 from shmem import Buffer, SHMEMBuffer
 from shmem import cuda as shmem_cuda
-from shmem.agreement import compare_across_ranks
+from shmem.agreement import allgather_within, compare_across_ranks
 from shmem.dtypes import dtype_name
 from shmem.errors import (
     ArgumentError,
@@ -574,15 +574,16 @@ class GpuAllReduce:
     def close(self) -> None:
         """Free the symmetric buffers (collective: after every peer finished its last call).
 
-        After a timeout a peer may still write into them, so they are left allocated then:
-        after one this rank saw, and when the closing drain itself does not see every peer
-        finish (its status word: a timeout, or a failed CUDA-graph replay nobody read).
+        A peer may still write into them after a timeout, so they stay allocated, on every
+        rank alike (freeing is collective), when any rank cannot vouch for them: it saw a
+        timeout, its closing drain did not see every peer finish (a timeout, or the status a
+        failed CUDA-graph replay left), or the ranks did not all reach this agreement in time.
         """
-        if self.broken:
-            self._keep_scratch("a timed-out all_reduce may still write there")
-            return
-        if not self._unreachable:
+        why = "a timed-out all_reduce may still write there" if self.broken else ""
+        if not self.broken and not self._unreachable:
             heap = self.heap
+            # every call and replay this process queued, on any stream, before the drain
+            shmem_cuda.device_synchronize(heap.device.id)
             arrive = int(self._arrive.handle)
             shmem_cuda.launch(
                 heap.stream,
@@ -601,12 +602,25 @@ class GpuAllReduce:
             shmem_cuda.memcpy_async(int(self._status.ctypes.data), arrive + 4, 4, heap.stream)
             heap.stream.sync()
             if self._status[0]:
-                self.broken = True
-                self._keep_scratch(
+                why = (
                     f"status {int(self._status[0])}: not every peer finished its last call, "
                     "or a failed CUDA-graph replay left the status set"
                 )
-                return
+        try:
+            verdicts = allgather_within(
+                self.world.comm,
+                why,
+                self.world.config.signal.timeout_s,
+                "Communicator.close",
+                self.heap.progress,
+            )
+        except SignalTimeoutError as exc:
+            verdicts = [f"the ranks did not all reach close in time ({exc})"]
+        reasons = [f"rank {r}: {v}" for r, v in enumerate(verdicts) if v]
+        if reasons:
+            self.broken = True
+            self._keep_scratch("; ".join(reasons))
+            return
         self._tables.close(self.heap.stream)
         self._arrive.close(self.heap.stream)
         for buf in (self.flags, self.results, self.scratch):

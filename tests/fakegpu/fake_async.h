@@ -25,19 +25,19 @@ typedef struct FOp {
     int kind;  /* 0 kernel, 1 copy, 2 fill (8/16/32-bit, 2-D), 3 wait for (queue, position) */
     CUlaunchConfig cfg; void* f; uint64_t vals[FA_SLOTS]; void* slots[FA_SLOTS];
     uintptr_t dst, src; size_t n, pitch, w, h; unsigned v; int width;
-    FQ* on; uint64_t at; uint64_t queued_ns;
+    FQ* on; uint64_t at; uint64_t queued_ns; int dev;
     struct FOp* next;
 } FOp;
 struct FQ {
     pthread_mutex_t mu; pthread_cond_t cv; FOp *head, *tail; uint64_t queued, done;
-    int started, nonblocking, legacy; unsigned seed; uint64_t demand;
+    int started, nonblocking, legacy; unsigned seed; uint64_t demand; void* ctx;
 };
 typedef struct { FQ* q; uint64_t at; } FEvent;
 
 static int fa_on = -1, fa_lazy; static unsigned fa_delay_us = 2000, fa_seed = 1, fa_lazy_ms = 100;
 static int fa_enabled(void) {
     if (fa_on < 0) {
-        const char* e = getenv("FAKE_ASYNC"); fa_lazy = e && !strcmp(e, "lazy"); fa_on = e && (*e == '1' || fa_lazy);
+        const char* e = getenv("FAKE_ASYNC"); fa_lazy = e && !strcmp(e, "lazy"); fa_on = e && (!strcmp(e, "1") || fa_lazy);
         const char* l = getenv("FAKE_ASYNC_LAZY_MS"); if (l) fa_lazy_ms = (unsigned)atoi(l);
         const char* d = getenv("FAKE_ASYNC_DELAY_US"); if (d) fa_delay_us = (unsigned)atoi(d);
         const char* r = getenv("FAKE_ASYNC_SEED"); if (r) fa_seed = (unsigned)atoi(r);
@@ -46,14 +46,33 @@ static int fa_enabled(void) {
 }
 static pthread_mutex_t fa_reg = PTHREAD_MUTEX_INITIALIZER;
 static FQ* fa_all[4096]; static int fa_nall;
-static FQ fa_legacy = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, 0, 0, 0, 0, 1};
-static FQ fa_per_thread = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, 0, 0, 0, 0, 0};
+static __thread int fa_launch_dev = -1;  /* a worker runs a kernel as on its launch's device */
+/* the legacy default stream: one per context (device); the per-thread one: per host thread */
+static FQ fa_legacy[16]; static pthread_once_t fa_legacy_once = PTHREAD_ONCE_INIT;
+static void fa_legacy_init(void) {
+    for (int i = 0; i < 16; i++) {
+        pthread_mutex_init(&fa_legacy[i].mu, 0); pthread_cond_init(&fa_legacy[i].cv, 0);
+        fa_legacy[i].legacy = 1; fa_legacy[i].ctx = (char*)&g_ctx_dummy + i;
+    }
+}
+static __thread FQ* fa_per_thread;
 
 /* a created stream: the context first (as chk_stream reads it), then its queue */
 typedef struct { void* ctx; FQ q; } FStream;
+static void fa_register(FQ* q);
 static FQ* fa_queue(void* s) {
-    if (s == 0 || s == (void*)1) return &fa_legacy;
-    if (s == (void*)2) return &fa_per_thread;
+    if (s == 0 || s == (void*)1) {
+        pthread_once(&fa_legacy_once, fa_legacy_init);
+        int d = (int)((char*)g_cur - (char*)&g_ctx_dummy); if (d < 0 || d >= 16) d = 0;
+        return &fa_legacy[d];
+    }
+    if (s == (void*)2) {
+        if (!fa_per_thread) {
+            FQ* q = calloc(1, sizeof(FQ)); pthread_mutex_init(&q->mu, 0); pthread_cond_init(&q->cv, 0);
+            q->ctx = g_cur; fa_register(q); fa_per_thread = q;
+        }
+        return fa_per_thread;
+    }
     return &((FStream*)s)->q;
 }
 static void fa_register(FQ* q) {
@@ -71,7 +90,7 @@ static void fa_demand(FQ* q, uint64_t at) {
     pthread_mutex_unlock(&q->mu);
 }
 static void fa_run(FOp* op) {
-    if (op->kind == 0) { run_kernel(&op->cfg, op->f, op->slots); return; }
+    if (op->kind == 0) { fa_launch_dev = op->dev; run_kernel(&op->cfg, op->f, op->slots); fa_launch_dev = -1; return; }
     if (op->kind == 1) { memcpy((void*)op->dst, (const void*)op->src, op->n); return; }
     if (op->kind == 2) {
         for (size_t r = 0; r < op->h; r++) {
@@ -130,7 +149,7 @@ static void fa_push(FQ* q, FOp* op) {
         static unsigned made; q->seed = fa_seed * 2654435761u + (made++);
         pthread_create(&th, &a, fa_worker, q); pthread_attr_destroy(&a);
         q->started = 1;
-        if (q == &fa_legacy || q == &fa_per_thread) { pthread_mutex_unlock(&q->mu); fa_register(q); pthread_mutex_lock(&q->mu); }
+        if (q->legacy) { pthread_mutex_unlock(&q->mu); fa_register(q); pthread_mutex_lock(&q->mu); }
     }
     op->next = 0; op->queued_ns = fa_now();
     if (q->tail) q->tail->next = op; else q->head = op;
@@ -142,40 +161,45 @@ static void fa_wait_for(FQ* q, FQ* on, uint64_t at) {  /* queue a wait: q runs a
     if (on == q || at == 0) return;
     FOp* w = calloc(1, sizeof(FOp)); w->kind = 3; w->on = on; w->at = at; fa_push(q, w);
 }
-/* the legacy default stream and blocking streams wait for each other's earlier work */
+/* the legacy default stream and the blocking streams of its context wait for each other's
+   earlier work */
 static void fa_implicit(FQ* q) {
     if (q->nonblocking) return;
     if (q->legacy) {
         pthread_mutex_lock(&fa_reg); int n = fa_nall; FQ* all[4096]; memcpy(all, fa_all, sizeof(FQ*) * (size_t)n); pthread_mutex_unlock(&fa_reg);
-        for (int i = 0; i < n; i++) if (all[i] != q && !all[i]->nonblocking) fa_wait_for(q, all[i], fa_position(all[i]));
+        for (int i = 0; i < n; i++)
+            if (all[i] != q && !all[i]->nonblocking && !all[i]->legacy && all[i]->ctx == q->ctx)
+                fa_wait_for(q, all[i], fa_position(all[i]));
     } else {
-        fa_wait_for(q, &fa_legacy, fa_position(&fa_legacy));
+        pthread_once(&fa_legacy_once, fa_legacy_init);
+        for (int i = 0; i < 16; i++)
+            if (fa_legacy[i].ctx == q->ctx) fa_wait_for(q, &fa_legacy[i], fa_position(&fa_legacy[i]));
     }
 }
 static void fa_enqueue(void* s, FOp* op) { FQ* q = fa_queue(s); fa_implicit(q); fa_push(q, op); }
-static void fa_drain(FQ* q) {
-    fa_demand(q, fa_position(q));
-    pthread_mutex_lock(&q->mu);
-    while (q->done < q->queued) pthread_cond_wait(&q->cv, &q->mu);
-    pthread_mutex_unlock(&q->mu);
-}
+static void fa_drain_upto(FQ* q, uint64_t at);
+static void fa_drain(FQ* q) { fa_drain_upto(q, fa_position(q)); }  /* what was queued by now */
 static void fa_drain_upto(FQ* q, uint64_t at) {
     fa_demand(q, at);
     pthread_mutex_lock(&q->mu);
     while (q->done < at) pthread_cond_wait(&q->cv, &q->mu);
     pthread_mutex_unlock(&q->mu);
 }
-static void fa_drain_all(void) {
+static void fa_drain_all(void) {  /* the current context's streams */
     pthread_mutex_lock(&fa_reg); int n = fa_nall; FQ* all[4096]; memcpy(all, fa_all, sizeof(FQ*) * (size_t)n); pthread_mutex_unlock(&fa_reg);
-    for (int i = 0; i < n; i++) fa_drain(all[i]);
+    for (int i = 0; i < n; i++) if (all[i]->ctx == g_cur) fa_drain(all[i]);
 }
 /* n bytes readable at p? (a write to a pipe fails with EFAULT where they are not; the raw
    system call, which sanitizers do not check: reading past the caller's parameter array is
    the point here) */
 #include <sys/syscall.h>
+static int fa_fds[2] = {-1, -1};
+static pthread_once_t fa_fds_once = PTHREAD_ONCE_INIT;
+static void fa_fds_init(void) { if (pipe2(fa_fds, O_CLOEXEC | O_NONBLOCK) != 0) fa_fds[0] = fa_fds[1] = -1; }
 static int fa_readable(const void* p, size_t n) {
-    static int fds[2] = {-1, -1};
-    if (fds[0] < 0 && pipe(fds) != 0) return 0;
+    pthread_once(&fa_fds_once, fa_fds_init);
+    int* fds = fa_fds;
+    if (fds[0] < 0) return 0;
     long w = syscall(SYS_write, fds[1], p, n);
     if (w > 0) { char sink[16]; long r = syscall(SYS_read, fds[0], sink, (size_t)w); (void)r; }
     return w == (long)n;

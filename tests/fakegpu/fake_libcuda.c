@@ -18,6 +18,7 @@ static int curdev(void);
 typedef struct { uintptr_t p; size_t n; int dev; } Alloc;
 static const Alloc* alloc_of(uintptr_t p);
 static void track(uintptr_t p,size_t n,int dev);
+static void untrack(uintptr_t p,size_t n);
 /* memory a copy may run later from: the fake's device allocations, pinned host memory, and
    what the nvshmem stand-in registers (fakegpu_track); anything else is pageable host memory */
 static int fa_device(uintptr_t p){ return alloc_of(p)!=0; }
@@ -51,9 +52,9 @@ CUresult cuCtxPopCurrent(void** c){if(c)*c=g_cur;return 0;}
 CUresult cuCtxGetDevice(int* d){*d=(int)((char*)g_cur-(char*)&g_ctx_dummy);return 0;}
 CUresult cuCtxSynchronize(void){LOG("cuCtxSynchronize"); if(fa_enabled()) fa_drain_all(); return 0;}
 CUresult cuCtxGetStreamPriorityRange(int* l,int* g){*l=0;*g=-5;return 0;}
-CUresult cuStreamCreateWithPriority(void** s,unsigned fl,int prio){FStream* st=calloc(1,sizeof(FStream)); st->ctx=g_cur; pthread_mutex_init(&st->q.mu,0); pthread_cond_init(&st->q.cv,0); st->q.nonblocking=(int)(fl&1); fa_register(&st->q); *s=st;LOG("cuStreamCreateWithPriority flags=%u prio=%d",fl,prio);return 0;}
-CUresult cuStreamDestroy(void* s){if(fa_enabled()) fa_drain(fa_queue(s)); return 0;} /* the queue stays: a late worker may still touch it */
-CUresult cuStreamSynchronize(void* s){LOG("cuStreamSynchronize %p (dev %d)",s,streamdev(s)); if(fa_enabled()){FQ* q=fa_queue(s); fa_implicit(q); fa_drain(q);} return 0;}
+CUresult cuStreamCreateWithPriority(void** s,unsigned fl,int prio){FStream* st=calloc(1,sizeof(FStream)); st->ctx=g_cur; pthread_mutex_init(&st->q.mu,0); pthread_cond_init(&st->q.cv,0); st->q.nonblocking=(int)(fl&1); st->q.ctx=g_cur; fa_register(&st->q); *s=st;LOG("cuStreamCreateWithPriority flags=%u prio=%d",fl,prio);return 0;}
+CUresult cuStreamDestroy(void* s){return 0;} /* queued work still runs (the queue is never freed) */
+CUresult cuStreamSynchronize(void* s){LOG("cuStreamSynchronize %p (dev %d)",s,streamdev(s)); if(fa_enabled()) fa_drain(fa_queue(s)); return 0;}
 CUresult cuStreamQuery(void* s){if(fa_enabled()){FQ* q=fa_queue(s); pthread_mutex_lock(&q->mu); int busy=q->done<q->queued; pthread_mutex_unlock(&q->mu); return busy?600:0;} return 0;}
 CUresult cuStreamGetFlags(void* s,unsigned* f){*f=1;return 0;}
 CUresult cuStreamGetPriority(void* s,int* p){*p=0;return 0;}
@@ -66,7 +67,7 @@ CUresult cuEventDestroy(void* e){return 0;}
 CUresult cuEventRecord(void* e,void* s){chk_stream("cuEventRecord",s);LOG("cuEventRecord event=%p stream=%p",e,s); if(fa_enabled()){FQ* q=fa_queue(s); fa_implicit(q); ((FEvent*)e)->q=q; ((FEvent*)e)->at=fa_position(q);} return 0;}
 CUresult cuEventSynchronize(void* e){FEvent* ev=e; if(fa_enabled() && ev->q) fa_drain_upto(ev->q,ev->at); return 0;}
 CUresult cuEventQuery(void* e){FEvent* ev=e; if(fa_enabled()){ if(!ev->q) return 0; pthread_mutex_lock(&ev->q->mu); int busy=ev->q->done<ev->at; pthread_mutex_unlock(&ev->q->mu); return busy?600:0;} return 600;}
-CUresult cuEventElapsedTime(float* ms,void* a,void* b){if(fa_enabled()){cuEventSynchronize(a); cuEventSynchronize(b);} *ms=1.25f;LOG("cuEventElapsedTime start=%p end=%p",a,b);return 0;}
+CUresult cuEventElapsedTime(float* ms,void* a,void* b){if(fa_enabled() && (cuEventQuery(a) || cuEventQuery(b))) return 600; /* NOT_READY, as CUDA */ *ms=1.25f;LOG("cuEventElapsedTime start=%p end=%p",a,b);return 0;}
 CUresult cuMemAllocHost(void** p,size_t n){*p=calloc(1,n?n:1); track((uintptr_t)*p,n,-2);LOG("cuMemAllocHost %zu",n);return 0;}
 CUresult cuMemFreeHost(void* p){LOG("cuMemFreeHost");return 0;}
 CUresult cuMemAlloc(uintptr_t* p,size_t n){*p=(uintptr_t)calloc(1,n?n:1); track(*p,n,-3); return 0;}
@@ -99,7 +100,7 @@ CUresult cuMemPoolCreate(void** out,const PoolProps* pr){
   Pool* q=ftruncate(fd,(off_t)n)==0 ? pool_map(fd,pr->locId,0) : 0;
   if(!q){ close(fd); return 2; }
   LOG("cuMemPoolCreate dev %d handleTypes=%d maxSize=%zu",pr->locId,pr->handleTypes,n); *out=q; return 0; }
-CUresult cuMemPoolDestroy(void* p){ if(is_made(p)){ Pool* q=p; for(int i=0;i<g_nmade;i++) if(g_made[i]==q) g_made[i]=0; munmap(q->base,q->size); close(q->fd); q->magic=0; free(q);} return 0; }
+CUresult cuMemPoolDestroy(void* p){ if(is_made(p)){ Pool* q=p; for(int i=0;i<g_nmade;i++) if(g_made[i]==q) g_made[i]=0; untrack((uintptr_t)q->base,q->size); munmap(q->base,q->size); close(q->fd); q->magic=0; free(q);} return 0; }
 CUresult cuMemPoolTrimTo(void* p,size_t keep){ return 0; }
 CUresult cuMemPoolExportToShareableHandle(void* h,void* p,int type,unsigned long long fl){
   if(!is_made(p) || type!=1) return 1;
@@ -112,7 +113,7 @@ CUresult cuMemPoolImportFromShareableHandle(void** out,void* h,int type,unsigned
 static int pool_alloc(uintptr_t* out,size_t n,void* p){
   Pool* q=p; size_t at=(q->used+511)&~(size_t)511; if(at+(n?n:1)>q->size) return 2;
   q->used=at+(n?n:1); *out=(uintptr_t)q->base+at; return 0; }
-static int curdev(void){return (int)((char*)g_cur-(char*)&g_ctx_dummy);}
+static int curdev(void){ if(fa_launch_dev>=0) return fa_launch_dev; return (int)((char*)g_cur-(char*)&g_ctx_dummy);}
 static int streamdev(void* s){ if(s==0||s==(void*)1||s==(void*)2) return curdev(); return (int)((char*)*(void**)s-(char*)&g_ctx_dummy);}
 CUresult cuDeviceGetMemPool(void** p,int d){*p=&g_pools[d];return 0;}
 CUresult cuDeviceGetDefaultMemPool(void** p,int d){*p=&g_pools[d];return 0;}
@@ -122,9 +123,22 @@ CUresult cuMemPoolSetAttribute(void* p,int a,void* v){return 0;}
 CUresult cuMemPoolGetAccess(int* f,void* p,void* loc){int id=((int*)loc)[1]; *f = (id==POOLIDX(p))?3:g_access[POOLIDX(p)][id]; return 0;}
 
 static Alloc g_allocs[100000]; static int g_na;
-static void track(uintptr_t p,size_t n,int dev){ if(g_na<100000){g_allocs[g_na].p=p;g_allocs[g_na].n=n?n:1;g_allocs[g_na].dev=dev;g_na++;} }
-static int owner(uintptr_t p){ for(int i=g_na-1;i>=0;i--) if(p>=g_allocs[i].p && p<g_allocs[i].p+g_allocs[i].n) return g_allocs[i].dev; return -1; }
-static const Alloc* alloc_of(uintptr_t p){ for(int i=g_na-1;i>=0;i--) if(p>=g_allocs[i].p && p<g_allocs[i].p+g_allocs[i].n) return &g_allocs[i]; return 0; }
+/* the registry is read by stream workers too (FAKE_ASYNC): one lock */
+static pthread_mutex_t g_allocs_mu = PTHREAD_MUTEX_INITIALIZER;
+static void track(uintptr_t p,size_t n,int dev){ pthread_mutex_lock(&g_allocs_mu);
+  if(g_na<100000){g_allocs[g_na].p=p;g_allocs[g_na].n=n?n:1;g_allocs[g_na].dev=dev;g_na++;}
+  else { static int said; if(!said++) fprintf(stderr,"[fake] more than 100000 allocations: later ones are not tracked\n"); }
+  pthread_mutex_unlock(&g_allocs_mu); }
+/* memory unmapped (a destroyed pool, a finalized heap): a later mapping at the same address
+   is someone else's */
+static void untrack(uintptr_t p,size_t n){ pthread_mutex_lock(&g_allocs_mu);
+  for(int i=0;i<g_na;i++) if(g_allocs[i].p>=p && g_allocs[i].p<p+n) g_allocs[i].n=0;
+  pthread_mutex_unlock(&g_allocs_mu); }
+void fakegpu_untrack(uintptr_t p,size_t n){ untrack(p,n); }
+static const Alloc* alloc_of(uintptr_t p){ const Alloc* a=0; pthread_mutex_lock(&g_allocs_mu);
+  for(int i=g_na-1;i>=0;i--) if(p>=g_allocs[i].p && p<g_allocs[i].p+g_allocs[i].n){ a=&g_allocs[i]; break; }
+  pthread_mutex_unlock(&g_allocs_mu); return a; }
+static int owner(uintptr_t p){ const Alloc* a=alloc_of(p); return a?a->dev:-1; }
 /* CUmemPoolPtrExportData (64 bytes): the allocation's offset in its pool and its size */
 typedef struct { unsigned magic; unsigned pad; uint64_t off, size; unsigned char rest[40]; } PtrExport;
 CUresult cuMemPoolExportPointer(PtrExport* d,uintptr_t ptr){
@@ -142,12 +156,13 @@ CUresult cuMemAllocFromPoolAsync(uintptr_t* p,size_t n,void* pool,void* s){chk_s
 CUresult cuMemAllocAsync(uintptr_t* p,size_t n,void* s){*p=(uintptr_t)calloc(1,n?n:1); track(*p,n,-3); return 0;}
 CUresult cuMemFreeAsync(uintptr_t p,void* s){LOG("cuMemFreeAsync stream=%p (dev %d)",s,streamdev(s));return 0;}
 CUresult cuMemcpyAsync(uintptr_t d,uintptr_t s,size_t n,void* st){LOG("cuMemcpyAsync dst=%p src=%p n=%zu stream=%p (dev %d)",(void*)d,(void*)s,n,st,streamdev(st));if(fa_enabled()){ FQ* q=fa_queue(st);
-    if(fa_device(d) && fa_device(s)){ FOp* op=calloc(1,sizeof(FOp)); op->kind=1; op->dst=d; op->src=s; op->n=n; fa_enqueue(st,op); return 0; }
-    fa_implicit(q); fa_drain(q); } /* pageable host memory: the stream first, then the copy, in the call (as CUDA) */
+    const Alloc *ad=alloc_of(d), *as=alloc_of(s);
+    if(ad && as && !(ad->dev==-2 && as->dev==-2)){ FOp* op=calloc(1,sizeof(FOp)); op->kind=1; op->dst=d; op->src=s; op->n=n; fa_enqueue(st,op); return 0; }
+    fa_implicit(q); fa_drain(q); } /* pageable or host-to-host: the stream first, then the copy, in the call (as CUDA) */
   memcpy((void*)d,(void*)s,n);return 0;}
 CUresult cuMemsetD8Async(uintptr_t d,unsigned char v,size_t n,void* s){if(fa_enabled()){ FOp* op=calloc(1,sizeof(FOp)); op->kind=2; op->dst=d; op->v=(unsigned)v; op->w=n; op->h=1; op->pitch=0; op->width=1; fa_enqueue(s,op); return 0; } memset((void*)d,v,n);LOG("cuMemsetD8Async v=0x%x n=%zu",v,n);return 0;}
 CUresult cuMemsetD16Async(uintptr_t d,unsigned short v,size_t n,void* s){if(fa_enabled()){ FOp* op=calloc(1,sizeof(FOp)); op->kind=2; op->dst=d; op->v=(unsigned)v; op->w=n; op->h=1; op->pitch=0; op->width=2; fa_enqueue(s,op); return 0; } for(size_t i=0;i<n;i++)((unsigned short*)d)[i]=v;LOG("cuMemsetD16Async v=0x%x n=%zu",v,n);return 0;}
-CUresult cuMemsetD2D32Async(uintptr_t d,size_t pitch,unsigned v,size_t w,size_t h,void* s){if(fa_enabled()){ FOp* op=calloc(1,sizeof(FOp)); op->kind=2; op->dst=d; op->v=v; op->w=w; op->h=h; op->pitch=pitch; op->width=4; fa_enqueue(s,op); return 0; } 
+CUresult cuMemsetD2D32Async(uintptr_t d,size_t pitch,unsigned v,size_t w,size_t h,void* s){if(pitch<w*4 || (d&3)) return 1; if(fa_enabled()){ FOp* op=calloc(1,sizeof(FOp)); op->kind=2; op->dst=d; op->v=v; op->w=w; op->h=h; op->pitch=pitch; op->width=4; fa_enqueue(s,op); return 0; } 
   LOG("cuMemsetD2D32Async d=%p pitch=%zu v=0x%x w=%zu h=%zu",(void*)d,pitch,v,w,h);
   if(pitch<w*4 || (d&3)) return 1;
   for(size_t r=0;r<h;r++) for(size_t i=0;i<w;i++) ((unsigned*)(d+r*pitch))[i]=v; return 0;}
@@ -182,7 +197,7 @@ static void spin_pause(void){ struct timespec t={0,20000}; nanosleep(&t,0); }
 #include "fake_collectives.h"
 CUresult cuLaunchKernelEx(const CUlaunchConfig* c,void* f,void** params,void** extra){chk_stream("cuLaunchKernelEx",c->hStream);
   if(!params){LOG("  NO PARAMS");return 1;}
-  if(fa_enabled()){ FOp* op=calloc(1,sizeof(FOp)); op->kind=0; op->cfg=*c; op->f=f; fa_copy_params(op,params); fa_enqueue(c->hStream,op); return 0; }
+  if(fa_enabled()){ FOp* op=calloc(1,sizeof(FOp)); op->kind=0; op->cfg=*c; op->f=f; op->dev=streamdev(c->hStream); fa_copy_params(op,params); fa_enqueue(c->hStream,op); return 0; }
   return run_kernel(c,f,params);}
 static CUresult run_kernel(const CUlaunchConfig* c,void* f,void** params){
   const char* nm = ((FKern*)f)->name;

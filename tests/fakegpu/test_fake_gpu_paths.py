@@ -27,22 +27,8 @@ def fake_env(tmp_path: Path) -> dict[str, str]:
         pytest.skip("no C compiler to build the fake libcuda")
     pytest.importorskip("cuda.core")
     lib = tmp_path / "libcuda.so.1"
-    subprocess.run(
-        [
-            cc,
-            "-shared",
-            "-fPIC",
-            "-O1",
-            "-o",
-            str(lib),
-            str(FAKE / "fake_libcuda.c"),
-            "-lm",
-            "-lpthread",
-        ],
-        check=True,
-        timeout=120,
-    )
-    (tmp_path / "libcuda.so").symlink_to(lib.name)
+    if not lib.exists():
+        _build(cc, lib)
     env = {
         **{k: v for k, v in os.environ.items() if k != "TESTS_KERNEL_CACHE"},
         "LD_LIBRARY_PATH": f"{tmp_path}:{os.environ.get('LD_LIBRARY_PATH', '')}",
@@ -56,6 +42,13 @@ def fake_env(tmp_path: Path) -> dict[str, str]:
     return env
 
 
+def _build(cc: str, lib: Path) -> None:
+    source = str(FAKE / "fake_libcuda.c")
+    cmd = [cc, "-shared", "-fPIC", "-O1", "-o", str(lib), source, "-lm", "-lpthread"]
+    subprocess.run(cmd, check=True, timeout=120)
+    (lib.parent / "libcuda.so").symlink_to(lib.name)
+
+
 def run_on_the_fake(
     tmp_path: Path,
     script: str,
@@ -63,19 +56,27 @@ def run_on_the_fake(
     ranks: int = 1,
     gpus: int = 2,
     streams: str = "",
+    children: bool = False,
 ) -> subprocess.CompletedProcess[str]:
-    """``script`` of tests/fakegpu with ``args``, ``ranks`` ranks under the launcher, on the
-    fake driver built into ``tmp_path`` with ``gpus`` devices (1: the lent machine, where
-    ranks share the GPU and NVSHMEM runs in LIMITED_MPG mode). ``streams="lazy"``: queued
-    work runs only when something waits for it (fake_async.h), so a missing wait fails."""
+    """``script`` (of tests/fakegpu, or a path from the repository root) with ``args``,
+    ``ranks`` ranks under the launcher, on the fake driver built into ``tmp_path`` with
+    ``gpus`` devices (1: the lent machine, where ranks share the GPU and NVSHMEM runs in
+    LIMITED_MPG mode). ``streams="lazy"``: queued work runs only when something waits for it
+    (fake_async.h), so a missing wait fails. ``children``: every Python process takes the
+    fake (``FAKEGPU_DRIVER=1``), not only run_gpu_tests.py."""
     cmd = [sys.executable, "-m", "launch", "-n", str(ranks), "--timeout", "240"]
-    cmd.append(str(FAKE / script))
+    cmd.append(script if "/" in script else str(FAKE / script))
     return subprocess.run(
         [*cmd, *args],
         capture_output=True,
         text=True,
         timeout=300,
-        env={**fake_env(tmp_path), "FAKE_GPUS": str(gpus), "FAKE_ASYNC": streams},
+        env={
+            **fake_env(tmp_path),
+            "FAKE_GPUS": str(gpus),
+            "FAKE_ASYNC": streams,
+            **({"FAKEGPU_DRIVER": "1"} if children else {}),
+        },
         cwd=ROOT,
         check=False,
     )
@@ -199,22 +200,12 @@ def test_the_gpu_runs_scripts_work_on_the_fake(tmp_path: Path) -> None:
     """What `./dev gpu` runs besides tests/gpu (the preflight canary, the example, the GPU
     benchmarks), on the fake at the ranks it uses there: a script bug must not cost a lent
     GPU's time. Timings here are the fake's, meaningless; the records' fields are checked."""
-    # every process takes the fake; one GPU, as on the lent machine (LIMITED_MPG at 2 ranks)
-    env = {**fake_env(tmp_path), "FAKEGPU_DRIVER": "1", "FAKE_GPUS": "1"}
     out = tmp_path / "out"
     out.mkdir()
 
     def launched(ranks: int, script: str, *args: str) -> str:
-        cmd = [sys.executable, "-m", "launch", "-n", str(ranks), "--timeout", "200", script]
-        run = subprocess.run(
-            [*cmd, *args],
-            capture_output=True,
-            text=True,
-            timeout=260,
-            env=env,
-            cwd=ROOT,
-            check=False,
-        )
+        # every process takes the fake; one GPU, as on the lent machine (LIMITED_MPG at 2)
+        run = run_on_the_fake(tmp_path, script, *args, ranks=ranks, gpus=1, children=True)
         output = run.stdout + run.stderr
         assert run.returncode == 0, (script, output[-4000:])
         return output

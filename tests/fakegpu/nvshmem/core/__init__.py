@@ -123,8 +123,8 @@ def _map(path: str | None, size: int) -> Any:
     if path is not None:
         os.close(fd)
         fd = -1
-    _state["maps"].append(m)
     address = ctypes.addressof(ctypes.c_char.from_buffer(m))
+    _state["maps"].append((m, address, size))
     # device memory to the fake driver: copies to and from it may run later (FAKE_ASYNC=1)
     ctypes.CDLL("libcuda.so.1").fakegpu_track(
         ctypes.c_uint64(address), ctypes.c_size_t(size), ctypes.c_int(-3)
@@ -196,7 +196,9 @@ def finalize() -> None:
     _collective()
     _state["status"] = InitStatus.STATUS_NOT_INITIALIZED
     if _state.get("nranks", 1) > 1:
-        for m in _state["maps"]:
+        driver = ctypes.CDLL("libcuda.so.1")
+        for m, address, size in _state["maps"]:
+            driver.fakegpu_untrack(ctypes.c_uint64(address), ctypes.c_size_t(size))
             with contextlib.suppress(BufferError):  # a view still exported: the OS unmaps
                 m.close()
 
