@@ -81,6 +81,11 @@ static void fa_register(FQ* q) {
     pthread_mutex_unlock(&fa_reg);
 }
 
+/* the registered queues, copied under the registry's lock */
+static int fa_snapshot(FQ** all) {
+    pthread_mutex_lock(&fa_reg); int n = fa_nall; memcpy(all, fa_all, sizeof(FQ*) * (size_t)n); pthread_mutex_unlock(&fa_reg);
+    return n;
+}
 static CUresult run_kernel(const CUlaunchConfig* c, void* f, void** params);
 static uint64_t fa_now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec; }
 /* something waits for q's first ``at`` operations: run them now (lazy mode) */
@@ -166,7 +171,7 @@ static void fa_wait_for(FQ* q, FQ* on, uint64_t at) {  /* queue a wait: q runs a
 static void fa_implicit(FQ* q) {
     if (q->nonblocking) return;
     if (q->legacy) {
-        pthread_mutex_lock(&fa_reg); int n = fa_nall; FQ* all[4096]; memcpy(all, fa_all, sizeof(FQ*) * (size_t)n); pthread_mutex_unlock(&fa_reg);
+        FQ* all[4096]; int n = fa_snapshot(all);
         for (int i = 0; i < n; i++)
             if (all[i] != q && !all[i]->nonblocking && !all[i]->legacy && all[i]->ctx == q->ctx)
                 fa_wait_for(q, all[i], fa_position(all[i]));
@@ -186,7 +191,7 @@ static void fa_drain_upto(FQ* q, uint64_t at) {
     pthread_mutex_unlock(&q->mu);
 }
 static void fa_drain_all(void) {  /* the current context's streams */
-    pthread_mutex_lock(&fa_reg); int n = fa_nall; FQ* all[4096]; memcpy(all, fa_all, sizeof(FQ*) * (size_t)n); pthread_mutex_unlock(&fa_reg);
+    FQ* all[4096]; int n = fa_snapshot(all);
     for (int i = 0; i < n; i++) if (all[i]->ctx == g_cur) fa_drain(all[i]);
 }
 /* n bytes readable at p? (a write to a pipe fails with EFAULT where they are not; the raw
