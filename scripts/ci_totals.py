@@ -18,13 +18,14 @@ from pathlib import Path
 _WORST = {"passed": 0, "skipped": 1, "failed": 2}
 
 
-def outcomes(path: Path) -> dict[str, str]:
-    """``{test id: outcome}`` of one junit XML file."""
+def cases(path: Path) -> dict[str, tuple[str, float]]:
+    """``{test id: (outcome, seconds)}`` of one junit XML file: a test's worst outcome over
+    its records, and the seconds they add up to."""
     try:
         root = ET.parse(path).getroot()
     except (OSError, ET.ParseError):
         return {}
-    seen: dict[str, str] = {}
+    seen: dict[str, tuple[str, float]] = {}
     for case in root.iter("testcase"):
         test_id = f"{case.get('classname', '')}::{case.get('name', '')}"
         tags = {child.tag for child in case}
@@ -34,9 +35,19 @@ def outcomes(path: Path) -> dict[str, str]:
             outcome = "skipped"
         else:
             outcome = "passed"
-        if _WORST[outcome] >= _WORST[seen.get(test_id, "passed")]:
-            seen[test_id] = outcome
+        try:
+            seconds = float(case.get("time", "0") or 0)
+        except ValueError:
+            seconds = 0.0
+        before, spent = seen.get(test_id, ("passed", 0.0))
+        worst = outcome if _WORST[outcome] >= _WORST[before] else before
+        seen[test_id] = (worst, spent + seconds)
     return seen
+
+
+def outcomes(path: Path) -> dict[str, str]:
+    """``{test id: outcome}`` of one junit XML file."""
+    return {test_id: outcome for test_id, (outcome, _) in cases(path).items()}
 
 
 def totals(paths: list[Path]) -> tuple[int, int, int]:

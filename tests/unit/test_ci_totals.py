@@ -2,19 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 from types import ModuleType
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.scripts import load_script
 
 
 def _module() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("ci_totals", ROOT / "scripts" / "ci_totals.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("ci_totals")
 
 
 XML = """<?xml version="1.0" encoding="utf-8"?>
