@@ -1,21 +1,12 @@
 #!/usr/bin/env bash
 # ./dev gpu-wheels: the Python packages the GPU image lacks, or has in other versions, as
 # CPython 3.12 manylinux wheels in the ignored .whl/ (carried to the GPU machine; ./dev gpu
-# installs them there with --no-deps). About 33 MB. Versions are the ones the project is
-# tested with (pyproject.toml); the image's torch, cupy, numpy and NVSHMEM library are used
-# as they are.
+# installs them there with --no-deps --ignore-installed). About 35 MB. The list and its pins
+# are scripts/gpu_run.py's WHEELS (pyproject.toml's versions); the image's torch, cupy, numpy
+# and NVSHMEM library are used as they are.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-WHEELS=(
-    "nvshmem4py-cu13==0.4.1"  # the NVSHMEM host API (needs cuda-python: --no-deps below)
-    "cuda-core==1.2.2"        # FileStreamProgramCache, peer_accessible_by
-    "cuda-bindings==13.4.4"
-    "cuda-pathfinder==1.9.0"
-    "mpich==5.0.2"            # mpiexec and libmpi beside the interpreter that runs the ranks
-    "mpi4py==4.1.2"
-    "pytest-mpi==0.6"
-    "ml-dtypes==0.6.0"
-)
+mapfile -t WHEELS < <(python3 scripts/gpu_run.py wheels)
 PLATFORMS=()
 for p in manylinux_2_28 manylinux_2_27 manylinux_2_24 manylinux_2_17 manylinux2014 manylinux_2_34 \
     manylinux_2_5 manylinux1; do
@@ -26,15 +17,17 @@ for spec in "${WHEELS[@]}"; do
     python3 -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: \
         --python-version 3.12 --implementation cp "${PLATFORMS[@]}" -d .whl "$spec"
 done
-# one version of each package (an older download would stop the install there)
-python3 - <<'PY'
-import collections, pathlib, re
-seen = collections.defaultdict(list)
+# exactly the listed versions (a stale download would be installed too)
+python3 - "${WHEELS[@]}" <<'PY'
+import pathlib, re, sys
+want = {re.sub(r"[-_.]+", "_", s.split("==")[0]).lower(): s.split("==")[1] for s in sys.argv[1:]}
+stale = []
 for w in sorted(pathlib.Path(".whl").glob("*.whl")):
-    seen[re.split(r"-\d", w.name, maxsplit=1)[0].lower()].append(w.name)
-dups = {k: v for k, v in seen.items() if len(v) > 1}
-if dups:
-    raise SystemExit(f"gpu-wheels: several versions in .whl/ (remove the stale ones): {dups}")
+    name, version = w.name.split("-")[:2]
+    if want.get(re.sub(r"[-_.]+", "_", name).lower()) != version:
+        stale.append(w.name)
+if stale:
+    raise SystemExit(f"gpu-wheels: wheels in .whl/ that the list does not name (remove them): {stale}")
 PY
 du -sh .whl
 ls .whl
