@@ -192,6 +192,21 @@ static int fc_op(const char* name) {
     return -1;
 }
 
+/* reduce_local_<dtype>_<op>: one process reduces ``count`` buffers it owns, in rank order,
+   in the kernels' accumulation type (no stages: collectives/kernels/allreduce.cu) */
+static int fake_reduce_local(const char* nm, void** params) {
+    if (strncmp(nm, "reduce_local_", 13)) return 0;
+    const char* dt = nm + 13;
+    FType t = ft_parse(dt);
+    int op = fc_op(nm), acc64 = strstr(nm, "_acc64") != 0;
+    char* const* in = *(char* const**)params[0]; char* out = *(char**)params[1];
+    uint64_t n = *(uint64_t*)params[2]; int count = *(int*)params[3];
+    if (t.kind == FK_NONE || op < 0) { fprintf(stderr, "[fake] UNEMULATED %s\n", nm); return 1; }
+    int acc = (t.kind == FK_F64 || acc64) ? FA_DOUBLE : FA_FLOAT;
+    fv_reduce(in, out, 0, n, 0, count, op, 1.0, t, t, acc);
+    return 1;
+}
+
 /* The kernel ``nm`` at several ranks: 1 if it is one of the family's, 0 if not. */
 static int fake_collective(const char* nm, void** params) {
     int ar = !strncmp(nm, "allreduce_one_shot_", 19) || !strncmp(nm, "allreduce_two_shot_", 19);

@@ -289,6 +289,7 @@ static CUresult run_kernel(const CUlaunchConfig* c,void* f,void** params){
     uint64_t** flags=*(uint64_t***)params[0]; unsigned* arrive=*(unsigned**)params[1]; uint64_t stage0=*(uint64_t*)params[3]; int* status=*(int**)params[5];
     if(stage0==0) stage0=*(uint64_t*)(arrive+2)+1;
     if(flags[0][0] < stage0-1){*status=1; fprintf(stderr,"[fake] DRAIN: flag %llu < %llu\n",(unsigned long long)flags[0][0],(unsigned long long)(stage0-1));}
+  } else if(fake_reduce_local(nm,params)){
   } else if(fake_attention(nm,c->gx,c->gy,c->gz,params)){
   } else LOG("  unknown kernel, not emulated");
   return 0;}

@@ -2,6 +2,10 @@
 
 A probe in this process could hang it (cuda.core without a driver hangs on a second kernel
 lookup), so a child process answers whether a CUDA device is usable.
+
+``TESTS_KERNEL_TRACE=DIR``: every process appends the runtime kernels it loads to
+``DIR/<pid>.txt`` (``file kernel`` per line, once each), so the GPU run's smoke tier can say
+which kernel families never launched (``scripts/gpu_preflight.py coverage``).
 """
 
 from __future__ import annotations
@@ -10,6 +14,8 @@ import functools
 import os
 import subprocess
 import sys
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -34,6 +40,33 @@ def probe() -> tuple[int, str]:
 
 def gpu_count() -> int:
     return probe()[0]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    trace = os.environ.get("TESTS_KERNEL_TRACE")
+    if trace:
+        _trace_kernels(Path(trace))
+
+
+def _trace_kernels(directory: Path) -> None:
+    """Wrap the runtime's one kernel lookup (``shmem._cuda_kernels.kernel``, which every
+    launch goes through, also under its re-exported name ``shmem._cuda.kernel``) so that
+    each kernel it hands out is written down once."""
+    from shmem import _cuda, _cuda_kernels
+
+    directory.mkdir(parents=True, exist_ok=True)
+    lookup = _cuda_kernels.kernel
+    seen: set[tuple[str, str]] = set()
+
+    def traced(device_id: int, relative: str, name: str) -> Any:
+        fn = lookup(device_id, relative, name)
+        if (relative, name) not in seen:
+            seen.add((relative, name))
+            with (directory / f"{os.getpid()}.txt").open("a") as f:
+                f.write(f"{relative} {name}\n")
+        return fn
+
+    _cuda_kernels.kernel = _cuda.kernel = traced  # type: ignore[assignment]
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -82,8 +82,16 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("scheduler", ["queued", "static", "transient"])
-@pytest.mark.parametrize(("dtype", "d", "mask", "docs", "heads", "kv"), CASES)
+# the smoke tier (scripts/gpu_run.py): every head-dim path (128, 64, 80, 96, general) once
+SMOKE_CASES = (0, 2, 4, 5, 6)
+FORWARD = [
+    pytest.param(*case, scheduler, marks=[pytest.mark.smoke] * (i in SMOKE_CASES and j == 0))
+    for i, case in enumerate(CASES)
+    for j, scheduler in enumerate(["queued", "static", "transient"])
+]
+
+
+@pytest.mark.parametrize(("dtype", "d", "mask", "docs", "heads", "kv", "scheduler"), FORWARD)
 def test_forward_matches_float64_and_the_host(
     dtype: str, d: int, mask: MaskSpec, docs: list[int], heads: int, kv: int, scheduler: str
 ) -> None:
@@ -222,10 +230,14 @@ def test_queued_counter_resets_between_launches() -> None:
         np.testing.assert_allclose(out.to_numpy()[0].astype(np.float64), want, atol=ATOL["float16"])
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize(
-    ("mask", "docs"),
-    [(MaskSpec(causal=True), [0, 150]), (MaskSpec(left=20, right=4), [0, 33, 160, 161])],
+    ("dtype", "mask", "docs"),
+    [
+        pytest.param("float32", MaskSpec(causal=True), [0, 150], marks=pytest.mark.smoke),
+        ("bfloat16", MaskSpec(causal=True), [0, 150]),
+        ("float32", MaskSpec(left=20, right=4), [0, 33, 160, 161]),
+        ("bfloat16", MaskSpec(left=20, right=4), [0, 33, 160, 161]),
+    ],
 )
 def test_backward_matches_the_host(dtype: str, mask: MaskSpec, docs: list[int]) -> None:
     heads, kv, d = 4, 2, 64
@@ -257,6 +269,7 @@ def test_backward_matches_the_host(dtype: str, mask: MaskSpec, docs: list[int]) 
         assert a.to_numpy().tobytes() == b.to_numpy().tobytes()
 
 
+@pytest.mark.smoke
 def test_torch_tensors_in_torch_tensors_out_and_sdpa_agrees() -> None:
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():

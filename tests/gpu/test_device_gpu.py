@@ -11,7 +11,7 @@ import pytest
 import shmem
 from shmem import Accelerator, Buffer, Device, DeviceContext
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.smoke]  # all quick: the GPU run's tier 1
 KERNELS = Path(__file__).resolve().parent / "kernels"
 
 

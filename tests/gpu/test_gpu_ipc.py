@@ -33,6 +33,7 @@ buf.close()
 """
 
 
+@pytest.mark.smoke
 def test_a_child_process_reads_and_writes_exported_gpu_memory() -> None:
     n = 1 << 20
     buf = ipc.allocate((n,), "float32", device=Accelerator(0))
