@@ -9,6 +9,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -123,6 +124,7 @@ _ONE_PROCESS = [
     "tests/gpu/test_attention_gpu.py",
     "tests/gpu/test_device_gpu.py",
     "tests/gpu/test_gpu_ipc.py",  # two processes: the fake's IPC pools are memfds
+    "tests/gpu/test_kernels_gpu.py",
 ]
 
 
@@ -251,3 +253,61 @@ def test_the_gpu_runs_scripts_work_on_the_fake(tmp_path: Path) -> None:
     assert rows and all("bandwidth_fraction" in r for r in rows), rows
     # the stand-in has no NVSHMEM collectives: reported in the record, the figures kept
     assert all("nvshmem_error" in r for r in rows), rows
+
+
+def _dry_run(tmp_path: Path, name: str, *args: str, budget: int | None = None) -> Path:
+    """tests/fakegpu/dry_run.sh (``./dev gpu`` on the fake driver) into ``tmp_path/name``."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler to build the fake libcuda")
+    out = tmp_path / name
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GPU_", "FAKE_"))}
+    env.update(OUT=str(out), GPU_VENV=str(Path(sys.executable).parents[1]))
+    if budget is not None:
+        env["GPU_BUDGET_S"] = str(budget)
+    # the compile tier's cubins where the run shares them (scripts/test.sh)
+    env["SHMEM_KERNEL_CACHE"] = os.environ.get("TESTS_KERNEL_CACHE", str(tmp_path / "kernels"))
+    run = subprocess.run(
+        ["bash", str(FAKE / "dry_run.sh"), *args], capture_output=True, text=True,
+        timeout=600, env=env, cwd=ROOT, check=False,
+    )  # fmt: skip
+    (out / "dry_run.rc").write_text(f"{run.returncode}\n{run.stdout[-6000:]}{run.stderr[-3000:]}")
+    return out
+
+
+def test_the_gpu_runs_tiers_on_the_fake(tmp_path: Path) -> None:
+    """``./dev gpu --tier 1`` on the fake driver: tier 0 (preflight) and tier 1 (the smoke
+    tests) pass, the smoke tests launch every kernel family of the runtime, and the evidence
+    the device tool brings back (at most 8 files) is written. Then a budget too small for
+    tier 1: its steps are cut, the summary says so, and nothing runs past the budget."""
+    out = _dry_run(tmp_path, "tiers", "--tier", "1")
+    said = (out / "dry_run.rc").read_text()
+    assert said.startswith("0\n"), said
+    summary = (out / "summary.txt").read_text()
+    for step in ("setup", "pf-versions", "pf-mpi", "pf-kernel", "pf-canary-1", "pf-canary-2",
+                 "compile", "smoke-1proc", "smoke-2ranks", "coverage"):  # fmt: skip
+        assert re.search(rf"^\d\s+{step}\s+passed", summary, re.M), (step, summary)
+    launched = re.search(r"(\d+) of (\d+) kernel families launched", summary)
+    assert launched and launched[1] == launched[2] and int(launched[2]) >= 29, summary
+    files = sorted(p.name for p in out.iterdir() if p.name != "dry_run.rc")
+    evidence = {"summary.txt", "env.txt", "console.log", "tests.tsv", "nvshmem-canary.log"}
+    assert len(files) <= 8 and {*evidence, "gpu-logs.tar.gz"} <= set(files), files
+    tests = (out / "tests.tsv").read_text().splitlines()
+    assert tests[0] == "step\ttest\tranks\toutcome\tseconds"
+    assert any(t.startswith("smoke-2ranks\t") and "\t2\tpassed\t" in t for t in tests), tests
+    assert "canary ok" in (out / "nvshmem-canary.log").read_text()
+    env_txt = (out / "env.txt").read_text()
+    assert "$ nvidia-smi" in env_txt and '"libraries"' in env_txt, env_txt[:2000]
+    with tarfile.open(out / "gpu-logs.tar.gz") as tar:
+        names = tar.getnames()
+    assert "logs/smoke-2ranks.ranks" in names and "logs/kernel-families.json" in names, names
+
+    cut = _dry_run(tmp_path, "cut", "--tier", "1", budget=25)
+    said = (cut / "dry_run.rc").read_text()
+    summary = (cut / "summary.txt").read_text()
+    assert said.startswith("0\n"), said  # cut is not failed
+    for step in ("compile", "smoke-1proc", "smoke-2ranks"):
+        assert re.search(rf"^1\s+{step}\s+skipped\s+0\s+time budget", summary, re.M), summary
+    elapsed = re.search(r"^elapsed (\d+) s of a 25 s budget", summary, re.M)
+    assert elapsed and int(elapsed[1]) <= 25, summary
+    assert re.search(r"cut by the budget: .*compile smoke-1proc smoke-2ranks", summary), summary
