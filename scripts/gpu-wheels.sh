@@ -2,11 +2,11 @@
 # ./dev gpu-wheels: the Python packages the GPU image lacks, or has in other versions, as
 # CPython 3.12 manylinux wheels in the ignored .whl/ (carried to the GPU machine; ./dev gpu
 # installs them there with --no-deps --ignore-installed). About 35 MB. The list and its pins
-# are scripts/gpu_run.py's WHEELS (pyproject.toml's versions); the image's torch, cupy, numpy
+# are scripts/gpu_setup.py's WHEELS (pyproject.toml's versions); the image's torch, cupy, numpy
 # and NVSHMEM library are used as they are.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-mapfile -t WHEELS < <(python3 scripts/gpu_run.py wheels)
+mapfile -t WHEELS < <(python3 scripts/gpu_setup.py wheels)
 PLATFORMS=()
 for p in manylinux_2_28 manylinux_2_27 manylinux_2_24 manylinux_2_17 manylinux2014 manylinux_2_34 \
     manylinux_2_5 manylinux1; do

@@ -4,8 +4,7 @@
     ./dev gpu --tier 1              # setup, the preflight and the smoke run only
     ./dev gpu gpu-mpi-4 examples    # setup, the preflight, then the steps named
     ./dev gpu --list                # the plan: every step, its tier, cap and what it needs
-    python3 scripts/gpu_run.py setup  # the setup alone (what the stand-in test runs)
-    python3 scripts/gpu_run.py wheels # the carried wheels' pins (./dev gpu-wheels)
+    python3 scripts/gpu_run.py setup  # the setup alone (scripts/gpu_setup.py)
 
 Tier 0, about 60 s: **setup** (a virtualenv made ``--without-pip`` over the image's Python,
 the image's packages and library search paths visible through a ``.pth``, the carried wheels
@@ -44,8 +43,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
-import hashlib
-import json
 import os
 import re
 import shlex
@@ -62,6 +59,7 @@ from typing import TextIO
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 import ci_totals  # noqa: E402  (scripts/ is not a package)
+import gpu_setup  # noqa: E402
 
 DEFAULT_BUDGET_S = 400
 TIER_WINDOW_S = {0: 60, 1: 180}  # tier 2 has what is left of the budget
@@ -76,28 +74,6 @@ EVIDENCE = (
     "bench.jsonl",
     "nvshmem-canary.log",
     "gpu-logs.tar.gz",
-)
-PTH = "_gpu_image.pth"
-# What the GPU image lacks, or has in other versions: CPython 3.12 wheels that ./dev gpu-wheels
-# downloads here into the ignored .whl/ and the setup installs there --no-deps
-# --ignore-installed. The image's torch, cupy, numpy and NVSHMEM library are used as they are.
-# The pins are pyproject.toml's (tests/unit/test_gpu_run.py holds them equal).
-WHEELS = (
-    "nvshmem4py-cu13==0.4.1",  # the NVSHMEM host API (needs cuda-python: --no-deps)
-    "cuda-core==1.2.2",
-    "cuda-bindings==13.4.4",
-    "cuda-pathfinder==1.9.1",
-    "mpich==5.0.2",  # mpiexec and libmpi beside the interpreter that runs the ranks
-    "mpi4py==4.1.2",
-    "ml-dtypes==0.6.0",
-    "threadpoolctl==3.8.0",
-    "pytest==9.2.0",
-    "pytest-mpi==0.6",
-    "pytest-timeout==2.4.0",
-    "pluggy==1.7.0",  # pytest's own requirements
-    "iniconfig==2.3.1",
-    "packaging==26.4",
-    "pygments==2.21.0",
 )
 
 
@@ -215,79 +191,6 @@ def selected_steps(names: Sequence[str], max_tier: int) -> list[Step]:
     return [s for s in STEPS if s.tier == 0 or (s.name in chosen if names else s.tier <= max_tier)]
 
 
-# -- setup ------------------------------------------------------------------------------------
-
-
-def image_paths(base_py: str) -> tuple[list[str], list[str]]:
-    """The image interpreter's site-packages folders and ``site.PREFIXES``."""
-    code = "import json, site; print(json.dumps([site.getsitepackages(), site.PREFIXES]))"
-    out = subprocess.run([base_py, "-c", code], capture_output=True, text=True, check=True)
-    sites, prefixes = json.loads(out.stdout)
-    return list(sites), list(prefixes)
-
-
-def pth_text(sites: Sequence[str], prefixes: Sequence[str]) -> str:
-    """The venv's view of the image: its folders on ``sys.path`` after the venv's own, and its
-    prefixes in ``site.PREFIXES``, so that ``site.getsitepackages()`` (where cuda.pathfinder
-    looks for libnvshmem_host and libnvrtc) names the image's folders too."""
-    lines = [*sites]
-    # one statement, no nested scope: site runs a .pth line with exec in a local namespace
-    lines.append(
-        f"import site; site.PREFIXES[:] = list(dict.fromkeys(site.PREFIXES + {list(prefixes)!r}))"
-    )
-    return "\n".join(lines) + "\n"
-
-
-def setup() -> int:
-    """Make (or reuse) the run's virtualenv and install the carried wheels into it."""
-    venv = Path(os.environ.get("GPU_VENV", "/tmp/shmem-gpu-venv"))
-    py = venv / "bin" / "python"
-    if os.environ.get("GPU_SETUP") == "skip":  # the dry run: $GPU_VENV as it is
-        print(f"setup skipped (GPU_SETUP=skip): {py}")
-        return 0 if py.exists() and (venv / "bin" / "mpiexec").exists() else 1
-    base = os.environ.get("GPU_BASE_PY", sys.executable)
-    wheels = sorted(Path(os.environ.get("GPU_WHEELS", ROOT / ".whl")).glob("*.whl"))
-    if not wheels:
-        print("setup: no wheels in .whl/: run ./dev gpu-wheels here first and carry .whl")
-        return 1
-    if not py.exists():
-        # ensurepip may be missing from the image's Python: its own pip serves the venv
-        subprocess.run([base, "-m", "venv", "--without-pip", str(venv)], check=True)
-    sites, prefixes = image_paths(base)
-    purelib = subprocess.run(
-        [str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
-    Path(purelib, PTH).write_text(pth_text(sites, prefixes))
-    digest = hashlib.sha256("".join(w.name for w in wheels).encode()).hexdigest()[:16]
-    stamp = venv / f".wheels-{digest}"
-    if not stamp.exists():
-        pip = [str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
-        # --ignore-installed: the carried version wins even where the image has the same one
-        pip += ["--no-index", "--no-deps", "--no-compile", "--ignore-installed"]
-        done = subprocess.run([*pip, *map(str, wheels)], check=False)
-        if done.returncode != 0:
-            print(f"setup: pip install failed (exit {done.returncode})")
-            return 1
-        for old in venv.glob(".wheels-*"):
-            old.unlink()
-        stamp.touch()
-    listing = subprocess.run(
-        [str(py), "-m", "pip", "list", "--disable-pip-version-check"],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    print(listing.stdout)
-    if not (venv / "bin" / "mpiexec").exists():
-        print(f"setup: no mpiexec beside {py} (the mpich wheel installs it)")
-        return 1
-    print(f"setup ok: {py} over {base}, {len(wheels)} carried wheels")
-    return 0
-
-
 # -- running steps ----------------------------------------------------------------------------
 
 
@@ -338,7 +241,7 @@ def command(run: Run, step: Step, limit: float) -> tuple[list[str], dict[str, st
     attention = "tests/gpu/test_attention_gpu.py"
     ranks_tests = "tests/gpu/test_nvshmem_ranks.py"
     if name == "setup":
-        return [sys.executable, str(Path(__file__).resolve()), "setup"], {}
+        return [sys.executable, str(ROOT / "scripts" / "gpu_setup.py")], {}
     if name == "pf-versions":
         return [py, "scripts/gpu_preflight.py", "versions", "--json", str(logs / "env.json")], {}
     if name == "pf-mpi":
@@ -611,10 +514,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--list", action="store_true", help="print the plan and exit")
     args = ap.parse_args(argv)
     if args.steps == ["setup"]:
-        return setup()
-    if args.steps == ["wheels"]:  # for ./dev gpu-wheels
-        print("\n".join(WHEELS))
-        return 0
+        return gpu_setup.setup()
     steps = selected_steps(args.steps, args.tier)
     if args.list:
         for s in steps:

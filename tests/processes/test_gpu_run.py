@@ -1,6 +1,7 @@
 """The GPU run (``scripts/gpu_run.py``, ``./dev gpu``) where it meets processes: a step past
-its limit is killed with everything it started, and the setup (what ``./dev gpu`` does first
-on a lent machine) over a stand-in of the GPU image, checked from inside the run's virtualenv.
+its limit is killed with everything it started, and the setup (``scripts/gpu_setup.py``, what
+``./dev gpu`` does first on a lent machine) over a stand-in of the GPU image, checked from
+inside the run's virtualenv. The wheel list is what ./dev gpu-wheels downloads.
 
 The stand-in: a Python environment whose site-packages holds NVIDIA's library layout
 (``nvidia/nvshmem/lib/libnvshmem_host.so.3``, ``nvidia/cu13/lib/libnvrtc.so.13``: stub shared
@@ -109,7 +110,7 @@ def _setup(image_python: Path, venv: Path, wheels: Path) -> subprocess.Completed
     env = {k: v for k, v in os.environ.items() if not k.startswith(("GPU_", "VIRTUAL_ENV"))}
     env.update(GPU_VENV=str(venv), GPU_WHEELS=str(wheels), PYTHONNOUSERSITE="1")
     return subprocess.run(
-        [str(image_python), str(ROOT / "scripts" / "gpu_run.py"), "setup"],
+        [str(image_python), str(ROOT / "scripts" / "gpu_setup.py")],
         capture_output=True, text=True, timeout=300, env=env, check=False,
     )  # fmt: skip
 
@@ -189,3 +190,12 @@ def _alive(pid: int) -> bool:
     except (OSError, IndexError):
         return False
     return state not in ("Z", "X")
+
+
+def test_the_wheel_list_is_what_gpu_wheels_downloads() -> None:
+    listed = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "gpu_setup.py"), "wheels"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert listed.stdout.split() == list(load_script("gpu_setup").WHEELS)
+    assert "gpu_setup.py wheels" in (ROOT / "scripts" / "gpu-wheels.sh").read_text()
