@@ -256,11 +256,17 @@ class Team:
         world = self._world
         if not world.heap.device_memory:
             world.quiet()
+        self._arrive(timeout, "Team.barrier")
+
+    def _arrive(self, timeout: float | None, where: str) -> None:
+        world = self._world
         limit = world.config.signal.timeout_s if timeout is None else timeout
+        if not world.heap.device_memory:
+            world.heap.fence()  # this rank's stores before its arrival
         req = self.comm.Ibarrier()
         if not poll_until(req.Test, time.monotonic() + limit, world.heap.progress):
             raise SignalTimeoutError(
-                f"Team.barrier: rank {self.my_pe} of team {self.name} timed out after "
+                f"{where}: rank {self.my_pe} of team {self.name} timed out after "
                 f"{limit:g} s (a member did not arrive); the team is unusable afterwards",
                 operation="team barrier",
                 slot=-1,
@@ -269,7 +275,12 @@ class Team:
                 peers=(),
             )
 
-    sync = barrier
+    def sync(self, timeout: float | None = None) -> None:
+        """Every member has arrived; this rank's earlier stores (blocking puts) are complete
+        and visible, its non-blocking operations are not completed (``shmem_team_sync``:
+        :meth:`barrier` is this after a quiet)."""
+        self._check("sync")
+        self._arrive(timeout, "Team.sync")
 
     def create_ctx(self) -> Context:
         """A communication context whose calls take ranks of this team

@@ -225,6 +225,9 @@ class World:
         being closed (``closing``: its views' weak references), which must then be held.
         """
         self._calls += 1
+        # memory management implies a barrier_all: nothing started before it is left pending
+        # (a put landing in a block freed and allocated again)
+        self._complete_default()
         if self._out_of_step:
             raise ShmemStateError(
                 f"{where}: the World is out of step ({self._out_of_step}); finalize it"
@@ -375,9 +378,29 @@ class World:
         return self.signals.wait_until(slot, cmp, value, timeout, peers=peers)
 
     def barrier(self, timeout: float | None = None) -> None:
-        """Epoch-flag barrier over all ranks (collective; not ``MPI_Barrier``)."""
+        """Complete this rank's operations on the default context, then wait for every rank
+        (collective; ``shmem_barrier_all``: a quiet of the default context and a sync of the
+        world). Every earlier ``put_nbi``, ``get_nbi``, ``put_signal_nbi`` and non-blocking
+        atomic of the default context is complete on every rank that leaves it. An
+        epoch-flag barrier, not ``MPI_Barrier``; operations on other contexts complete at
+        their own ``quiet``."""
         self._check_open("World.barrier")
+        self._complete_default()
         self.signals.barrier(timeout)
+
+    def sync_all(self, timeout: float | None = None) -> None:
+        """Wait for every rank (collective; ``shmem_sync_all``): earlier stores (blocking
+        puts, stores into peer views) are complete and visible, but non-blocking operations
+        are not completed: :meth:`barrier` is this plus a quiet of the default context."""
+        self._check_open("World.sync_all")
+        self.signals.barrier(timeout)
+
+    def _complete_default(self) -> None:
+        """The quiet half of ``shmem_barrier_all`` (also before every allocation and free,
+        which OpenSHMEM defines to imply one)."""
+        ctx = self._default_ctx
+        if ctx is not None and ctx.pending:
+            ctx.quiet()
 
     # -- contexts, completion and queries (OpenSHMEM) ----------------------------------------
 
