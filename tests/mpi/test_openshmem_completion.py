@@ -39,7 +39,7 @@ def _payload(rnd: int, rank: int) -> np.ndarray[tuple[int], np.dtype[np.int64]]:
 
 def test_barrier_completes_put_nbi_and_put_signal_nbi(world: World) -> None:
     right, left = _ring(world)
-    missing = []
+    missing: list[tuple[object, ...]] = []
     with world.zeros(N, "int64") as x, world.zeros(1, "uint64") as sig:
         for rnd in range(1, ROUNDS + 1):
             x.put_nbi(right, _payload(rnd, world.rank))
