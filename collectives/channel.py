@@ -136,7 +136,9 @@ class Channel:
     def __init__(self, world: World, stats: CommStats) -> None:
         cfg = world.config.collectives
         self.world = world
-        self.comm: MPI.Intracomm = world.comm
+        # its own communicator: Communicators used at once by several threads (ThreadLevel
+        # MULTIPLE) never match each other's MPI exchanges
+        self.comm: MPI.Intracomm = world.comm.Dup()
         self.heap = world.heap
         self.progress = world.heap.progress  # served while waiting on MPI exchanges
         self.stats = stats
@@ -207,6 +209,8 @@ class Channel:
         if self.cross is not None:
             self.cross.Free()
             self.cross = None
+        if self.comm != MPI.COMM_NULL:
+            self.comm.Free()
 
     def drop_plan(self, key: Hashable) -> None:
         """Forget one cached plan, releasing what it holds (a persistent MPI request)."""

@@ -122,6 +122,9 @@ class GpuAllReduce:
         self.heap = cast(DeviceSymmetricHeap, world.heap)
         self.rank, self.size = world.rank, world.world_size
         self.check_args = world.config.collectives.check_args
+        # its own communicator for the argument checks and close's agreement: Communicators
+        # used at once by several threads never match each other's exchanges
+        self.mpi = world.comm.Dup()
         self.calls = 0  # calls compared across ranks (check_args)
         self.signature = 0  # the current call's (collectives.signature), compared in-kernel
         unreachable = [r for r in range(self.size) if not self.heap.is_local(r)]
@@ -265,7 +268,7 @@ class GpuAllReduce:
         if self.check_args:
             self.calls += 1
             compare_across_ranks(
-                self.world.comm,
+                self.mpi,
                 where,
                 self.calls,
                 record,
@@ -572,6 +575,14 @@ class GpuAllReduce:
             )
 
     def close(self) -> None:
+        """Free the symmetric buffers (collective: after every peer finished its last call)
+        and the communicator; see :meth:`_close_buffers`."""
+        try:
+            self._close_buffers()
+        finally:
+            self.mpi.Free()
+
+    def _close_buffers(self) -> None:
         """Free the symmetric buffers (collective: after every peer finished its last call).
 
         A peer may still write into them after a timeout, so they stay allocated, on every
@@ -608,7 +619,7 @@ class GpuAllReduce:
                 )
         try:
             verdicts = allgather_within(
-                self.world.comm,
+                self.mpi,
                 why,
                 self.world.config.signal.timeout_s,
                 "Communicator.close",

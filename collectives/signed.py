@@ -29,6 +29,7 @@ the error is raised, so node-local peers stop as well.
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Callable
 from typing import Any, NoReturn, Protocol
 
@@ -111,18 +112,27 @@ def _trailers(rows: Bytes) -> np.ndarray[Any, np.dtype[np.int64]]:
     return rows[:, -8:].copy().view(np.int64)[:, 0]
 
 
-_rows: dict[tuple[int, int], tuple[Bytes, Bytes, Bytes]] = {}
-_blocks: dict[tuple[int, int], Bytes] = {}
+class _Reused(threading.local):
+    """The arrays exchanges reuse, one set per thread: threads running collectives at once
+    on their own Communicators (ThreadLevel.MULTIPLE) never share a receive array."""
+
+    def __init__(self) -> None:
+        self.rows: dict[tuple[int, int], tuple[Bytes, Bytes, Bytes]] = {}
+        self.blocks: dict[tuple[int, int], Bytes] = {}
+
+
+_reused = _Reused()
 
 
 def _send_block(nbytes: int, signature: int) -> Bytes:
     """:func:`signed_block`, reused across calls of the same shape and signature (the
     caller fills ``[:nbytes]`` each time)."""
-    block = _blocks.get((nbytes, signature))
+    blocks = _reused.blocks
+    block = blocks.get((nbytes, signature))
     if block is None:
-        if len(_blocks) > 64:
-            _blocks.clear()
-        block = _blocks[(nbytes, signature)] = signed_block(nbytes, signature)
+        if len(blocks) > 64:
+            blocks.clear()
+        block = blocks[(nbytes, signature)] = signed_block(nbytes, signature)
     return block
 
 
@@ -131,12 +141,13 @@ def _rows_of(size: int, nbytes: int) -> tuple[Bytes, Bytes, Bytes]:
     reused across calls (an exchange is consumed before the next one starts) and two views
     of it. The signature slots are zeroed, so a short block from a differing call reads as
     "no collective", never as the last call's signature."""
-    got = _rows.get((size, nbytes))
+    cached = _reused.rows
+    got = cached.get((size, nbytes))
     if got is None:
-        if len(_rows) > 64:
-            _rows.clear()
+        if len(cached) > 64:
+            cached.clear()
         rows = np.empty((size, nbytes), np.uint8)
-        got = _rows[(size, nbytes)] = (rows, rows[:, -8:], rows[:, :-8])
+        got = cached[(size, nbytes)] = (rows, rows[:, -8:], rows[:, :-8])
     got[1].fill(0)
     return got
 
@@ -167,7 +178,7 @@ def gather_rows(
             (block, every),
         )
     except BaseException:
-        _rows.pop(key, None)  # an exchange left pending may still write into it
+        _reused.rows.pop(key, None)  # an exchange left pending may still write into it
         raise
     if check and sigs.tobytes() != block[-8:].tobytes() * len(every):
         compare(host, _trailers(every), what, who)

@@ -58,6 +58,7 @@ from .errors import (
 )
 from .memory import Buffer
 from .signals import Cmp, SignalOp, SignalPad
+from .threads import ThreadLevel
 from .world import World, finalize, get_world, init
 
 __all__ = [
@@ -113,6 +114,7 @@ __all__ = [
     "SignalOp",
     "SignalPad",
     "SignalTimeoutError",
+    "ThreadLevel",
     "ViewError",
     "World",
     "__version__",

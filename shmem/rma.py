@@ -26,6 +26,7 @@ view on the node, and a single ``Put``/``Rget`` with an MPI vector datatype off 
 from __future__ import annotations
 
 import enum
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -161,6 +162,9 @@ class Context:
         self._world = world
         self._team = team
         self._ops: list[_Pending] = []
+        # threads share a context (ThreadLevel.MULTIPLE): the list is swapped and appended to
+        # under this lock, never waited on while holding it
+        self._lock = threading.Lock()
         self._closed = False
         world._contexts.add(self)  # finalize() completes what is still outstanding
 
@@ -281,7 +285,7 @@ class Context:
             buf._check_span("put_nbi", offset, data.nbytes)
         req = heap.put_nbi(target, buf.offset + int(offset), data)
         if req is not None:
-            self._ops.append(_Pending(req, target, data))
+            self._track(_Pending(req, target, data))
 
     def get_nbi(
         self, buf: SHMEMBuffer, rank: int, dst: np.ndarray[Any, Any], offset: int = 0
@@ -306,7 +310,7 @@ class Context:
         buf._check_span("get_nbi", offset, dst.nbytes)
         req = heap.get_nbi(target, buf.offset + int(offset), dst)
         if req is not None:
-            self._ops.append(_Pending(req, target, dst))
+            self._track(_Pending(req, target, dst))
         return dst
 
     def put_signal(
@@ -372,11 +376,11 @@ class Context:
         if req is None:
             signal_word(heap, target, sig_offset, v, sop, timeout)
             return
-        self._ops.append(
-            _Pending(req, target, data, lambda: signal_word(heap, target, sig_offset, v, sop))
-        )
-        if self.progress not in heap.progress_hooks:  # deliver it while this rank waits
-            heap.progress_hooks.append(self.progress)
+        deliver = _Pending(req, target, data, lambda: signal_word(heap, target, sig_offset, v, sop))
+        with self._lock:
+            self._ops.append(deliver)
+            if self.progress not in heap.progress_hooks:  # deliver it while this rank waits
+                heap.progress_hooks.append(self.progress)
 
     # -- strided RMA ------------------------------------------------------------------------
 
@@ -514,7 +518,7 @@ class Context:
         req, result = heap.atomic_fetch_op_nbi(target, off, operand, buf.dtype, heap_op)
         fetched = Fetched(req, result)
         if req is not None:
-            self._ops.append(_Pending(req, target, fetched))
+            self._track(_Pending(req, target, fetched))
         return fetched
 
     # -- completion and ordering ------------------------------------------------------------
@@ -530,8 +534,9 @@ class Context:
             default ``[signal] timeout_s``); the operations stay pending.
         """
         heap = self._heap("quiet")
-        ops = self._ops
-        if ops:
+        if self._ops:
+            with self._lock:  # what was started before this call (other threads go on)
+                ops, self._ops = self._ops, []
             limit = self._world.config.signal.timeout_s if timeout is None else timeout
             from mpi4py import MPI
 
@@ -541,6 +546,8 @@ class Context:
                 poll_until(lambda: MPI.Request.Testall(reqs), deadline, heap.progress)
             for p in ops:  # completed requests test true again (null requests)
                 if not p.req.Test():
+                    with self._lock:
+                        self._ops[:0] = ops  # still pending, in their order
                     raise RemoteTimeoutError(
                         f"Context.quiet: rank {heap.rank}: an operation on rank {p.rank} did "
                         f"not complete within {limit:g} s (rank {p.rank} made no MPI progress)",
@@ -548,16 +555,20 @@ class Context:
                     )
             for r in sorted({p.rank for p in ops}):
                 heap.flush(r)
-            self._ops = []
             self._unhook(heap)
             for p in ops:
                 if p.then is not None:
                     p.then()
         heap.fence()
 
+    def _track(self, op: _Pending) -> None:
+        with self._lock:
+            self._ops.append(op)
+
     def _unhook(self, heap: HostHeap) -> None:
-        if not self._ops and self.progress in heap.progress_hooks:
-            heap.progress_hooks.remove(self.progress)
+        with self._lock:
+            if not self._ops and self.progress in heap.progress_hooks:
+                heap.progress_hooks.remove(self.progress)
 
     def fence(self) -> None:
         """Order this context's puts, AMOs and signals to each rank before the ones started
@@ -570,13 +581,20 @@ class Context:
     def progress(self) -> None:
         """Deliver the deferred signals whose data is complete, without waiting."""
         heap = self._heap("progress")
-        done = 0
-        for p in self._ops:
-            if not p.req.Test():
-                break
-            done += 1
-        if done:
-            finished, self._ops = self._ops[:done], self._ops[done:]
+        if not self._lock.acquire(blocking=False):
+            return  # another thread is at this context's list: it makes the progress
+        finished: list[_Pending] = []
+        try:
+            done = 0
+            for p in self._ops:
+                if not p.req.Test():
+                    break
+                done += 1
+            if done:
+                finished, self._ops = self._ops[:done], self._ops[done:]
+        finally:
+            self._lock.release()
+        if finished:
             for r in sorted({p.rank for p in finished}):
                 heap.flush(r)
             self._unhook(heap)

@@ -39,6 +39,7 @@ from .heap import SymmetricHeap
 from .quarantine import FREED_BIT, MAX_HELD, Quarantine, ViewRef
 from .signals import Cmp, SignalOp, SignalPad
 from .team import Team, TeamConfig
+from .threads import ThreadLevel, mpi_level, provided_level
 
 if TYPE_CHECKING:
     from mpi4py import MPI  # imported lazily: importing it initialises MPI
@@ -95,9 +96,20 @@ class World:
     ctx : DeviceContext
         The stream this rank's heap copies are ordered on (the host device on the host
         backend).
+    thread_level : ThreadLevel
+        The thread support this World provides (``shmem_query_thread``; :mod:`shmem.threads`).
     """
 
-    def __init__(self, config: Config, comm: MPI.Intracomm, backend: str, why: str) -> None:
+    def __init__(
+        self,
+        config: Config,
+        comm: MPI.Intracomm,
+        backend: str,
+        why: str,
+        thread_level: ThreadLevel = ThreadLevel.MULTIPLE,
+    ) -> None:
+        self.thread_level = thread_level
+        self._ctx_lock = threading.Lock()  # the default context is made once
         with ExitStack() as stack:
             self.comm: MPI.Intracomm = comm.Dup()
             stack.callback(self.comm.Free)
@@ -412,7 +424,10 @@ class World:
         if ctx is None:
             from .rma import Context
 
-            ctx = self._default_ctx = Context(self)
+            with self._ctx_lock:  # two threads asking first get the same context
+                ctx = self._default_ctx
+                if ctx is None:
+                    ctx = self._default_ctx = Context(self)
         return ctx
 
     def create_context(self, team: Team | None = None) -> Context:
@@ -551,6 +566,8 @@ def init(
     config: Config | str | os.PathLike[str] | None = None,
     comm: MPI.Intracomm | None = None,
     backend: Backend | str = "auto",
+    *,
+    thread_level: ThreadLevel | str | None = None,
     **overrides: Any,
 ) -> World:
     """Start the runtime on every rank of ``comm`` (collective) and return the :class:`World`.
@@ -562,6 +579,10 @@ def init(
     comm : MPI.Intracomm, optional
         The ranks of the job (default ``MPI.COMM_WORLD``); it is duplicated.
     backend : {"auto", "host", "nvshmem"}
+    thread_level : ThreadLevel or str, optional
+        The thread support wanted (``shmem_init_thread``): ``World.thread_level`` is then the
+        level provided, which never exceeds MPI's (:mod:`shmem.threads`). None: the highest
+        level MPI allows.
     **overrides
         Configuration keywords (``heap_nbytes="64MiB"``), applied over file and environment.
 
@@ -577,6 +598,7 @@ def init(
             raise ShmemStateError(
                 f"init: already initialised ({_current!r}); call shmem.finalize() first"
             )
+    requested = None if thread_level is None else ThreadLevel.parse(thread_level, "init")
     if isinstance(config, Config):
         if overrides:
             raise ArgumentError(
@@ -589,7 +611,14 @@ def init(
     name, why = resolve_backend(backend)
     from mpi4py import MPI  # MPI starts here, not at ``import shmem``
 
-    world = World(cfg, MPI.COMM_WORLD if comm is None else comm, name, why)
+    provided = provided_level(requested, mpi_level(MPI))
+    if requested is not None and provided < requested:
+        log.info(
+            "init: thread level %s asked for, %s provided (MPI's level)",
+            requested.name,
+            provided.name,
+        )
+    world = World(cfg, MPI.COMM_WORLD if comm is None else comm, name, why, provided)
     with _lock:
         _current = world
     return world

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import logging
 import platform
+import threading
 import time
 import weakref
 from collections.abc import Callable
@@ -213,7 +214,8 @@ class HostHeap:
         self._comm = comm
         # remote atomics and signals that passed their deadline (mpi4py Requests, or
         # shmem._rmafast Pendings: both have Test and Wait)
-        self._pending: list[Any] = []
+        self._pending: list[Any] = []  # requests a deadline gave up on (progress tests them)
+        self._pending_lock = threading.Lock()  # threads (ThreadLevel.MULTIPLE) append to it
         # the C fast paths made on this heap's window (shmem._rmafast), cleared at close
         self._accel: weakref.WeakSet[Any] = weakref.WeakSet()
         # origin/result arrays of blocking atomics on the world window, by dtype: taken
@@ -359,7 +361,8 @@ class HostHeap:
         the request then completes later, when the peer progresses)."""
         limit = self.timeout_s if timeout_s is None else timeout_s
         if not poll_until(req.Test, time.monotonic() + limit, self.progress):
-            self._pending.append(req)
+            with self._pending_lock:
+                self._pending.append(req)
             raise RemoteTimeoutError(
                 f"{what}: rank {self.rank}: the operation on rank {rank} did not complete "
                 f"within {limit:g} s (rank {rank} made no MPI progress)",
@@ -588,7 +591,8 @@ class HostHeap:
 
     def _wait_atomic(self, req: MPI.Request, rank: int) -> None:
         if not poll_until(req.Test, time.monotonic() + self.timeout_s, self.progress):
-            self._pending.append(req)
+            with self._pending_lock:
+                self._pending.append(req)
             raise RemoteTimeoutError(
                 f"atomic: rank {self.rank}: the atomic on rank {rank} did not complete within "
                 f"{self.timeout_s:g} s (rank {rank} made no MPI progress)",
@@ -637,7 +641,8 @@ class HostHeap:
         if self._rma_win is not None:
             self._comm.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG)
             if self._pending:
-                self._pending = [r for r in self._pending if not r.Test()]
+                with self._pending_lock:
+                    self._pending = [r for r in self._pending if not r.Test()]
             if self.progress_hooks and not self._in_hooks:
                 self._in_hooks = True  # a hook's own MPI calls progress too: no re-entry
                 try:
