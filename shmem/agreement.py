@@ -102,16 +102,22 @@ _HEAP_KINDS = ("alloc", "free")
 
 
 def heap_signature(record: tuple[Any, ...]) -> int:
-    """``("alloc", nbytes, ...)`` or ``("free", offset, ...)`` as one positive int64."""
+    """``("alloc", nbytes, dtype, shape, alignment)`` or ``("free", offset, ...)`` as one
+    positive int64: the kind in the top bits, then (allocations) the alignment's log2 + 1
+    in five bits (0: the heap's default), then the bytes or the offset."""
     kind = _HEAP_KINDS.index(record[0]) + 1 if record and record[0] in _HEAP_KINDS else 3
     value = record[1] if len(record) > 1 and isinstance(record[1], int) else 0
-    return kind << 60 | (value & ((1 << 60) - 1))
+    align = record[4] if kind == 1 and len(record) > 4 and isinstance(record[4], int) else 0
+    shift = align.bit_length() if align else 0  # log2 + 1 for a power of two
+    return kind << 60 | (shift & 0x1F) << 55 | (value & ((1 << 55) - 1))
 
 
 def describe_heap_call(sig: int) -> str:
-    kind, value = sig >> 60, sig & ((1 << 60) - 1)
+    kind, value = sig >> 60, sig & ((1 << 55) - 1)
+    shift = (sig >> 55) & 0x1F
     if kind == 1:
-        return f"empty/zeros of {value} bytes"
+        aligned = f" aligned to {1 << (shift - 1)}" if shift else ""
+        return f"empty/zeros of {value} bytes{aligned}"
     if kind == 2:
         return f"close of the buffer at offset {value}"
     return "another heap call" if sig else "no heap call yet"

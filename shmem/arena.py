@@ -63,8 +63,10 @@ class Arena:
         """The bytes a request of ``nbytes`` occupies (at least one aligned unit)."""
         return _round_up(max(nbytes, 1), self.alignment)
 
-    def alloc(self, nbytes: int) -> int:
-        """Reserve ``nbytes`` and return the block's offset.
+    def alloc(self, nbytes: int, alignment: int | None = None) -> int:
+        """Reserve ``nbytes`` and return the block's offset: the first free block that holds
+        it, at a multiple of ``alignment`` (a power of two; the arena's own by default). The
+        bytes skipped to align stay free.
 
         Raises
         ------
@@ -73,18 +75,23 @@ class Arena:
         """
         if nbytes < 0:
             raise ValueError(f"Arena.alloc: nbytes cannot be negative (got {nbytes})")
+        align = self.alignment if alignment is None else alignment
+        if align <= 0 or align & (align - 1):
+            raise ValueError(f"Arena.alloc: alignment must be a power of two (got {alignment})")
+        align = max(align, self.alignment)
         need = self.block_nbytes(nbytes)
         for i, size in enumerate(self._free_sizes):
-            if size >= need:
-                offset = self._free_offsets[i]
-                if size == need:
-                    del self._free_offsets[i]
-                    del self._free_sizes[i]
-                else:
-                    self._free_offsets[i] = offset + need
-                    self._free_sizes[i] = size - need
-                self._allocated[offset] = need
-                return offset
+            start = self._free_offsets[i]
+            offset = _round_up(start, align)
+            lead = offset - start  # a multiple of the arena's alignment: it stays free
+            if size < lead + need:
+                continue
+            rest = size - lead - need
+            pieces = [(o, n) for o, n in ((start, lead), (offset + need, rest)) if n]
+            self._free_offsets[i : i + 1] = [o for o, _ in pieces]
+            self._free_sizes[i : i + 1] = [n for _, n in pieces]
+            self._allocated[offset] = need
+            return offset
         stats = self.stats()
         raise HeapExhaustedError(
             f"alloc: symmetric heap exhausted (got a request for {nbytes} bytes, "

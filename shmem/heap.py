@@ -34,6 +34,8 @@ class SymmetricHeap(Protocol):
     node: int
     num_nodes: int
     nbytes: int
+    max_alignment: int
+    """The largest alignment an allocation can ask for: every rank's slab starts on it."""
 
     @property
     def device_memory(self) -> bool:

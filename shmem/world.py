@@ -298,16 +298,23 @@ class World:
 
     # -- allocation -------------------------------------------------------------------------
 
-    def empty(self, shape: ShapeLike, dtype: DTypeLike = "float32") -> SHMEMBuffer:
+    def empty(
+        self, shape: ShapeLike, dtype: DTypeLike = "float32", *, alignment: int | None = None
+    ) -> SHMEMBuffer:
         """Allocate an uninitialised symmetric buffer (collective, synchronising).
 
-        Every rank must call it with the same shape and dtype, in the same order; the buffer
-        then sits at the same heap offset everywhere.
+        Every rank must call it with the same shape, dtype and alignment, in the same order;
+        the buffer then sits at the same heap offset everywhere (``shmem_malloc``, or
+        ``shmem_align`` with ``alignment``: any power of two up to ``heap.max_alignment``,
+        a page on the host backend; the default is ``[heap] alignment``). Like every
+        OpenSHMEM allocation it completes the default context's operations first.
 
         Raises
         ------
         HeapExhaustedError
             On every rank, when no free block is large enough; the heap stays usable.
+        ArgumentError
+            An invalid shape, dtype or alignment.
         CollectiveMismatchError
             With ``heap.check_symmetry``, when ranks passed different arguments.
         """
@@ -316,12 +323,15 @@ class World:
         try:
             dims = _normalise_shape("World.empty", shape)
             dt = as_dtype(dtype, "World.empty")
-            record: tuple[Any, ...] = ("alloc", math.prod(dims) * dt.itemsize, dtype_name(dt), dims)
+            align = self._check_alignment("World.empty", alignment)
+            record: tuple[Any, ...] = (
+                "alloc", math.prod(dims) * dt.itemsize, dtype_name(dt), dims, align,
+            )  # fmt: skip
         except (ValueError, TypeError) as exc:
             error, record = exc, ("alloc", "invalid")
         self._agree("World.empty", record, error)
         try:
-            offset = self._arena.alloc(record[1])
+            offset = self._arena.alloc(record[1], record[4])
         except HeapExhaustedError as exc:
             held = self._quarantine.held_nbytes
             if not held:
@@ -338,12 +348,31 @@ class World:
         self._live[offset] = buf
         return buf
 
-    def zeros(self, shape: ShapeLike, dtype: DTypeLike = "float32") -> SHMEMBuffer:
+    def zeros(
+        self, shape: ShapeLike, dtype: DTypeLike = "float32", *, alignment: int | None = None
+    ) -> SHMEMBuffer:
         """Like :meth:`empty`, with this rank's copy zeroed before a barrier (collective)."""
-        buf = self.empty(shape, dtype)
+        buf = self.empty(shape, dtype, alignment=alignment)
         buf._zero()
         self.barrier()
         return buf
+
+    def _check_alignment(self, where: str, alignment: object) -> int | None:
+        if alignment is None:
+            return None
+        top = self.heap.max_alignment
+        if (
+            isinstance(alignment, bool)
+            or not isinstance(alignment, int | np.integer)
+            or alignment <= 0
+            or alignment & (alignment - 1)
+            or alignment > top
+        ):
+            raise ArgumentError(
+                f"{where}: invalid alignment (got {alignment!r}; expected a power of two "
+                f"<= {top}, the heap's slab alignment)"
+            )
+        return int(alignment)
 
     def _free(self, buf: SHMEMBuffer) -> None:
         self._check_open("SHMEMBuffer.close")

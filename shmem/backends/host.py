@@ -39,6 +39,7 @@ signalled afterwards is ordered after the data.
 from __future__ import annotations
 
 import logging
+import mmap
 import platform
 import threading
 import time
@@ -210,6 +211,9 @@ class HostHeap:
         # back to back and aligns a lone rank's to 16 bytes only)
         self.alignment = config.alignment
         self.nbytes = -(-config.nbytes // config.alignment) * config.alignment
+        # slabs start on a page (or the configured alignment, when larger): an allocation
+        # may ask for any power of two up to it (shmem_align)
+        self.max_alignment = max(self.alignment, mmap.PAGESIZE)
         self.timeout_s = timeout_s
         self._comm = comm
         # remote atomics and signals that passed their deadline (mpi4py Requests, or
@@ -236,7 +240,7 @@ class HostHeap:
         self._world_of.sort(key=lambda r: node_of[r][1])
 
         with ExitStack() as stack:
-            segment = self.nbytes + self.alignment  # room to align the slab inside it
+            segment = self.nbytes + self.max_alignment  # room to align the slab inside it
             self._rma_win: MPI.Win | None = None
             # where the slab starts in each world rank's RMA window (its displacement base)
             self._rma_base = [0] * self.world_size
@@ -261,7 +265,7 @@ class HostHeap:
                 mem, _ = self._shm_win.Shared_query(target)
                 raw = np.frombuffer(cast(Any, mem), dtype=np.uint8, count=segment)
                 self._ranges.append((int(raw.ctypes.data), segment))
-                pad = -int(raw.ctypes.data) % self.alignment
+                pad = -int(raw.ctypes.data) % self.max_alignment
                 self._pads.append(pad)
                 self._slabs.append(raw[pad : pad + self.nbytes])
             self._slab = self._slabs[self.local_rank]

@@ -138,6 +138,8 @@ class NvshmemHeap:
         self.stream = cc_dev.create_stream(options=StreamOptions(nonblocking=False))
         self._slab = nv.buffer(self.nbytes)
         self.base = int(self._slab.handle)
+        # the slab's own alignment (NVSHMEM's heap is aligned far beyond a page), up to a page
+        self.max_alignment = min(self.base & -self.base, 4096) if self.base else 4096
         nv.barrier_all(self.stream)  # the mode is final once the heap exists
         self.stream.sync()
         status = int(nv.init_status())

@@ -329,3 +329,35 @@ def test_every_buffer_is_aligned_as_documented(nbytes: int, alignment: int) -> N
             b.close()
     finally:
         world.finalize()
+
+
+@pytest.mark.parametrize("alignment", [8, 64, 1024, 4096])
+def test_aligned_allocations_sit_at_the_same_aligned_offset_everywhere(
+    world: World, alignment: int
+) -> None:
+    """``shmem_align``: the address of every rank's copy is a multiple of ``alignment``, on
+    every path (the host slab starts on a page), and offsets agree."""
+    assert world.heap.max_alignment >= 4096
+    with world.zeros(3, "uint8") as pad, world.zeros(100, "float64", alignment=alignment) as x:
+        assert pad.offset == 0 or pad.offset % 64 == 0
+        assert x.unsafe_ptr() % alignment == 0
+        assert len(set(world.comm.allgather((x.offset, x.unsafe_ptr() % alignment)))) == 1
+        right = (world.rank + 1) % world.world_size
+        x.put(right, np.full(100, world.rank, np.float64))
+        world.barrier()
+        assert (x.local() == (world.rank - 1) % world.world_size).all()
+        world.barrier()
+
+
+def test_alignment_errors_and_mismatches_raise_on_every_rank(world: World) -> None:
+    top = world.heap.max_alignment
+    for bad in (0, 3, 48, top * 2, -8, 2.0, True):
+        with pytest.raises(
+            ValueError, match=r"World.empty: invalid alignment \(got .*power of two"
+        ):
+            world.empty(4, "int64", alignment=bad)  # type: ignore[arg-type]
+    if world.world_size > 1:
+        with pytest.raises(CollectiveMismatchError, match="ranks disagree"):
+            world.empty(4, "int64", alignment=1024 if world.rank == 0 else 2048)
+    with world.empty(4, "int64", alignment=2048) as ok:  # the heap is still symmetric
+        assert len(set(world.comm.allgather(ok.offset))) == 1

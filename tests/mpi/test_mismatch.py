@@ -163,6 +163,10 @@ def test_mismatched_allocations_raise_everywhere(fast: Any) -> None:
     with pytest.raises(ShmemError, match=r"World.empty: ranks disagree \(rank 0: empty/zeros"):
         world.empty(1000 if world.rank == 0 else 2000, "float32")
     assert world.heap_stats() == before  # nothing was allocated anywhere
+    # the same size at different alignments (shmem_align) would land at different offsets
+    with pytest.raises(ShmemError, match=r"ranks disagree \(rank 0: empty/zeros of 64 bytes "):
+        world.empty(8, "int64", alignment=4096 if world.rank == 0 else None)
+    assert world.heap_stats() == before
     with world.zeros(8, "int64") as ok:  # and the heap is still in step
         ok.put((world.rank + 1) % world.world_size, np.full(8, world.rank, np.int64))
         world.barrier()

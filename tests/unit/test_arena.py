@@ -45,14 +45,16 @@ def test_random_sequences_never_overlap_and_coalesce(
     live: list[int] = []
     for do_alloc, nbytes, pick in ops:
         if do_alloc or not live:
+            # every third allocation asks for its own alignment (shmem_align), up to 16 KiB
+            own = 1 << (6 + pick % 9) if pick % 3 == 0 else None
             try:
-                off = arena.alloc(nbytes)
+                off = arena.alloc(nbytes, own)
             except HeapExhaustedError:
                 with pytest.raises(HeapExhaustedError):
-                    twin.alloc(nbytes)
+                    twin.alloc(nbytes, own)
                 continue
-            assert twin.alloc(nbytes) == off, "identical sequences give identical offsets"
-            assert off % alignment == 0
+            assert twin.alloc(nbytes, own) == off, "identical sequences give identical offsets"
+            assert off % max(alignment, own or 1) == 0
             live.append(off)
         else:
             off = live.pop(pick % len(live))
@@ -112,3 +114,38 @@ def test_stats() -> None:
     a.alloc(300)
     s = a.stats()
     assert (s.capacity, s.used, s.free_total, s.num_allocated) == (9984, 512, 9472, 1)
+
+
+def test_alloc_with_a_larger_alignment_keeps_the_skipped_bytes_free() -> None:
+    a = Arena(64 * 1024, 256)
+    first = a.alloc(300)  # [0, 512)
+    aligned = a.alloc(100, alignment=4096)
+    assert (first, aligned) == (0, 4096)
+    assert a.free_blocks()[0] == (512, 4096 - 512)  # the skipped bytes: still free
+    assert a.alloc(1000) == 512  # and used by the next allocation that fits there
+    a.free(aligned)
+    assert a.alloc(10, alignment=8192) == 8192
+    assert a.alloc(10, alignment=16) == 1536  # below the arena's own: the arena's
+    # a free returns the block and coalesces as before
+    for off in list(a.allocated()):
+        a.free(off)
+    assert a.free_blocks() == [(0, 64 * 1024)]
+    with pytest.raises(ValueError, match="power of two"):
+        a.alloc(10, alignment=3000)
+    assert a.alloc(300) == 0
+    before = (a.allocated(), a.free_blocks())
+    with pytest.raises(HeapExhaustedError):
+        a.alloc(60 * 1024, alignment=8192)  # fits in [512, 64 KiB), not from 8 KiB on
+    assert (a.allocated(), a.free_blocks()) == before
+    assert a.alloc(60 * 1024) == 512
+
+
+def test_heap_signatures_carry_the_alignment() -> None:
+    from shmem.agreement import describe_heap_call, heap_signature
+
+    plain = heap_signature(("alloc", 4096, "float32", (1024,), None))
+    aligned = heap_signature(("alloc", 4096, "float32", (1024,), 4096))
+    assert plain != aligned
+    assert describe_heap_call(plain) == "empty/zeros of 4096 bytes"
+    assert describe_heap_call(aligned) == "empty/zeros of 4096 bytes aligned to 4096"
+    assert describe_heap_call(heap_signature(("free", 512))) == "close of the buffer at offset 512"
