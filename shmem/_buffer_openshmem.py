@@ -344,9 +344,17 @@ class OpenShmemMethods:
         past the deadline."""
         sync.set_lock(self._me(), index, timeout)
 
-    def test_lock(self, index: int = 0) -> bool:
-        """Acquire the lock if free now; True when acquired (``shmem_test_lock`` == 0)."""
-        return sync.test_lock(self._me(), index)
+    def try_lock(self, index: int = 0) -> bool:
+        """Acquire the lock if it is free now, without waiting: True when this call acquired
+        it (the Python spelling of :meth:`test_lock`, which returns OpenSHMEM's int)."""
+        return sync.try_lock(self._me(), index)
+
+    def test_lock(self, index: int = 0) -> int:
+        """``shmem_test_lock``, with its C return value: **0 when this call acquired the
+        lock**, 1 when the lock was set (by another rank, or queued for). ``if
+        buf.test_lock():`` therefore means "not acquired"; :meth:`try_lock` returns True
+        when acquired."""
+        return 0 if sync.try_lock(self._me(), index, "test_lock") else 1
 
     def clear_lock(self, index: int = 0) -> None:
         """Complete outstanding puts (``quiet``), then release (``shmem_clear_lock``)."""

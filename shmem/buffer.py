@@ -12,7 +12,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ._buffer_openshmem import OpenShmemMethods
-from .dtypes import dtype_name, float_operand, int_operand
+from .dtypes import DTypeLike, as_dtype, dtype_name, float_operand, int_operand
 from .errors import ArgumentError, ShmemStateError
 from .heap import ATOMIC_DTYPES, FLOAT_ATOMIC_DTYPES
 from .memory import Buffer
@@ -48,9 +48,18 @@ class SHMEMBuffer(OpenShmemMethods):
     """
 
     def __init__(
-        self, world: World, offset: int, shape: tuple[int, ...], dtype: np.dtype[Any]
+        self,
+        world: World,
+        offset: int,
+        shape: tuple[int, ...],
+        dtype: np.dtype[Any],
+        root: SHMEMBuffer | None = None,
     ) -> None:
         self._world = world
+        # a view (view(), [...]) has the allocation it came from as its root; the root
+        # knows its views: closing it closes them, and their numpy views count as its own
+        self._root = root
+        self._views: weakref.WeakSet[SHMEMBuffer] = weakref.WeakSet()
         self._offset = offset
         self._shape = shape
         self._dtype = dtype
@@ -120,6 +129,8 @@ class SHMEMBuffer(OpenShmemMethods):
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"offset={self._offset}"
+        if self._root is not None:
+            state += f", a view of the allocation at offset {self._root._offset}"
         return (
             f"SHMEMBuffer(shape={self._shape}, dtype={dtype_name(self._dtype)}, "
             f"nbytes={self._nbytes}, {state})"
@@ -212,8 +223,91 @@ class SHMEMBuffer(OpenShmemMethods):
         return base
 
     def _view_refs(self) -> tuple[ViewRef, ...]:
-        """Weak references to the arrays behind the views given out (for close())."""
-        return tuple(self._anchors.values())
+        """Weak references to the arrays behind the views given out, through this buffer and
+        the typed views made from it (for close())."""
+        refs = list(self._anchors.values())
+        for v in self._views:
+            refs.extend(v._anchors.values())
+        return tuple(refs)
+
+    # -- typed views of the allocation --------------------------------------------------------
+
+    __iter__ = None  # not a sequence of views: iterate over local() or to_numpy()
+
+    def view(self, dtype: DTypeLike) -> SHMEMBuffer:
+        """The same bytes as ``dtype``, a symmetric buffer itself (as numpy's ``ndarray.view``:
+        the last axis rescaled). Everything works on it as on an allocation: put/get and
+        their non-blocking and strided forms, atomics, waits and tests, signals, locks; it
+        lives as long as the allocation (closing that closes it; it is not closed itself).
+
+        Raises
+        ------
+        ArgumentError
+            The last axis' bytes are not a multiple of ``dtype``'s size, or the view's start
+            is not aligned to it.
+        """
+        self._live("view")
+        dt = as_dtype(dtype, "SHMEMBuffer.view")
+        if not self._shape:
+            if dt.itemsize != self._dtype.itemsize:
+                raise ArgumentError(
+                    f"SHMEMBuffer.view: a 0-d buffer keeps its item size (got "
+                    f"{dtype_name(dt)}; expected a dtype of {self._dtype.itemsize} bytes)"
+                )
+            return self._child("view", self._offset, (), dt)
+        last = self._shape[-1] * self._dtype.itemsize
+        if last % dt.itemsize:
+            raise ArgumentError(
+                f"SHMEMBuffer.view: the last axis ({last} bytes) is not a whole number of "
+                f"{dtype_name(dt)} items (got {dtype_name(dt)}; expected a dtype whose size "
+                f"divides {last})"
+            )
+        return self._child("view", self._offset, (*self._shape[:-1], last // dt.itemsize), dt)
+
+    def __getitem__(self, key: int | slice) -> SHMEMBuffer:
+        """Rows of the first axis as a symmetric buffer: ``buf[a:b]`` (contiguous: step 1) or
+        ``buf[i]``; a view like :meth:`view`'s."""
+        self._live("__getitem__")
+        if not self._shape:
+            raise ArgumentError("SHMEMBuffer[...]: a 0-d buffer has no axis to index")
+        n = self._shape[0]
+        if isinstance(key, slice):
+            start, stop, step = key.indices(n)
+            if step != 1:
+                raise ArgumentError(
+                    f"SHMEMBuffer[{key.start}:{key.stop}:{key.step}]: only contiguous slices "
+                    f"(got step {step}; expected 1: strided transfers are iput/iget's)"
+                )
+            shape: tuple[int, ...] = (max(stop - start, 0), *self._shape[1:])
+        elif isinstance(key, int | np.integer) and not isinstance(key, bool):
+            start = int(key) + n if key < 0 else int(key)
+            if not 0 <= start < n:
+                raise ArgumentError(
+                    f"SHMEMBuffer[{key}]: index out of range (got {key}; expected "
+                    f"{-n} <= index < {n})"
+                )
+            shape = self._shape[1:]
+        else:
+            raise ArgumentError(
+                f"SHMEMBuffer[...]: invalid index (got {key!r}; expected an int or a slice of "
+                "the first axis)"
+            )
+        row = math.prod(self._shape[1:]) * self._dtype.itemsize
+        return self._child("__getitem__", self._offset + start * row, shape, self._dtype)
+
+    def _child(
+        self, where: str, offset: int, shape: tuple[int, ...], dtype: np.dtype[Any]
+    ) -> SHMEMBuffer:
+        if offset % dtype.itemsize:
+            raise ArgumentError(
+                f"SHMEMBuffer.{where}: the view would start at heap offset {offset}, not "
+                f"aligned to {dtype_name(dtype)}'s {dtype.itemsize} bytes (got that start; "
+                "expected a multiple of the item size)"
+            )
+        root = self._root or self
+        child = SHMEMBuffer(self._world, offset, shape, dtype, root=root)
+        root._views.add(child)
+        return child
 
     def _device_buffer(self, ptr: int) -> Buffer:
         from ._cuda_memory import _DeviceMemory
@@ -704,8 +798,20 @@ class SHMEMBuffer(OpenShmemMethods):
         (:meth:`unsafe_ptr`) are not tracked: they are valid until ``close()``."""
         if self._closed:
             return
-        self._typed.clear()  # only the views given out may keep the anchors alive now
+        if self._root is not None:
+            raise ShmemStateError(
+                "SHMEMBuffer.close: this is a view of an allocation (view() or [...]); close "
+                "the allocation it came from, which closes its views"
+            )
+        for v in (self, *self._views):
+            v._typed.clear()  # only the views given out may keep the anchors alive now
         self._world._free(self)
+        self._drop()
+
+    def _drop(self) -> None:
+        """Unusable from now on, with every view made from it (close(), finalize())."""
+        for v in list(self._views):
+            v._drop()
         self._closed = True
         self._flat.clear()
         self._forget_remote()
@@ -720,7 +826,11 @@ class SHMEMBuffer(OpenShmemMethods):
         # on an exception the collective free could hang the other ranks: leave it
 
     def __del__(self) -> None:
-        if not getattr(self, "_closed", True) and not self._world.finalized:
+        if (
+            not getattr(self, "_closed", True)
+            and getattr(self, "_root", None) is None  # views own nothing
+            and not self._world.finalized
+        ):
             warnings.warn(
                 f"{self!r} was garbage-collected without close(); its heap memory stays "
                 "allocated (a collective free cannot run from __del__)",

@@ -29,7 +29,7 @@ from .signals import _SYMBOLS, COMPARISONS, check_timeout, poll_until, spin_seco
 if TYPE_CHECKING:
     from .buffer import SHMEMBuffer
 
-__all__ = ["clear_lock", "set_lock", "test_elements", "test_lock", "wait_elements"]
+__all__ = ["clear_lock", "set_lock", "test_elements", "try_lock", "wait_elements"]
 
 Mode = Literal["one", "all", "any", "some"]
 _LOW = 0xFFFFFFFF
@@ -259,10 +259,9 @@ def set_lock(buf: SHMEMBuffer, index: int, timeout: float | None) -> None:
     heap.fence()  # acquire
 
 
-def test_lock(buf: SHMEMBuffer, index: int) -> bool:
-    """Take the lock if it is free, without waiting; True when taken (``shmem_test_lock``
-    returns 0 then)."""
-    off = _lock_offset(buf, "test_lock", index)
+def try_lock(buf: SHMEMBuffer, index: int, where: str = "try_lock") -> bool:
+    """Take the lock if it is free, without waiting: True when this call took it."""
+    off = _lock_offset(buf, where, index)
     heap = buf.world.heap
     if index in buf._locks_held:
         return False  # held by this rank (test_lock never waits, nor deadlocks)

@@ -550,8 +550,7 @@ class World:
         if self._live:
             log.debug("finalize: %d buffer(s) still open are released", len(self._live))
         for buf in list(self._live.values()):
-            buf._closed = True
-            buf._forget_remote()  # the put fast path's windows go with the heap
+            buf._drop()  # with its views; the put fast path's windows go with the heap
         self._live.clear()
         try:
             self.ctx.close()
@@ -572,8 +571,7 @@ class World:
             if _current is self:
                 _current = None
         for buf in list(self._live.values()):
-            buf._closed = True
-            buf._forget_remote()  # the put fast path's windows go with the heap
+            buf._drop()  # with its views; the put fast path's windows go with the heap
         self._live.clear()
         with contextlib.suppress(Exception):
             self.ctx.close()

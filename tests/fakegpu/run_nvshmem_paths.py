@@ -93,13 +93,13 @@ def openshmem_refusals(w: Any, buf: Any, i32: Any) -> None:
     # locks are built on the integer atomics the backend has: they run (one rank here)
     def lock_cycle() -> tuple[bool, ...]:
         ctr.set_lock(0, timeout=1.0)
-        held = ctr.test_lock(0)  # taken: False
+        held = ctr.try_lock(0)  # taken: False
         ctr.clear_lock(0)
-        again = ctr.test_lock(0)  # free: True, and now held
+        again = ctr.try_lock(0)  # free: True, and now held
         ctr.clear_lock(0)
         with ctr.lock(0, timeout=1.0):
-            inside = ctr.test_lock(0)
-        got = (held, again, inside, ctr.test_lock(0))
+            inside = ctr.test_lock(0)  # OpenSHMEM's value: 1, not acquired
+        got = (held, again, inside == 0, ctr.test_lock(0) == 0)
         assert got == (False, True, False, True), got
         ctr.clear_lock(0)
         return got

@@ -227,8 +227,9 @@ def test_lock_serialises_a_read_modify_write(world: World) -> None:
         world.barrier()
         assert counter.g(0, 0) == rounds * world.world_size
         if world.rank == 0:
-            assert lock.test_lock()
-            assert not lock.test_lock()  # held (by us): not re-entrant
+            assert lock.try_lock()
+            assert not lock.try_lock()  # held (by us): not re-entrant
+            assert lock.test_lock() == 1  # shmem_test_lock's value: 1, not acquired
             lock.clear_lock()
         world.barrier()
         with world.zeros(1, "float64") as bad:
