@@ -177,8 +177,10 @@ class Communicator:
         seq = ch.seq
         try:
             yield ch
-        except BaseException:
-            if ch.seq != seq:
+        except BaseException as exc:
+            # an error every rank raised at the same point of a finished call (``agreed``,
+            # e.g. collect's out size, checked against the exchanged counts) leaves them in step
+            if ch.seq != seq and not getattr(exc, "agreed", False):
                 ch.fail()
             raise
 
@@ -675,14 +677,19 @@ class Communicator:
     fcollect = all_gather
     alltoall = all_to_all
 
-    def collect(self, x: Input) -> Array:
-        """Every rank's ``x`` (counts may differ between ranks) concatenated in rank order, as
-        a new flat array (``shmem_collect``; MPI's allgatherv)."""
+    @overload
+    def collect(self, x: Input, out: None = ...) -> Array: ...
+    @overload
+    def collect(self, x: Input, out: _X) -> _X: ...
+    def collect(self, x: Input, out: Output = None) -> Input:
+        """Every rank's ``x`` (counts may differ between ranks) concatenated in rank order
+        (``shmem_collect``; MPI's allgatherv), into ``out`` (x's dtype, the counts' sum of
+        elements; a wrong size raises on every rank) or a new flat array."""
         self._live("collect")
         if self._ch is None:
-            return self._team_collectives().collect(x)
+            return self._team_collectives().collect(x, out)
         with self._call(self._ch):
-            return self._team_collectives().collect(x)
+            return self._team_collectives().collect(x, out)
 
     @overload
     def alltoalls(

@@ -196,15 +196,29 @@ class TeamCollectives:
         signed.allgather(self, self.comm, _u8(send), _u8(dst), where, _WHO)
         return ret
 
-    def collect(self, x: SHMEMBuffer | Array) -> Array:
+    def collect(
+        self, x: SHMEMBuffer | Array, out: SHMEMBuffer | Array | None = None
+    ) -> SHMEMBuffer | Array:
         """Every member's ``x`` (counts may differ) concatenated in team order
-        (``shmem_collect``, MPI's allgatherv): a new flat array."""
+        (``shmem_collect``, MPI's allgatherv) into ``out`` (its dtype, as many elements as
+        the counts add up to), or a new flat array. ``out``'s size is checked against the
+        total every member learns in the first exchange: a wrong one raises on every member
+        before any data moves."""
         where = "Communicator.collect"
         error: Exception | None = None
         xin: Operand | None = None
+        oin: Operand | None = None
         record: tuple[object, ...] = (where, "invalid")
         try:
             xin = Operand(x, where, "x")
+            if out is not None:
+                oin = Operand(out, where, "out")
+                state = "writeable" if oin.array.flags.writeable else "read-only"
+                if oin.dtype != xin.dtype or state != "writeable":
+                    raise CollectiveArgumentError(
+                        f"{where}: invalid out (got a {state} {dtype_name(oin.dtype)} array; "
+                        f"expected a writeable array of x's dtype {dtype_name(xin.dtype)})"
+                    )
             record = (where, dtype_name(xin.dtype))
         except (ValueError, TypeError, ShmemError) as exc:
             error = exc
@@ -212,28 +226,41 @@ class TeamCollectives:
         xin = cast("Operand", xin)
         self.signature = signature((where, 0, dtype_name(xin.dtype)))
         with self.in_step(where):
-            # the counts travel with the signatures: one exchange checks the call, sizes it
-            mine = np.array([xin.count, self.signature], dtype=np.int64)
-            every = np.zeros((self.size, 2), dtype=np.int64)
+            # the counts (and each out's size) travel with the signatures: one exchange
+            # checks the call and sizes it
+            given = -1 if oin is None else oin.count
+            mine = np.array([xin.count, self.signature, given], dtype=np.int64)
+            every = np.zeros((self.size, 3), dtype=np.int64)
             signed.run(
                 self, self.comm, lambda: self.comm.Iallgather(mine, every), where, (mine, every)
             )
             signed.compare(self, every[:, 1], where, _WHO)
             counts = every[:, 0]
-            isz = xin.dtype.itemsize
-            out = np.empty(int(counts.sum()), dtype=xin.dtype)
-            send = np.ascontiguousarray(xin.array)
-            nbytes = [int(c) * isz for c in counts]
-            displs = np.concatenate([[0], np.cumsum(nbytes)[:-1]]).astype(int).tolist()
-            recv = [out.view(np.uint8), (nbytes, displs), MPI.BYTE]
-            signed.run(
-                self,
-                self.comm,
-                lambda: self.comm.Iallgatherv([_u8(send), MPI.BYTE], recv),
-                where,
-                (send, out),
+            total = int(counts.sum())
+            wrong = [(r, int(n)) for r, n in enumerate(every[:, 2]) if n >= 0 and n != total]
+            dest = np.empty(total, dtype=xin.dtype) if oin is None else oin.array
+            if not wrong:
+                isz = xin.dtype.itemsize
+                send = np.ascontiguousarray(xin.array)
+                nbytes = [int(c) * isz for c in counts]
+                displs = np.concatenate([[0], np.cumsum(nbytes)[:-1]]).astype(int).tolist()
+                recv = [dest.view(np.uint8), (nbytes, displs), MPI.BYTE]
+                signed.run(
+                    self,
+                    self.comm,
+                    lambda: self.comm.Iallgatherv([_u8(send), MPI.BYTE], recv),
+                    where,
+                    (send, dest),
+                )
+        if wrong:  # every member saw the same sizes: all raise here, still in step
+            listing = "; ".join(f"{_WHO} {r}: {n} elements" for r, n in wrong)
+            error = CollectiveArgumentError(
+                f"{where}: out has the wrong size ({listing}; expected {total} elements, the "
+                "sum of every member's count); nothing was exchanged"
             )
-        return out
+            error.agreed = True  # type: ignore[attr-defined]
+            raise error
+        return dest if out is None else out
 
     def all_to_all(
         self, x: SHMEMBuffer | Array, out: SHMEMBuffer | Array | None

@@ -119,10 +119,12 @@ class OpenShmemMethods:
         src_stride: int = 1,
         count: int | None = None,
         index: int = 0,
+        ctx: Context | None = None,
     ) -> None:
         """Write ``src[::src_stride]`` (``count`` elements, default all) to elements
-        ``index, index + stride, ...`` of ``rank``'s copy (``shmem_iput``)."""
-        self._world.default_context._strided_put(
+        ``index, index + stride, ...`` of ``rank``'s copy (``shmem_iput``, on ``ctx``:
+        ``shmem_ctx_iput``)."""
+        self._ctx(ctx)._strided_put(
             "iput", self._me(), rank, src, 1, stride, src_stride, count, index
         )
 
@@ -135,10 +137,12 @@ class OpenShmemMethods:
         index: int = 0,
         dst: np.ndarray[Any, Any] | None = None,
         dst_stride: int = 1,
+        ctx: Context | None = None,
     ) -> np.ndarray[Any, Any]:
         """Read elements ``index, index + stride, ...`` (``count`` of them) of ``rank``'s
-        copy into ``dst[::dst_stride]`` or a new array (``shmem_iget``); returns it."""
-        return self._world.default_context._strided_get(
+        copy into ``dst[::dst_stride]`` or a new array (``shmem_iget``, on ``ctx``:
+        ``shmem_ctx_iget``); returns it."""
+        return self._ctx(ctx)._strided_get(
             "iget", self._me(), rank, 1, stride, count, index, dst, dst_stride
         )
 
@@ -152,10 +156,11 @@ class OpenShmemMethods:
         src_stride: int | None = None,
         nblocks: int | None = None,
         index: int = 0,
+        ctx: Context | None = None,
     ) -> None:
         """Block-strided put (``shmem_ibput``): ``nblocks`` blocks of ``block`` elements,
         starts ``src_stride`` apart in ``src`` and ``stride`` apart in ``rank``'s copy."""
-        self._world.default_context.ibput(
+        self._ctx(ctx).ibput(
             self._me(),
             rank,
             src,
@@ -176,9 +181,10 @@ class OpenShmemMethods:
         index: int = 0,
         dst: np.ndarray[Any, Any] | None = None,
         dst_stride: int | None = None,
+        ctx: Context | None = None,
     ) -> np.ndarray[Any, Any]:
         """Block-strided get (``shmem_ibget``), the converse of :meth:`ibput`."""
-        return self._world.default_context.ibget(
+        return self._ctx(ctx).ibget(
             self._me(),
             rank,
             block=block,

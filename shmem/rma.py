@@ -402,6 +402,34 @@ class Context:
         is ``shmem_iput``). Complete on return."""
         self._strided_put("ibput", buf, rank, src, block, stride, src_stride, nblocks, index)
 
+    def iput(
+        self,
+        buf: SHMEMBuffer,
+        rank: int,
+        src: Any,
+        *,
+        stride: int = 1,
+        src_stride: int = 1,
+        count: int | None = None,
+        index: int = 0,
+    ) -> None:
+        """``shmem_ctx_iput``: :meth:`SHMEMBuffer.iput` with a rank of this context's team."""
+        self._strided_put("iput", buf, rank, src, 1, stride, src_stride, count, index)
+
+    def iget(
+        self,
+        buf: SHMEMBuffer,
+        rank: int,
+        count: int,
+        *,
+        stride: int = 1,
+        index: int = 0,
+        dst: np.ndarray[Any, Any] | None = None,
+        dst_stride: int = 1,
+    ) -> np.ndarray[Any, Any]:
+        """``shmem_ctx_iget``: :meth:`SHMEMBuffer.iget` with a rank of this context's team."""
+        return self._strided_get("iget", buf, rank, 1, stride, count, index, dst, dst_stride)
+
     def _strided_put(
         self,
         where: str,
@@ -487,39 +515,68 @@ class Context:
         value: float = 0,
         *,
         compare: int | None = None,
+        where: str = "atomic_nbi",
     ) -> Fetched:
         """Start a fetching atomic on element ``index`` of ``rank``'s copy of ``buf``
         (``shmem_atomic_fetch_add_nbi`` and the other ``*_nbi`` forms): the old value is
-        ``.value`` of the returned :class:`Fetched` after :meth:`quiet`."""
-        where = "atomic_nbi"
+        ``.value`` of the returned :class:`Fetched` after :meth:`quiet`. ``where``: the
+        method errors name."""
         heap = self._heap(where)
         target = self.world_rank(rank, where, buf)
         if not isinstance(op, str) or (op != "compare_swap" and op not in _HEAP_OPS):
             raise ArgumentError(
-                f"Context.atomic_nbi: invalid op (got {op!r}; expected one of "
+                f"Context.{where}: invalid op (got {op!r}; expected one of "
                 f"{[o.value for o in AtomicOp]})"
             )
         off = buf._atomic_offset(where, index, float_ok=op in ("fetch", "swap"))
         if op == "compare_swap":
             if compare is None:
-                raise ArgumentError("Context.atomic_nbi: compare_swap needs compare=")
-            c = int_operand("Context.atomic_nbi", "compare", compare, buf.dtype)
-            v = int_operand("Context.atomic_nbi", "value", value, buf.dtype)
+                raise ArgumentError(f"Context.{where}: compare_swap needs compare=")
+            c = int_operand(f"Context.{where}", "compare", compare, buf.dtype)
+            v = int_operand(f"Context.{where}", "value", value, buf.dtype)
             old = heap.atomic_compare_swap(target, off, c, v, buf.dtype)  # served at once
             return Fetched(None, np.array([old], dtype=buf.dtype))
         heap_op = _HEAP_OPS[str(op)]
         operand: float = 1 if op == "fetch_inc" else value
         if buf.dtype in FLOAT_ATOMIC_DTYPES:
-            operand = float_operand("Context.atomic_nbi", "value", operand, buf.dtype)
+            operand = float_operand(f"Context.{where}", "value", operand, buf.dtype)
         elif op != "fetch":
             operand = int_operand(
-                "Context.atomic_nbi", "value", operand, buf.dtype, wrap_negative=True
+                f"Context.{where}", "value", operand, buf.dtype, wrap_negative=True
             )
         req, result = heap.atomic_fetch_op_nbi(target, off, operand, buf.dtype, heap_op)
         fetched = Fetched(req, result)
         if req is not None:
             self._track(_Pending(req, target, fetched))
         return fetched
+
+    # -- non-fetching atomics (shmem_ctx_atomic_add, _inc, _set, _and, _or, _xor) -----------
+    # Started on this context like the other non-blocking operations: applied at the target
+    # once the context's quiet() (or a barrier, for the default context) returns.
+
+    def atomic_add(self, buf: SHMEMBuffer, rank: int, index: int, value: int) -> None:
+        """``shmem_ctx_atomic_add``: add ``value`` to element ``index`` of ``rank``'s copy."""
+        self.atomic_nbi(buf, rank, index, "fetch_add", value, where="atomic_add")
+
+    def atomic_inc(self, buf: SHMEMBuffer, rank: int, index: int) -> None:
+        """``shmem_ctx_atomic_inc``: add one to element ``index`` of ``rank``'s copy."""
+        self.atomic_nbi(buf, rank, index, "fetch_inc", where="atomic_inc")
+
+    def atomic_set(self, buf: SHMEMBuffer, rank: int, index: int, value: float) -> None:
+        """``shmem_ctx_atomic_set`` (integer or float32/float64 buffers)."""
+        self.atomic_nbi(buf, rank, index, "swap", value, where="atomic_set")
+
+    def atomic_and(self, buf: SHMEMBuffer, rank: int, index: int, value: int) -> None:
+        """``shmem_ctx_atomic_and`` (integer buffers)."""
+        self.atomic_nbi(buf, rank, index, "fetch_and", value, where="atomic_and")
+
+    def atomic_or(self, buf: SHMEMBuffer, rank: int, index: int, value: int) -> None:
+        """``shmem_ctx_atomic_or`` (integer buffers)."""
+        self.atomic_nbi(buf, rank, index, "fetch_or", value, where="atomic_or")
+
+    def atomic_xor(self, buf: SHMEMBuffer, rank: int, index: int, value: int) -> None:
+        """``shmem_ctx_atomic_xor`` (integer buffers)."""
+        self.atomic_nbi(buf, rank, index, "fetch_xor", value, where="atomic_xor")
 
     # -- completion and ordering ------------------------------------------------------------
 

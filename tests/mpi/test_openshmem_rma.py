@@ -385,3 +385,55 @@ def test_quiet_names_a_peer_that_makes_no_progress(monkeypatch: pytest.MonkeyPat
         world.finalize()
         if world.rank == 0:
             release.unlink(missing_ok=True)
+
+
+def test_strided_rma_takes_a_context_like_every_routine(world: World) -> None:
+    right, left = _ring(world)
+    with world.zeros(64, "int32") as x, world.create_context() as ctx:
+        x.iput(right, np.arange(8, dtype=np.int32) + 100 * world.rank, stride=3, ctx=ctx)
+        x.ibput(right, np.full(4, -world.rank - 1, np.int32), block=2, stride=10, index=40, ctx=ctx)
+        ctx.quiet()
+        world.barrier()
+        np.testing.assert_array_equal(x.local()[:24:3], np.arange(8) + 100 * left)
+        assert x.local()[[40, 41, 50, 51]].tolist() == [-left - 1] * 4
+        got = x.iget(right, 8, stride=3, ctx=ctx)
+        np.testing.assert_array_equal(got, np.arange(8) + 100 * world.rank)
+        assert ctx.iget(x, right, 8, stride=3).tolist() == got.tolist()
+        assert (
+            x.ibget(right, 2, block=2, stride=10, index=40, ctx=ctx).tolist()
+            == [-world.rank - 1] * 4
+        )
+        world.barrier()
+        ctx.iput(x, right, np.zeros(8, np.int32), stride=3)
+        world.barrier()
+        assert (x.local()[:24:3] == 0).all()
+        world.barrier()
+    with pytest.raises(ArgumentError, match="invalid ctx"):
+        x.iput(right, np.zeros(2, np.int32), ctx="default")  # type: ignore[arg-type]
+
+
+def test_contexts_have_the_non_fetching_atomics(world: World) -> None:
+    right, _ = _ring(world)
+    with world.zeros(8, "int64") as c, world.zeros(2, "float64") as f:
+        with world.create_context() as ctx:
+            ctx.atomic_add(c, right, 0, 5)
+            ctx.atomic_inc(c, right, 1)
+            ctx.atomic_set(c, right, 2, -7)
+            ctx.atomic_set(c, right, 3, 0b1111)
+            ctx.quiet()
+            ctx.atomic_and(c, right, 3, 0b0110)
+            ctx.atomic_or(c, right, 4, 0b1000)
+            ctx.atomic_xor(c, right, 5, 0b0101)
+            ctx.atomic_set(f, right, 1, 2.5)
+            assert ctx.pending >= 0
+        world.barrier()  # closing the context completed them
+        assert c.local()[:6].tolist() == [5, 1, -7, 0b0110, 0b1000, 0b0101]
+        assert f.local()[1] == 2.5
+        with world.create_context() as ctx:
+            with pytest.raises(
+                ArgumentError, match=r"SHMEMBuffer.atomic_and: atomics need an integer"
+            ):
+                ctx.atomic_and(f, right, 0, 1)
+            with pytest.raises(ArgumentError, match=r"Context.atomic_add: invalid rank"):
+                ctx.atomic_add(c, world.world_size, 0, 1)
+        world.barrier()

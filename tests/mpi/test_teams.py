@@ -184,3 +184,28 @@ def test_world_communicator_collect_and_alltoalls(world: World) -> None:
         assert comm.alltoall(np.arange(p, dtype=np.int32) * 0 + world.rank).tolist() == list(
             range(p)
         )
+
+
+def test_collect_into_out_like_the_rest_of_its_family(world: World) -> None:
+    p = world.world_size
+    total = p * (p - 1) // 2
+    want = [r for r in range(p) for _ in range(r)]
+    with Communicator(world) as comm, world.zeros(max(total, 1), "int64") as sym:
+        out = np.full(total, -1, np.int64)
+        got = comm.collect(np.full(world.rank, world.rank, np.int64), out=out)
+        assert got is out and out.tolist() == want
+        if total:  # a symmetric out: the rank's own copy is written
+            into = sym if total == sym.count else sym[:total]
+            assert comm.collect(np.full(world.rank, world.rank, np.int64), out=into) is into
+            assert into.local().tolist() == want
+        # one rank's out of the wrong size: every rank raises, before any data moves
+        bad = np.empty(total + (1 if world.rank == p - 1 else 0), np.int64)
+        wrong = (
+            rf"out has the wrong size \(team rank {p - 1}: {total + 1} elements; expected {total}"
+        )
+        with pytest.raises(CollectiveArgumentError, match=wrong):
+            comm.collect(np.full(world.rank, world.rank, np.int64), out=bad)
+        with pytest.raises(CollectiveArgumentError, match=r"invalid out .* x's dtype int64"):
+            comm.collect(np.zeros(1, np.int64), out=np.empty(p, np.float64))
+        again = comm.collect(np.full(world.rank, world.rank, np.int64))  # still in step
+        assert again.tolist() == want
