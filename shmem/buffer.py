@@ -17,7 +17,7 @@ from .errors import ArgumentError, ShmemStateError
 from .heap import ATOMIC_DTYPES, FLOAT_ATOMIC_DTYPES
 from .memory import Buffer
 from .quarantine import ViewRef, anchored
-from .signals import SLOT_DTYPE
+from .signals import signal_value
 
 if TYPE_CHECKING:
     from .context import DeviceContext
@@ -491,7 +491,7 @@ class SHMEMBuffer(OpenShmemMethods):
             raise ArgumentError(
                 f"SHMEMBuffer.put: invalid signal op (got {op!r}; expected 'set' or 'add')"
             )
-        value = int_operand("SHMEMBuffer.put", "signal value", signal[1], SLOT_DTYPE)
+        value = signal_value("SHMEMBuffer.put", signal[1], "signal value")
         return int(slot), value, str(op)
 
     @overload

@@ -81,8 +81,10 @@ COMPARISONS: dict[str, Callable[[int, int], bool]] = {
 }
 _SYMBOLS = {"eq": "==", "ne": "!=", "gt": ">", "ge": ">=", "lt": "<", "le": "<="}
 SIGNAL_OPS = ("set", "add")
-SLOT_DTYPE = np.dtype(np.int64)
+SLOT_DTYPE = np.dtype(np.int64)  # the storage; the words are unsigned (OpenSHMEM's signals)
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
+_WORDS = np.dtype(np.uint64)
+_MASK = (1 << 64) - 1
 _INLINE_SPINS = 64  # loads a wait makes before its clocked poll loop (tens of microseconds)
 _BARRIER_ROUNDS = 64  # dissemination rounds: enough for 2**64 ranks
 
@@ -97,6 +99,14 @@ _SLEEP_MAX_S = 1e-3
 
 def _int64_view(arr: np.ndarray[Any, Any]) -> memoryview:
     return memoryview(cast(Any, arr)).cast("B").cast("q")
+
+
+def signal_value(where: str, value: object, name: str = "value") -> int:
+    """A signal value as its slot's stored int64 bit pattern: any integer ``0 <= v < 2**64``
+    (the slots are unsigned 64-bit words, as OpenSHMEM's signals; a negative value is taken
+    modulo ``2**64``, as C's ``uint64_t``: ``-1`` is ``2**64 - 1``)."""
+    v = int_operand(where, name, value, _WORDS, wrap_negative=True)
+    return v - (1 << 64) if v > _INT64_MAX else v
 
 
 def check_timeout(where: str, timeout: object) -> float:
@@ -179,6 +189,7 @@ class SignalPad:
         self._spin_s = spin_seconds(heap.local_size)
         # memoryviews load and store an int64 in ~15 ns, several times faster than numpy
         self._mine = _int64_view(self._flags)
+        self._words = self._mine.cast("B").cast("Q")  # the same words, loaded unsigned
         self._peers: list[memoryview | None] = []
         for r in range(self._size):
             view = heap.peer_view(r, offset, nbytes)
@@ -228,7 +239,8 @@ class SignalPad:
         slot : int
             ``0 <= slot < slots``.
         value : int
-            A signed 64-bit value.
+            ``0 <= value < 2**64``: slots are unsigned 64-bit words (a negative value is
+            taken modulo ``2**64``, as C's ``uint64_t``).
         op : {"set", "add"}
         """
         fast = self._fast
@@ -247,8 +259,8 @@ class SignalPad:
             raise ArgumentError(
                 f"signal: invalid op (got {op!r}; expected one of {list(SIGNAL_OPS)})"
             )
-        if type(value) is not int or not _INT64_MIN <= value <= _INT64_MAX:
-            value = int_operand("signal", "value", value, SLOT_DTYPE)
+        if type(value) is not int or not 0 <= value <= _INT64_MAX:
+            value = signal_value("signal", value)
         self._raw_signal(int(rank), int(slot), value, op)
 
     def _raw_signal(
@@ -281,9 +293,9 @@ class SignalPad:
         )
 
     def read(self, slot: int) -> int:
-        """The current value of this rank's ``slot`` (no ordering implied)."""
+        """The current value of this rank's ``slot``, unsigned (no ordering implied)."""
         self._check_slot("read", slot)
-        return int(self._mine[slot])
+        return int(self._words[slot])
 
     def wait_until(
         self,
@@ -295,12 +307,14 @@ class SignalPad:
         peers: tuple[int, ...] = (),
     ) -> int:
         """Block until this rank's ``slot`` compares true against ``value``; return the value.
+        Slots are unsigned 64-bit words and compare unsigned.
 
         Parameters
         ----------
         slot : int
         cmp : {"eq", "ne", "gt", "ge", "lt", "le"}
         value : int
+            ``0 <= value < 2**64`` (a negative value is taken modulo ``2**64``).
         timeout : float, optional
             Seconds; the pad's default (``[signal] timeout_s``) when None.
         peers : tuple of int, optional
@@ -317,8 +331,8 @@ class SignalPad:
             raise ArgumentError(
                 f"wait_until: invalid comparison (got {cmp!r}; expected one of {list(COMPARISONS)})"
             )
-        if type(value) is not int or not _INT64_MIN <= value <= _INT64_MAX:
-            value = int_operand("wait_until", "value", value, SLOT_DTYPE)
+        if type(value) is not int or not 0 <= value <= _INT64_MAX:
+            value = signal_value("wait_until", value) & _MASK
         if timeout is not None:
             timeout = check_timeout("wait_until", timeout)
         return self._raw_wait("wait_until", int(slot), cmp, value, timeout, peers)
@@ -334,7 +348,7 @@ class SignalPad:
         context: str = "",
     ) -> int:
         test = COMPARISONS[cmp]
-        flags = self._mine
+        flags = self._words  # unsigned loads: the words compare unsigned
         # fast path: already there
         seen = flags[slot]
         if not test(seen, value):

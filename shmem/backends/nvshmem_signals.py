@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 __all__ = ["DeviceSignalPad"]
 
 _CMP = {"eq": 0, "ne": 1, "gt": 2, "ge": 3, "lt": 4, "le": 5}
+_MASK = (1 << 64) - 1
 
 
 def _cuda_sync(heap: NvshmemHeap) -> None:
@@ -93,7 +94,7 @@ class DeviceSignalPad(SignalPad):
         heap = self._gpu_heap
         heap.memcpy(int(out.ctypes.data), heap.address(self._slot_offset(slot)), 8)
         heap.stream.sync()
-        return int(out[0])
+        return int(out[0]) & _MASK  # unsigned words
 
     def _raw_wait(
         self,
@@ -115,11 +116,12 @@ class DeviceSignalPad(SignalPad):
             "shmem_wait_until",
             np.uint64(heap.address(self._slot_offset(slot))),
             np.int32(_CMP[cmp]),
-            np.int64(value),
+            np.uint64(value & _MASK),  # unsigned words, compared unsigned
             np.uint64(int(timeout_s * 1e9)),
             np.uint64(heap.result_ptr),
         )
         seen, ok = heap.result()
+        seen &= _MASK
         if not ok:
             self._timeout(operation, slot, cmp, value, seen, timeout_s, peers, context)
         return seen

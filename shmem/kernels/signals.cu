@@ -39,7 +39,8 @@ __device__ __forceinline__ u64 now_ns() {
 #define CMP_LT 4
 #define CMP_LE 5
 
-__device__ __forceinline__ bool compare(i64 v, int cmp, i64 value) {
+// signal words are unsigned 64-bit (OpenSHMEM's uint64_t signals): compared unsigned
+__device__ __forceinline__ bool compare(u64 v, int cmp, u64 value) {
     switch (cmp) {
         case CMP_EQ: return v == value;
         case CMP_NE: return v != value;
@@ -62,19 +63,19 @@ extern "C" __global__ void shmem_signal(u64* flag, u64 value, int op) {
 
 // result[0] = the last value seen, result[1] = 1 when the condition held, 0 on timeout.
 extern "C" __global__ void shmem_wait_until(
-    const u64* flag, int cmp, i64 value, u64 timeout_ns, i64* result) {
+    const u64* flag, int cmp, u64 value, u64 timeout_ns, i64* result) {
     if (threadIdx.x != 0 || blockIdx.x != 0) return;
     u64 start = now_ns();
-    i64 v = (i64)load_acquire_sys(flag);
+    u64 v = load_acquire_sys(flag);
     while (!compare(v, cmp, value)) {
         if (now_ns() - start > timeout_ns) {
-            result[0] = v;
+            result[0] = (i64)v;
             result[1] = 0;
             return;
         }
-        v = (i64)load_acquire_sys(flag);
+        v = load_acquire_sys(flag);
     }
-    result[0] = v;
+    result[0] = (i64)v;
     result[1] = 1;
 }
 

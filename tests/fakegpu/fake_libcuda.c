@@ -225,11 +225,12 @@ static CUresult run_kernel(const CUlaunchConfig* c,void* f,void** params){
     LOG("  signal %p op=%d v=%llu",(void*)f,op,(unsigned long long)v); if(op==0)__atomic_store_n(f,v,__ATOMIC_RELEASE); else __atomic_fetch_add(f,v,__ATOMIC_ACQ_REL);
   } else if(!strcmp(nm,"shmem_wait_until")){
     /* as the kernel: spin (another process may raise the flag) until it holds or timeout_ns */
-    uint64_t* f=*(uint64_t**)params[0]; int cmp=*(int*)params[1]; long long val=*(long long*)params[2]; uint64_t tmo=*(uint64_t*)params[3]; long long* res=*(long long**)params[4];
-    uint64_t t0=now_ns(); long long v; int ok;
-    for(;;){ v=(long long)__atomic_load_n(f,__ATOMIC_ACQUIRE); ok = cmp==0? v==val : cmp==1? v!=val : cmp==2? v>val : cmp==3? v>=val : cmp==4? v<val : v<=val;
+    /* signal words are uint64, compared unsigned (as the kernel) */
+    uint64_t* f=*(uint64_t**)params[0]; int cmp=*(int*)params[1]; uint64_t val=*(uint64_t*)params[2]; uint64_t tmo=*(uint64_t*)params[3]; long long* res=*(long long**)params[4];
+    uint64_t t0=now_ns(); uint64_t v; int ok;
+    for(;;){ v=__atomic_load_n(f,__ATOMIC_ACQUIRE); ok = cmp==0? v==val : cmp==1? v!=val : cmp==2? v>val : cmp==3? v>=val : cmp==4? v<val : v<=val;
       if(ok || now_ns()-t0>tmo) break; spin_pause(); }
-    res[0]=v; res[1]=ok; LOG("  wait_until v=%lld cmp=%d val=%lld ok=%d",v,cmp,val,ok);
+    res[0]=(long long)v; res[1]=ok; LOG("  wait_until v=%llu cmp=%d val=%llu ok=%d",(unsigned long long)v,cmp,(unsigned long long)val,ok);
   } else if(!strcmp(nm,"shmem_barrier")){
     uint64_t** pads=*(uint64_t***)params[0]; int rank=*(int*)params[1]; int size=*(int*)params[2]; uint64_t ep=*(uint64_t*)params[3]; uint64_t tmo=*(uint64_t*)params[4]; long long* res=*(long long**)params[5];
     int round=0; res[0]=-1; res[1]=0;

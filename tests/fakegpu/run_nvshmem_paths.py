@@ -323,6 +323,17 @@ def main() -> None:
         lambda: (buf.put(0, np.ones(100, np.float32), signal=(3, 7)), w.wait_until(3, "eq", 7)),
     )
     check("signal read", lambda: w.signals.read(3))
+
+    def unsigned_words() -> int:  # uint64 signals: up to 2**64 - 1, compared unsigned
+        top = (1 << 64) - 1
+        w.signal(0, 6, top)
+        seen = w.wait_until(6, "gt", 1 << 63)
+        assert seen == top == w.signals.read(6), seen
+        w.signal(0, 6, 1, "add")  # wraps
+        assert w.wait_until(6, "lt", 1) == 0
+        return seen
+
+    check("signals are unsigned 64-bit words", unsigned_words)
     check("a wait times out", lambda: times_out(lambda: w.wait_until(4, "eq", 1, timeout=0.1)))
     check("barrier", lambda: [w.barrier() for _ in range(3)])
     ctr = w.zeros(2, "int64")

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from shmem import World
-from shmem.errors import SignalTimeoutError
+from shmem.errors import ArgumentError, SignalTimeoutError
 
 pytestmark = pytest.mark.mpi
 
@@ -131,3 +131,32 @@ def test_signal_argument_errors(world: World) -> None:
         world.signal(0, 0, 1, op="xor")
     with pytest.raises(ValueError, match="wait_until: invalid comparison"):
         world.wait_until(0, "approx", 1)
+
+
+def test_pad_slots_are_unsigned_64_bit_words_on_every_path(world: World) -> None:
+    """OpenSHMEM's signals are uint64: values up to 2**64 - 1 through World.signal, put with
+    signal and waits, compared unsigned; add wraps modulo 2**64 (issue 29)."""
+    right, left = (world.rank + 1) % world.world_size, (world.rank - 1) % world.world_size
+    top = (1 << 64) - 1
+    world.signal(right, 3, top)
+    assert world.wait_until(3, "eq", top) == top
+    assert world.wait_until(3, "gt", 1 << 63) == top  # unsigned: above 2**63
+    assert world.signals.read(3) == top
+    world.barrier()
+    world.signal(right, 3, 1, "add")  # wraps to 0
+    world.wait_until(3, "lt", 1)
+    assert world.signals.read(3) == 0
+    world.signal(right, 4, -1)  # C's uint64_t: -1 is 2**64 - 1
+    assert world.wait_until(4, "eq", top) == top
+    with world.zeros(4, "int64") as x:
+        x.put(right, np.full(4, world.rank, np.int64), signal=(5, (1 << 63) + 5))
+        assert world.wait_until(5, "ge", (1 << 63) + 5) == (1 << 63) + 5
+        assert x.local().tolist() == [left] * 4
+    with pytest.raises(
+        ArgumentError, match=r"signal: value out of range \(got 18446744073709551616"
+    ):
+        world.signal(right, 3, 1 << 64)
+    world.barrier()
+    for slot in (3, 4, 5):
+        world.signal(world.rank, slot, 0)
+    world.barrier()
