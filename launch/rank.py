@@ -44,7 +44,14 @@ from types import TracebackType
 from typing import Any, NoReturn
 
 from .gpu import choose_gpu, visible_gpus
-from .report import DeathRecord, ErrorRecord, StartRecord, load_starts, write_json_atomic
+from .report import (
+    DeathRecord,
+    ErrorRecord,
+    ExitRecord,
+    StartRecord,
+    load_starts,
+    write_json_atomic,
+)
 
 ENV_LOG_DIR = "SHMEM_LAUNCH_LOG_DIR"
 ENV_GPU = "SHMEM_LAUNCH_GPU"
@@ -139,6 +146,13 @@ class _Rank:
             with contextlib.suppress(Exception):
                 progress()
             time.sleep(0.001)
+
+    def global_exit(self, status: int, where: str) -> None:
+        """shmem.global_exit's hook: record who ended the job (then it aborts)."""
+        if self.log_dir is not None:
+            ExitRecord(
+                self.rank, self.size, self.host, os.getpid(), time.time(), status, where
+            ).write(self.log_dir)
 
     def done(self, exit_code: int) -> None:
         if self.log_dir is not None:
@@ -267,7 +281,7 @@ def _monitor(child: int, log_dir: Path) -> NoReturn:
         start = next((s for s in load_starts(log_dir).values() if s.pid == child), None)
         rank = start.rank if start is not None else _env_rank()
         recorded = any(
-            (log_dir / f"rank.{rank}.{kind}.json").exists() for kind in ("error", "done")
+            (log_dir / f"rank.{rank}.{kind}.json").exists() for kind in ("error", "done", "exit")
         )
         if rank >= 0 and not recorded:
             size = (
@@ -295,6 +309,9 @@ def main(argv: list[str] | None = None) -> int:
             os._exit(1)
     rank = _Rank()
     rank.redirect_output()
+    from shmem.job import on_global_exit  # (shmem is imported for the config anyway)
+
+    on_global_exit(rank.global_exit)
 
     def thread_hook(hook_args: threading.ExceptHookArgs) -> None:
         if issubclass(hook_args.exc_type, SystemExit):

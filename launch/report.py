@@ -121,6 +121,28 @@ class DeathRecord:
         )
 
 
+@dataclass(frozen=True)
+class ExitRecord:
+    """A rank that ended the whole job on purpose (``shmem.global_exit(status)``)."""
+
+    rank: int
+    world_size: int
+    host: str
+    pid: int
+    time: float
+    status: int  # the exit status the job ends with
+    where: str  # the caller's file:line
+
+    def write(self, log_dir: Path) -> None:
+        write_json_atomic(log_dir / f"rank.{self.rank}.exit.json", asdict(self))
+
+    def headline(self) -> str:
+        return (
+            f"rank {self.rank} of {self.world_size} on {self.host} (pid {self.pid}) called "
+            f"global_exit({self.status}) at {_when(self.time)} ({self.where})"
+        )
+
+
 def _load(log_dir: Path, pattern: str) -> list[dict[str, object]]:
     out = []
     for path in sorted(log_dir.glob(pattern)):
@@ -140,6 +162,12 @@ def load_errors(log_dir: Path) -> list[ErrorRecord]:
 def load_deaths(log_dir: Path) -> list[DeathRecord]:
     """Death records, earliest first."""
     records = [DeathRecord(**d) for d in _load(log_dir, "rank.*.died.json")]  # type: ignore[arg-type]
+    return sorted(records, key=lambda r: (r.time, r.rank))
+
+
+def load_exits(log_dir: Path) -> list[ExitRecord]:
+    """global_exit records, earliest first."""
+    records = [ExitRecord(**d) for d in _load(log_dir, "rank.*.exit.json")]  # type: ignore[arg-type]
     return sorted(records, key=lambda r: (r.time, r.rank))
 
 

@@ -25,6 +25,7 @@ from .report import (
     load_deaths,
     load_done,
     load_errors,
+    load_exits,
     load_starts,
     parse_mpiexec_failures,
 )
@@ -406,6 +407,14 @@ def _summarise(
                 dump = stack.read_text(errors="replace").strip().splitlines()
                 lines.extend("    " + ln for ln in dump[:40])
         return JobResult(TIMEOUT_EXIT, True, lines)
+    exits = load_exits(logs)
+    if exits:  # ended on purpose: whatever the other ranks recorded is a consequence
+        first = exits[0]
+        if first.status == 0:
+            return JobResult(0, False, [f"launch: job ended: {first.headline()}"])
+        return JobResult(
+            first.status, False, [f"launch: job ended by global_exit: {first.headline()}"]
+        )
     deaths = load_deaths(logs)
     if errors or deaths:
         return _root_cause(logs, errors, deaths, rc)

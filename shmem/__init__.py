@@ -56,6 +56,7 @@ from .errors import (
     SignalTimeoutError,
     ViewError,
 )
+from .job import global_exit, pcontrol
 from .memory import Buffer
 from .signals import Cmp, SignalOp, SignalPad
 from .threads import ThreadLevel
@@ -122,7 +123,9 @@ __all__ = [
     "errors",
     "finalize",
     "get_world",
+    "global_exit",
     "init",
     "load_config",
     "parse_size",
+    "pcontrol",
 ]

@@ -12,7 +12,7 @@ import threading
 import warnings
 import weakref
 from contextlib import ExitStack
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import numpy as np
 
@@ -518,6 +518,20 @@ class World:
                 f"World.ptr: invalid buffer (got {type(buf).__name__}; expected a SHMEMBuffer)"
             )
         return buf._peer("ptr", rank)
+
+    @staticmethod
+    def global_exit(status: int = 0) -> NoReturn:
+        """End the whole job with ``status`` (``shmem_global_exit``; :func:`shmem.global_exit`)."""
+        from .job import global_exit
+
+        global_exit(status)
+
+    @staticmethod
+    def pcontrol(level: int = 1, *args: object) -> None:
+        """``shmem_pcontrol``: a checked no-op (:func:`shmem.pcontrol`)."""
+        from .job import pcontrol
+
+        pcontrol(level, *args)
 
     @staticmethod
     def info_get_version() -> tuple[int, int]:

@@ -66,6 +66,28 @@ def test_a_failing_rank_ends_the_job_and_is_named(
         assert re.search(r"stopped because of rank 1: rank [02] .*PeerFailedError", proc.stderr)
 
 
+@pytest.mark.parametrize("split", ["node", "rank"])
+@pytest.mark.parametrize("status", [0, 6])
+def test_global_exit_ends_every_rank_with_its_status(
+    tmp_path: Path, status: int, split: str
+) -> None:
+    """shmem.global_exit(status) on one rank ends the job at once, the others blocked in a
+    barrier; the launcher exits with that status and says who called it, from where."""
+    event = tmp_path / "event"
+    proc, end = launch(
+        "-n", "3", "--timeout", "60", "--env", f"SHMEM_HEAP_NODE_SPLIT={split}",
+        str(JOBS / "faulty.py"), f"gexit{status}", str(event),
+    )  # fmt: skip
+    assert proc.returncode == status, proc.stderr
+    said = (
+        r"rank 1 of 3 on \S+ \(pid \d+\) called global_exit\({}\) at [\d:.]+ \(\S*faulty.py:\d+\)"
+    )
+    assert re.search(said.format(status), proc.stderr), proc.stderr
+    assert ("job ended by global_exit" in proc.stderr) == (status != 0), proc.stderr
+    assert "root cause" not in proc.stderr and "NOT ENDED" not in proc.stdout
+    assert end - _event_time(event) < 5.0, "the job ends within 5 s"
+
+
 def test_a_hanging_rank_is_killed_at_the_deadline(tmp_path: Path) -> None:
     event = tmp_path / "event"
     proc, end = launch("-n", "3", "--timeout", "4", str(JOBS / "faulty.py"), "hang", str(event))

@@ -2,7 +2,8 @@
 
 usage: faulty.py MODE EVENT_FILE, MODE one of ok, raise, exit3, kill, hang, thread,
 thread_exit0, oexit7, segv, peer, world_kill (rank 1 is killed after every rank made a
-World: MPI shared-memory segments are live).
+World: MPI shared-memory segments are live), gexit0 / gexit6 (every rank makes a World and
+rank 1 ends the job with ``shmem.global_exit(0 or 6)`` while the others wait in a barrier).
 Rank 1 writes the time of the event into EVENT_FILE just before it; the other ranks wait
 in a barrier that rank 1 never reaches. In ``peer`` rank 1 tells the others it failed, and
 they raise ``PeerFailedError`` at once, while rank 1 takes 0.3 s to ``sys.exit(5)`` (as a
@@ -30,6 +31,18 @@ def main() -> None:
         world = shmem.init(heap_nbytes="16MiB")
         world.barrier()
         mode = "kill"
+    if mode in ("gexit0", "gexit6"):
+        import shmem
+
+        world = shmem.init(heap_nbytes="16MiB")
+        world.barrier()
+        if comm.Get_rank() == 1:
+            with open(event_file, "w") as fh:
+                fh.write(repr(time.time()))
+            time.sleep(0.2)  # the others are in the barrier below by now
+            shmem.global_exit(int(mode[5:]))
+        world.barrier(timeout=3600)  # never left: rank 1 ended the job
+        print(f"rank {comm.Get_rank()} NOT ENDED")
     if mode == "peer" and comm.Get_rank() != 1:
         from shmem.errors import PeerFailedError
 
