@@ -426,7 +426,9 @@ class World:
         epoch-flag barrier, not ``MPI_Barrier``; operations on other contexts complete at
         their own ``quiet``."""
         self._check_open("World.barrier")
-        self._complete_default()
+        ctx = self._default_ctx  # (_complete_default, inline: the barrier is a hot path)
+        if ctx is not None and ctx._ops:
+            ctx.quiet()
         self.signals.barrier(timeout)
 
     def sync_all(self, timeout: float | None = None) -> None:
