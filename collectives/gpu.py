@@ -577,12 +577,10 @@ class GpuAllReduce:
     def close(self) -> None:
         """Free the symmetric buffers (collective: after every peer finished its last call)
         and the communicator; see :meth:`_close_buffers`."""
-        try:
-            self._close_buffers()
-        finally:
-            self.mpi.Free()
+        if self._close_buffers() and self.mpi:
+            self.mpi.Free()  # (kept with the scratch: a later close may agree again)
 
-    def _close_buffers(self) -> None:
+    def _close_buffers(self) -> bool:
         """Free the symmetric buffers (collective: after every peer finished its last call).
 
         A peer may still write into them after a timeout, so they stay allocated, on every
@@ -631,11 +629,12 @@ class GpuAllReduce:
         if reasons:
             self.broken = True
             self._keep_scratch("; ".join(reasons))
-            return
+            return False
         self._tables.close(self.heap.stream)
         self._arrive.close(self.heap.stream)
         for buf in (self.flags, self.results, self.scratch):
             buf.close()
+        return True
 
     def _keep_scratch(self, why: str) -> None:
         log.warning(

@@ -172,7 +172,8 @@ def test_put_shortcut_ends_at_close_and_finalize(path: str) -> None:
 
 
 def test_signals_land_on_both_paths(world: Any) -> None:
-    """Set and add, int64 extremes, many writers: the same result through C and Python."""
+    """Set and add, the words' extremes, many writers: the same result through C and Python
+    (slots are unsigned 64-bit words: a negative value is its two's complement)."""
     w = world
     to, frm = _right(w), (w.rank - 1) % w.world_size
     pad = w.signals
@@ -184,12 +185,14 @@ def test_signals_land_on_both_paths(world: Any) -> None:
     w.barrier()
     w.signal(to, 0, -(1 << 63))
     w.signal(to, 1, (1 << 63) - 1)
+    w.signal(to, 4, (1 << 64) - 1)  # beyond int64: the C path hands it to Python
     w.signal(to, 2, 7 + w.rank, shmem.SignalOp.SET)  # an enum member is a str too
     for r in range(w.world_size):
         w.signal(r, 3, w.rank + 1, "add")  # every rank adds into every rank's slot
     w.barrier()
-    assert w.wait_until(0, "eq", -(1 << 63)) == -(1 << 63)
+    assert w.wait_until(0, "eq", -(1 << 63)) == 1 << 63  # read back unsigned
     assert w.wait_until(1, "eq", (1 << 63) - 1) == (1 << 63) - 1
+    assert w.wait_until(4, "gt", 1 << 63) == (1 << 64) - 1
     assert w.signals.read(2) == 7 + frm  # from the left neighbour
     assert w.wait_until(3, "eq", w.world_size * (w.world_size + 1) // 2)
     w.barrier()
@@ -204,7 +207,7 @@ def test_signals_land_on_both_paths(world: Any) -> None:
         (1 << 70, 0, 1, "set", "rank"),
         ("right", -1, 1, "set", "slot"),
         ("right", "slots", 1, "set", "slot"),  # the first barrier slot is not the user's
-        ("right", 0, 1 << 63, "set", "value"),
+        ("right", 0, 1 << 64, "set", "value"),
         ("right", 0, 1.5, "set", "value"),
         ("right", 0, 1, "xor", "op"),
         ("right", 0, 1, b"set", "op"),
