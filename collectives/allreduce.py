@@ -28,6 +28,7 @@ from shmem.errors import (
 )
 
 from .channel import Channel, Flag, source_tag
+from .cross import CROSS_RS_MIN_NBYTES, reduce_across
 from .operand import Array, Operand, agree, output_array
 from .ops import (
     UFUNCS,
@@ -774,14 +775,22 @@ def _hierarchical(
             return
     s = ch.next_call()
     cross = ch.cross
+    # large vectors cross nodes as a reduce-scatter + all-gather (collectives.cross): the
+    # same per-element operations in the same order as the single all-gather below
+    large = cross is not None and count * dtype.itemsize >= CROSS_RS_MIN_NBYTES
     if (
         cross is not None and not ch.uniform_nodes
     ):  # every rank reduces everything, in rank order, over MPI
         try:
             ch.wait_previous(s, "all_reduce")  # node-local peers are done with the last call
         except (CollectiveMismatchError, PeerFailedError):
-            ch.abandon_exchange(cross, count * acc.itemsize, "all_reduce")  # others stop too
+            ch.abandon_exchange(cross, 0 if large else count * acc.itemsize, "all_reduce")
             raise
+        if large:
+            src = xin.array[lo:hi]
+            reduce_across(ch, cross, src, dst[lo:hi], op, acc, ch.world_size, "all_reduce")
+            ch.post(DONE, s)
+            return
         block = ch.signed_block(count * acc.itemsize)
         np.copyto(block[: count * acc.itemsize].view(acc), xin.array[lo:hi], casting="unsafe")
         every = ch.gather_signed(cross, block, "all_reduce").view(acc)
@@ -789,6 +798,18 @@ def _hierarchical(
         ch.post(DONE, s)
         return
     parts = len(ch.local_peers)
+    if large and parts == 1:  # one rank per node: my input is my node's partial, exactly
+        try:
+            ch.wait_previous(s, "all_reduce")
+        except (CollectiveMismatchError, PeerFailedError):
+            ch.abandon_exchange(cast("MPI.Intracomm", cross), 0, "all_reduce")
+            raise
+        reduce_across(
+            ch, cast("MPI.Intracomm", cross), xin.array[lo:hi], dst[lo:hi], op, acc,
+            ch.world_size, "all_reduce",
+        )  # fmt: skip
+        ch.post(DONE, s)
+        return
     # intra-node reduce-scatter: my node's partial of shard `local_index` (no rounding yet)
     a, b = shard_of(count, parts, ch.local_index)
     try:
@@ -796,18 +817,20 @@ def _hierarchical(
         inputs = _inputs(ch, xin, lo, hi, s, nbytes)
     except (CollectiveMismatchError, PeerFailedError):
         if cross is not None:  # the other nodes wait in the exchange: tell them, at once
-            ch.abandon_exchange(cross, (b - a) * acc.itemsize, "all_reduce")
+            ch.abandon_exchange(cross, 0 if large else (b - a) * acc.itemsize, "all_reduce")
         raise
     block = ch.signed_block((b - a) * acc.itemsize)  # the signature rides behind the data
     partial = block[: (b - a) * acc.itemsize].view(acc)
     partial_op = "sum" if op == "avg" else op
     reduce_into(partial, [inp[a:b] for inp in inputs], partial_op, acc)
-    # between nodes: the same shard's partials from every node, reduced in node order
-    if cross is None:  # one node: the partial is the whole reduction (two-shot, unrounded)
-        nodes = partial[None, :]
-    else:
-        nodes = ch.gather_signed(cross, block, "all_reduce").view(acc)
     base = _round_up(count * dtype.itemsize)  # my shard sits after the staging area
     mine = ch.scratch(nbytes)[base : base + (b - a) * dtype.itemsize].view(dtype)
-    reduce_into(mine, list(nodes), op, acc, avg_count=ch.world_size)
+    # between nodes: the same shard's partials from every node, reduced in node order
+    if cross is None:  # one node: the partial is the whole reduction (two-shot, unrounded)
+        reduce_into(mine, [partial], op, acc, avg_count=ch.world_size)
+    elif large:
+        reduce_across(ch, cross, partial, mine, op, acc, ch.world_size, "all_reduce")
+    else:
+        nodes = ch.gather_signed(cross, block, "all_reduce").view(acc)
+        reduce_into(mine, list(nodes), op, acc, avg_count=ch.world_size)
     _gather_shards(ch, s, dst, lo, count, base, dtype)

@@ -43,12 +43,16 @@ class Operand:
             self.array = obj.local().reshape(-1)
         elif isinstance(obj, np.ndarray):
             self.shmem = None
-            if not obj.flags.c_contiguous:
+            if obj.flags.c_contiguous:
+                self.array = obj.reshape(-1)
+            elif name == "out":  # written into: a copy would lose the result
                 raise CollectiveArgumentError(
                     f"{where}: {name} must be C-contiguous (got strides {obj.strides}; expected "
                     "a contiguous array: numpy.ascontiguousarray)"
                 )
-            self.array = obj.reshape(-1)
+            else:  # an input: read through a contiguous copy, on every path alike (the
+                # cached replays read strided inputs as they are)
+                self.array = np.ascontiguousarray(obj).reshape(-1)
         else:
             raise CollectiveArgumentError(
                 f"{where}: {name} must be a SHMEMBuffer or a numpy array (got {type(obj).__name__})"

@@ -138,11 +138,15 @@ def poll_until(
     deadline: float,
     progress: Callable[[], None] | None = None,
     spin_s: float = _SPIN_S,
+    yield_s: float = _YIELD_S,
 ) -> bool:
     """Call ``probe`` with backoff until it returns True (-> True) or ``deadline`` passes.
 
     ``deadline`` is a ``time.monotonic()`` value. ``progress`` is called between probes.
-    Polls spin for ``spin_s``, then yield the core until 2 ms, then sleep up to 1 ms.
+    Polls spin for ``spin_s``, then yield the core until ``yield_s`` (2 ms), then sleep up
+    to 1 ms between probes. A probe that drives a transfer (an MPI request's ``Test``: MPI
+    moves a large message only while it is called) wants a long ``yield_s``: a sleeping
+    poller stalls the transfer.
     """
     start = time.monotonic()
     pause = 20e-6
@@ -157,7 +161,7 @@ def poll_until(
         waited = now - start
         if waited < spin_s:
             continue
-        if waited < _YIELD_S:
+        if waited < yield_s:
             os.sched_yield()
             continue
         time.sleep(min(pause, max(deadline - now, 0.0)))
