@@ -111,6 +111,18 @@ def _q(arr: np.ndarray[Any, Any]) -> memoryview:
     return memoryview(cast(Any, arr)).cast("B").cast("q")
 
 
+class _AllOf:
+    """Several requests as one: ``Test`` is ``MPI.Request.Testall`` (kept whole on timeout)."""
+
+    __slots__ = ("reqs",)
+
+    def __init__(self, reqs: list[MPI.Request]) -> None:
+        self.reqs = reqs
+
+    def Test(self) -> bool:  # (an MPI request's method name)
+        return bool(MPI.Request.Testall(self.reqs))
+
+
 class Channel:
     """Flags, scratch and sequence numbers of one Communicator on a host World (collective
     to create: it allocates from the symmetric heap and, across nodes, splits the world
@@ -351,6 +363,11 @@ class Channel:
     def flags_behind(self, flag: int, value: int) -> bool:
         """Whether any node-local peer's ``flag`` is still below ``value`` (no waiting)."""
         return any(self.peer_flags[r][flag] < value for r in self.local_peers if r != self.rank)
+
+    def mpi_wait_all(self, reqs: list[MPI.Request], what: str, keep: object = None) -> None:
+        """:meth:`mpi_wait` for several requests (point-to-point messages of one exchange)."""
+        if reqs:
+            self.mpi_wait(_AllOf(reqs), what, keep)  # type: ignore[arg-type]
 
     def mpi_wait(self, req: MPI.Request, what: str, keep: object = None) -> None:
         """Wait for a non-blocking MPI exchange between nodes, within the deadline (and

@@ -9,7 +9,8 @@ from shmem import SHMEMBuffer
 
 from .allreduce import all_reduce, shard_plan
 from .channel import Channel
-from .family import exchange
+from .cross import reduce_scatter_across
+from .family import exchange, over_mpi
 from .operand import Array, Operand, prepare
 from .ops import ReduceOp, accumulate_dtype, check_op, reduce_into
 from .schedule import shard_of
@@ -34,9 +35,17 @@ def reduce_scatter(
     op = str(op)
     acc = accumulate_dtype(xin.dtype, ch.float32_accumulate)
     a, b = shard_of(xin.count, size, rank)
+    if ch.num_nodes > 1 and (len(ch.local_peers) == 1 or not ch.uniform_nodes):
+        # across nodes, where the all-reduce reduces in rank order (one rank per node, or
+        # nodes of different sizes): straight to my shard over MPI, bitwise the same
+        src = xin.array
+        over_mpi(
+            ch, where, lambda: reduce_scatter_across(ch, ch.comm, src, dst, op, acc, size, where)
+        )
+        return ret
     if not ch.fits_scratch(xin):
-        # across nodes (hierarchical), or too large for the scratch (in pieces): the
-        # all-reduce, then my shard
+        # across nodes (hierarchical: node partials in node order), or too large for the
+        # scratch (in pieces): the all-reduce, then my shard
         full = all_reduce(ch, xin.shmem if xin.shmem is not None else xin.array, op, None, "auto")
         np.copyto(dst, np.asarray(full).reshape(-1)[a:b])
         return ret

@@ -23,7 +23,7 @@ import collectives
 import shmem
 from collectives.allreduce import replay_status
 from collectives.schedule import shard_of
-from shmem import SUPPORTED_DTYPES, World
+from shmem import SUPPORTED_DTYPES, World, as_dtype
 from shmem.errors import (
     ArgumentError,
     CollectiveArgumentError,
@@ -983,3 +983,23 @@ def test_all_reduce_fused_options_refuse_bad_input(world: World, comm: Any) -> N
     assert (out == 3 * world.world_size).all()
     # nothing moved: a correct call still works on every rank
     assert (comm.all_reduce(x, scale=2.0) == 2 * world.world_size).all()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("count", [5, 40_000])
+def test_reduce_scatter_is_the_all_reduces_shard_bitwise(
+    world: World, comm: Any, dtype: str, count: int
+) -> None:
+    """On every layout (one node, one rank per node, nodes of different sizes, 2 x 2) and on
+    both sides of the size where the exchange between nodes changes: reduce_scatter's shard
+    is bitwise the all-reduce's elements, for sums and averages of values whose rounding
+    depends on the order."""
+    p, r = world.world_size, world.rank
+    rng = np.random.default_rng(7 + r)
+    x = (rng.standard_normal(count) * 10.0 ** rng.integers(-3, 4, count)).astype(as_dtype(dtype))
+    lo, hi = shard_of(count, p, r)
+    for op in ("sum", "avg"):
+        full = np.asarray(comm.all_reduce(x, op=op))
+        part = np.asarray(comm.reduce_scatter(x, op=op))
+        assert part.tobytes() == full[lo:hi].tobytes(), op
+        assert len(set(world.comm.allgather(full.tobytes()))) == 1, op
