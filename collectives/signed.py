@@ -157,6 +157,29 @@ def agree_first(host: SignedHost, comm: MPI.Intracomm, what: str, who: str) -> N
     gather_rows(host, comm, _send_block(0, host.signature), what, who)
 
 
+# MPICH reports a collective whose members send different sizes as a truncation error (a
+# mismatch, here); Open MPI aborts or writes past the buffer. Under any MPI but MPICH the
+# signatures (8 bytes: a size every member agrees on) are all-gathered before a block whose
+# size depends on the call, which then moves only when every member is in the same call.
+HEADER_FIRST = MPI.get_vendor()[0] != "MPICH"
+
+
+def _headers_agree(
+    host: SignedHost, comm: MPI.Intracomm, signature: int, what: str, who: str, check: bool
+) -> bool:
+    """All-gather the 8-byte signatures (``signature`` for this member): True when every
+    member is in this call; else raise (``check``) or False (an abandoning member)."""
+    key = (comm.Get_size(), 8)
+    every, sigs, _ = _rows_of(*key)
+    block = _send_block(0, signature)
+    run(host, comm, lambda: comm.Iallgather([block, MPI.BYTE], [every, MPI.BYTE]), what, block)
+    if sigs.tobytes() == block[-8:].tobytes() * len(every):
+        return True
+    if check:
+        compare(host, _trailers(every), what, who)
+    return False
+
+
 def gather_rows(
     host: SignedHost,
     comm: MPI.Intracomm,
@@ -169,6 +192,10 @@ def gather_rows(
     one row per member (a view, valid until the next exchange of the same shape)."""
     key = (comm.Get_size(), block.nbytes)
     every, sigs, data = _rows_of(*key)
+    if HEADER_FIRST and block.nbytes > 8:
+        signature = int(block[-8:].view(np.int64)[0])
+        if not _headers_agree(host, comm, signature, what, who, check):
+            return data  # abandoned (check=False): no member moves the blocks
     try:
         run(
             host,
@@ -283,6 +310,10 @@ class PersistentGather:
         req = self._req
         if req is None or self.busy:
             raise RuntimeError(f"{what}: internal error: a persistent gather reused after close")
+        if HEADER_FIRST:  # the plan's size is the call's: agree on the call first
+            signature = int(self.block[-8:].view(np.int64)[0])
+            if not _headers_agree(host, self.comm, signature, what, who, check):
+                return self.data
         self._sigs.fill(0)
         self.busy = True
         req.Start()

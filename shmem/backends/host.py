@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import logging
 import mmap
+import operator
 import platform
 import threading
 import time
@@ -68,6 +69,11 @@ _MPI_ATOMIC_TYPES = {
     np.dtype(np.uint64): MPI.UINT64_T,
     np.dtype(np.float32): MPI.FLOAT,  # fetch, set and swap only (OpenSHMEM's float AMOs)
     np.dtype(np.float64): MPI.DOUBLE,
+}
+_BITWISE: dict[str, Callable[[int, int], int]] = {
+    "and": operator.and_,
+    "or": operator.or_,
+    "xor": operator.xor,
 }
 _MPI_OPS = {
     "add": MPI.SUM,
@@ -194,6 +200,7 @@ class HostHeap:
 
     name = "host"
     device_memory = False  # the slab is host memory: buffers are numpy views
+    _bitwise_by_cas = False  # and/or/xor as compare-and-swap loops (see __init__)
 
     def __init__(
         self,
@@ -273,6 +280,10 @@ class HostHeap:
                 self._rma_base = comm.allgather(self._pads[self.local_rank])
             elif self.num_nodes > 1:  # MPI cannot share window memory: a second window
                 self._rma_win = MPI.Win.Create(self._slab, 1, comm=comm)
+                # Open MPI applies bitwise accumulates to Win_create memory wrongly (every
+                # and/or lost between 2 ranks, 200 of 200 rounds; sum and replace are right):
+                # those run as compare-and-swap loops there
+                self._bitwise_by_cas = MPI.get_vendor()[0] != "MPICH"
                 stack.callback(self._rma_win.Free)
                 self._rma_win.Lock_all(MPI.MODE_NOCHECK)
                 stack.callback(self._rma_win.Unlock_all)
@@ -524,6 +535,8 @@ class HostHeap:
         that makes no MPI progress raises :class:`RemoteTimeoutError` instead of blocking.
         """
         win = self._rma_win
+        if self._bitwise_by_cas and op in _BITWISE:
+            return self._bitwise_cas(rank, offset, value, dtype, op, timeout_s)
         if win is None or dtype not in _MPI_ATOMIC_TYPES or dtype.kind == "f":
             req, result = self.atomic_fetch_op_nbi(rank, offset, value, dtype, op)
             if req is None or req.Test():  # most complete at once: no clock, no poll loop
@@ -572,6 +585,9 @@ class HostHeap:
             win.Fetch_and_op([origin, mpi_t], [result, mpi_t], target, offset, _MPI_OPS[op])
             win.Flush(target)
             return None, result
+        if self._bitwise_by_cas and op in _BITWISE:  # complete at once (allowed for *_nbi)
+            result[0] = self._bitwise_cas(rank, offset, int(value), dtype, op)
+            return None, result
         # request-based (completes once applied at the target), so callers bound it by the
         # deadline; the wait loops serve peers' operations aimed at this rank (progress)
         req = win.Rget_accumulate(
@@ -582,6 +598,46 @@ class HostHeap:
             _MPI_OPS[op],
         )
         return req, result
+
+    def _bitwise_cas(
+        self,
+        rank: int,
+        offset: int,
+        value: int,
+        dtype: np.dtype[Any],
+        op: str,
+        timeout_s: float | None = None,
+    ) -> int:
+        """``op`` (and, or, xor) on the world window as a compare-and-swap loop: read, then
+        swap in ``old op value`` until no other rank changed the word in between. Returns the
+        old value; bounded by the deadline (each compare-and-swap completes, with the TCP
+        transport's progress thread, while the target computes)."""
+        win = cast("MPI.Win", self._rma_win)
+        disp = self._rma_base[rank] + offset
+        mpi_t = _MPI_ATOMIC_TYPES[dtype]
+        old = np.empty(1, dtype)
+        win.Fetch_and_op([np.zeros(1, dtype), mpi_t], [old, mpi_t], rank, disp, MPI.NO_OP)
+        win.Flush(rank)
+        combine = _BITWISE[op]
+        mask = (1 << (8 * dtype.itemsize)) - 1
+        unsigned = np.dtype(f"u{dtype.itemsize}")
+        limit = self.timeout_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + limit
+        seen = np.empty(1, dtype)
+        while True:
+            want = combine(int(old[0]) & mask, int(value) & mask)
+            new = np.array([want], unsigned).view(dtype)  # the bits, in the word's dtype
+            win.Compare_and_swap([new, mpi_t], [old, mpi_t], [seen, mpi_t], rank, disp)
+            win.Flush(rank)
+            if seen[0] == old[0]:
+                return int(seen[0])
+            if time.monotonic() > deadline:
+                raise RemoteTimeoutError(
+                    f"atomic {op}: rank {self.rank}: the word on rank {rank} kept changing for "
+                    f"{limit:g} s (compare-and-swap never succeeded)",
+                    peer=rank,
+                )
+            old[0] = seen[0]
 
     def atomic_value(
         self, rank: int, offset: int, value: float, dtype: np.dtype[Any], op: str

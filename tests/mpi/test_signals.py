@@ -109,6 +109,12 @@ def test_timeout_names_slot_value_and_peer(world: World) -> None:
 def test_barrier_timeout_when_a_peer_never_arrives(world: World) -> None:
     if world.world_size == 1:
         pytest.skip("a barrier of one rank cannot miss a peer")
+    from mpi4py import MPI
+
+    if world.num_nodes > 1 and MPI.get_vendor()[0] == "Open MPI":
+        # docs/reliability.md: Open MPI's one-sided operations on a rank that makes no MPI
+        # call wait inside MPI until it does (no asynchronous progress over sm/tcp)
+        pytest.skip("Open MPI: a signal to a rank that makes no MPI call waits inside MPI")
     if world.rank == 0:
         time.sleep(1.5)  # rank 0 does not enter the barrier in time
         world.barrier()  # ... but enters later, so the others' epoch stays consistent
