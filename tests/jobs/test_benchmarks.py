@@ -76,8 +76,14 @@ def test_allreduce(tmp_path: Path) -> None:
 
 
 def test_family(tmp_path: Path) -> None:
-    records = run(["family.py", "--max-bytes", "64", "--blocks", "1"], tmp_path / "out.jsonl")
-    assert {r["collective"] for r in records} == {"broadcast", "all_gather", "reduce_scatter"}
+    records = run(
+        ["family.py", "--max-bytes", "64", "--blocks", "1", "--dtypes", "float32,bfloat16"],
+        tmp_path / "out.jsonl",
+    )
+    assert {r["collective"] for r in records} == {
+        "broadcast", "all_gather", "reduce_scatter", "all_to_all", "barrier",
+    }  # fmt: skip
+    assert {r["dtype"] for r in records} == {"float32", "bfloat16", "-"}
     assert all(positive(r["ratio"]) for r in records), records
 
 
