@@ -8,6 +8,7 @@ from shmem import SHMEMBuffer
 
 from . import signed
 from .channel import Channel
+from .cross import P2P_MAX_MEMBERS, all_gather_across
 from .family import exchange, family_plan, over_mpi
 from .operand import Array, prepare
 
@@ -21,6 +22,11 @@ def all_gather(
     size = ch.world_size
     xin, ret, dst = prepare(ch, where, x, out, lambda n: n * size)
     m = xin.count
+    if ch.num_nodes > 1 and ch.world_size <= P2P_MAX_MEMBERS:
+        # across nodes: point to point, the signatures checked meanwhile (collectives.cross)
+        src = xin.array
+        over_mpi(ch, where, lambda: all_gather_across(ch, ch.comm, src, dst, where))
+        return ret
     if not ch.fits_scratch(xin):
         # across nodes, or too large for the scratch: MPI (non-blocking, within the deadline)
         send = np.ascontiguousarray(xin.array).view(np.uint8)

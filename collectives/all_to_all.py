@@ -10,6 +10,7 @@ from shmem.errors import CollectiveArgumentError
 
 from . import signed
 from .channel import Channel
+from .cross import P2P_MAX_MEMBERS, all_to_all_across
 from .family import exchange, over_mpi
 from .operand import Array, Operand, prepare
 
@@ -31,6 +32,11 @@ def all_to_all(
 
     xin, ret, dst = prepare(ch, where, x, out, lambda n: n, (), validate)
     m = xin.count // size
+    if ch.num_nodes > 1 and size <= P2P_MAX_MEMBERS:
+        # across nodes: point to point, the signatures checked meanwhile (collectives.cross)
+        src = xin.array
+        over_mpi(ch, where, lambda: all_to_all_across(ch, ch.comm, src, dst, where))
+        return ret
     if not ch.fits_scratch(xin):
         # across nodes, or too large for the scratch: MPI (non-blocking, within the deadline)
         send = np.array(xin.array, copy=True).view(np.uint8)  # in place: MPI needs two buffers

@@ -9,6 +9,7 @@ from shmem.errors import CollectiveArgumentError
 
 from . import signed
 from .channel import Channel
+from .cross import P2P_MAX_MEMBERS, broadcast_across
 from .family import exchange, family_plan, over_mpi
 from .operand import Array, Operand, prepare
 
@@ -42,6 +43,12 @@ def broadcast(
         default_out_is_x=True,
     )
     root = int(root)
+    if ch.num_nodes > 1 and ch.world_size <= P2P_MAX_MEMBERS:
+        # across nodes: point to point from the root, the signatures checked meanwhile
+        # (collectives.cross)
+        src = xin.array
+        over_mpi(ch, where, lambda: broadcast_across(ch, ch.comm, src, dst, root, where))
+        return ret
     if not ch.fits_scratch(xin):
         # across nodes, or too large for the scratch: MPI (non-blocking, within the deadline)
         if ch.rank == root and not np.shares_memory(dst, xin.array):

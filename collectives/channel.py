@@ -111,6 +111,10 @@ def _q(arr: np.ndarray[Any, Any]) -> memoryview:
     return memoryview(cast(Any, arr)).cast("B").cast("q")
 
 
+ABANDONED: list[tuple[MPI.Request, object]] = []
+"""Requests MPI may still complete into their buffers, with those buffers (never freed)."""
+
+
 class _AllOf:
     """Several requests as one: ``Test`` is ``MPI.Request.Testall`` (kept whole on timeout)."""
 
@@ -167,7 +171,9 @@ class Channel:
         self.signature = 0  # the current call's (set by operand.agree)
         self.sig_seq = 0
         self.broken = False
-        self.pending: list[tuple[MPI.Request, object]] = []
+        # exchanges given up on (a timeout, a mismatch): MPI may still write into their
+        # buffers, so they are kept for the life of the process, past this channel's
+        self.pending: list[tuple[MPI.Request, object]] = ABANDONED
         self.cross_buffers: dict[tuple[int, int], np.ndarray[Any, np.dtype[np.uint8]]] = {}
         self.cross: MPI.Intracomm | None = None
         # node-local peers in local-rank order (world ranks), and my index among them

@@ -17,6 +17,7 @@ truncating or hanging.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -37,7 +38,13 @@ __all__ = ["CROSS_RS_MIN_NBYTES", "reduce_across", "reduce_scatter_across"]
 CROSS_RS_MIN_NBYTES = 32 << 10
 
 
-_TAG = 0x5C  # the pieces' messages on the channel's own communicator (calls are in order)
+# the point-to-point messages of each collective between nodes (calls are in order on a
+# communicator, so a tag per collective is enough to keep them apart)
+_TAGS = {"reduce_scatter": 0x5C1, "all_gather": 0x5C2, "broadcast": 0x5C3, "all_to_all": 0x5C4}
+_SIG_TAG = 0x5C0  # the signatures' messages
+# members up to which the family between nodes moves its data point to point (each member
+# sends to every other: beyond this MPI's own trees and rings win)
+P2P_MAX_MEMBERS = 8
 
 
 def _u8(a: np.ndarray[Any, Any]) -> np.ndarray[Any, np.dtype[np.uint8]]:
@@ -80,30 +87,175 @@ def reduce_scatter_across(
     what: str,
 ) -> None:
     """``target`` = my shard (``shard_bounds(len(src), members)[my rank]``) of the reduction
-    of every member's ``src`` in member order (``reduce_into``'s rules): the call's signature
-    all-gathered, then each member sends piece ``k`` of ``src`` to member ``k`` straight from
-    ``src`` (``Ialltoallv``) and reduces what it received. ``target`` may overlap ``src``
-    only at my own piece."""
-    signed.agree_first(ch, comm, what, "member")
+    of every member's ``src`` in member order (``reduce_into``'s rules): each member sends
+    piece ``k`` of ``src`` to member ``k`` straight from ``src`` (point to point, with no copy
+    of its own piece) while the call's signatures are all-gathered, and reduces what it
+    received. ``target`` may overlap ``src`` only at my own piece."""
     n = comm.Get_size()
     me = comm.Get_rank()
     bounds = shard_bounds(src.shape[0], n)
     a, b = bounds[me]
     isz = src.dtype.itemsize
     rows = ch.cross_rows(n, (b - a) * isz)
-    # point to point, with no copy of my own piece (MPI's all-to-all copies it: 3.5 ms at
-    # 16 MiB between 2 nodes against 0.9 ms for the exchange itself)
     u8 = _u8(src)
-    reqs = [comm.Irecv([rows[k], MPI.BYTE], source=k, tag=_TAG) for k in range(n) if k != me]
-    reqs += [
-        comm.Isend([u8[p * isz : q * isz], MPI.BYTE], dest=k, tag=_TAG)
-        for k, (p, q) in enumerate(bounds)
-        if k != me
-    ]
     own = src[a:b]
     if np.may_share_memory(target, src):  # in place: reduce_into writes before it reads mine
         rows[me, : own.nbytes] = own.view(np.uint8)
         own = rows[me].view(src.dtype)
-    ch.mpi_wait_all(reqs, what, keep=(src, rows))
+    signed_p2p(
+        ch,
+        comm,
+        what,
+        _TAGS["reduce_scatter"],
+        sends=[(k, u8[p * isz : q * isz]) for k, (p, q) in enumerate(bounds) if k != me],
+        recvs=[(k, rows[k]) for k in range(n) if k != me],
+        keep=(src, rows),
+    )
     pieces = [own if k == me else rows[k].view(src.dtype) for k in range(n)]
     reduce_into(target, pieces, op, acc, avg_count=avg_count)
+
+
+def signed_p2p(
+    ch: Channel,
+    comm: MPI.Intracomm,
+    what: str,
+    tag: int,
+    sends: Sequence[tuple[int, np.ndarray[Any, Any]]],
+    recvs: Sequence[tuple[int, np.ndarray[Any, Any]]],
+    keep: object,
+    meanwhile: Callable[[], object] | None = None,
+) -> None:
+    """One call's data as point-to-point messages (``tag``: the collective's), with the
+    call's signatures sent to every member at the same time (their own tag): the signatures
+    are waited for first (MPI moves the data meanwhile), so a member in another such call
+    raises ``CollectiveMismatchError`` on every member before any data is used (a member in
+    a call that exchanges otherwise is found by the board, ``Channel.check_board``).
+    Messages of another collective never match these (another tag, or a collective's own
+    context), and a
+    message longer than its receive is MPI's truncation error, also a mismatch: nothing is
+    written out of place, on any MPI. Requests a mismatch leaves posted stay with the
+    channel (their buffers with them), which is broken then."""
+    n, me = comm.Get_size(), comm.Get_rank()
+    block = signed.signed_block(0, ch.signature)
+    rows = np.zeros((n, 8), np.uint8)
+    rows[me] = block
+    # the signatures go to every member point to point too (8 bytes, a tag of their own: a
+    # round trip where MPI's non-blocking all-gather of 8 bytes took several here)
+    sig_reqs = [
+        comm.Irecv([rows[k], MPI.BYTE], source=k, tag=_SIG_TAG) for k in range(n) if k != me
+    ]
+    sig_reqs += [comm.Isend([block, MPI.BYTE], dest=k, tag=_SIG_TAG) for k in range(n) if k != me]
+    reqs: list[MPI.Request] = []
+
+    def post() -> None:
+        reqs.extend(comm.Irecv([buf, MPI.BYTE], source=k, tag=tag) for k, buf in recvs)
+        reqs.extend(comm.Isend([buf, MPI.BYTE], dest=k, tag=tag) for k, buf in sends)
+        if meanwhile is not None:  # local work that overlaps the transfer (a copy into out)
+            meanwhile()
+
+    # the data moves with the signatures, where a truncated message is a clean error
+    # (MPICH); elsewhere only once they agree (Open MPI corrupted its heap on a truncated
+    # large message here: signed.HEADER_FIRST)
+    if not signed.HEADER_FIRST:
+        post()
+    done = False
+    try:
+        ch.mpi_wait_all(sig_reqs, what, keep=(block, rows))
+        if rows.tobytes() != block.tobytes() * n:
+            signed.compare(ch, rows.view(np.int64)[:, 0], what, "member")
+        if signed.HEADER_FIRST:
+            post()
+        ch.mpi_wait_all(reqs, what, keep=keep)
+        done = True
+    except MPI.Exception as exc:
+        if exc.Get_error_class() != MPI.ERR_TRUNCATE:
+            raise
+        signed.mismatch(ch, what, "a message from another member is longer than expected")
+    finally:
+        if not done:  # posted and never completed: MPI may still use the buffers
+            ch.pending.extend((r, (keep, block, rows)) for r in sig_reqs + reqs)
+
+
+def all_gather_across(
+    ch: Channel,
+    comm: MPI.Intracomm,
+    send: np.ndarray[Any, Any],
+    dst: np.ndarray[Any, Any],
+    what: str,
+) -> None:
+    """``dst`` (members x ``send``, flat) = every member's ``send``, in member order: sent
+    point to point straight from ``send`` into each member's ``dst`` (no staging)."""
+    n, me = comm.Get_size(), comm.Get_rank()
+    nbytes = send.nbytes
+    out = _u8(dst)
+    src = _u8(send)
+    if np.may_share_memory(out, src):  # the input is part of the output: send a copy
+        src = src.copy()
+    signed_p2p(
+        ch,
+        comm,
+        what,
+        _TAGS["all_gather"],
+        sends=[(k, src) for k in range(n) if k != me],
+        recvs=[(k, out[k * nbytes : (k + 1) * nbytes]) for k in range(n) if k != me],
+        keep=(src, dst),
+    )
+    out[me * nbytes : (me + 1) * nbytes] = src
+
+
+def broadcast_across(
+    ch: Channel,
+    comm: MPI.Intracomm,
+    src: np.ndarray[Any, Any],
+    dst: np.ndarray[Any, Any],
+    root: int,
+    what: str,
+) -> None:
+    """``dst`` = the root's ``src`` on every member, point to point from the root, which
+    copies its ``src`` into its own ``dst`` while the data travels (it sends from ``src``:
+    a buffer MPI just sent from is slow to write, 6x for 4 MiB here)."""
+    me = comm.Get_rank()
+    out = _u8(dst)
+    data = _u8(src) if me == root else out
+    others = [k for k in range(comm.Get_size()) if k != root]
+
+    def copy_mine() -> None:
+        if me == root and not np.shares_memory(out, data):
+            out[...] = data
+
+    signed_p2p(
+        ch,
+        comm,
+        what,
+        _TAGS["broadcast"],
+        sends=[(k, data) for k in others] if me == root else [],
+        recvs=[] if me == root else [(root, out)],
+        keep=(src, dst),
+        meanwhile=copy_mine,
+    )
+
+
+def all_to_all_across(
+    ch: Channel,
+    comm: MPI.Intracomm,
+    src: np.ndarray[Any, Any],
+    dst: np.ndarray[Any, Any],
+    what: str,
+) -> None:
+    """Chunk ``j`` of my ``src`` to member ``j``, chunk ``i`` of my ``dst`` from member ``i``
+    (flat, ``members`` chunks each), point to point, my own chunk copied locally."""
+    n, me = comm.Get_size(), comm.Get_rank()
+    s_u8, d_u8 = _u8(src), _u8(dst)
+    if np.may_share_memory(s_u8, d_u8):  # in place: the chunks sent must not be overwritten
+        s_u8 = s_u8.copy()
+    c = s_u8.nbytes // n
+    signed_p2p(
+        ch,
+        comm,
+        what,
+        _TAGS["all_to_all"],
+        sends=[(k, s_u8[k * c : (k + 1) * c]) for k in range(n) if k != me],
+        recvs=[(k, d_u8[k * c : (k + 1) * c]) for k in range(n) if k != me],
+        keep=(s_u8, dst),
+    )
+    d_u8[me * c : (me + 1) * c] = s_u8[me * c : (me + 1) * c]

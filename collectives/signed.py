@@ -49,6 +49,7 @@ __all__ = [
     "bcast",
     "compare",
     "gather_rows",
+    "mismatch",
     "run",
     "signed_block",
 ]
@@ -77,7 +78,8 @@ def signed_block(nbytes: int, signature: int) -> Bytes:
     return block
 
 
-def _mismatch(host: SignedHost, what: str, detail: str) -> NoReturn:
+def mismatch(host: SignedHost, what: str, detail: str) -> NoReturn:
+    """Abandon the call (``host.fail``) and raise ``CollectiveMismatchError``."""
     host.fail()
     raise CollectiveMismatchError(f"{what}: ranks called different collectives ({detail})")
 
@@ -92,7 +94,7 @@ def run(
     except MPI.Exception as exc:
         if exc.Get_error_class() != MPI.ERR_TRUNCATE:
             raise
-        _mismatch(
+        mismatch(
             host,
             what,
             f"a block from another member is longer than member {comm.Get_rank()}'s "
@@ -104,7 +106,7 @@ def compare(host: SignedHost, sigs: np.ndarray[Any, Any], what: str, who: str) -
     """Raise unless every member's signature (``sigs``, int64 in member order) is mine."""
     if bool((sigs == host.signature).all()):
         return
-    _mismatch(host, what, "; ".join(f"{who} {i}: {describe(int(t))}" for i, t in enumerate(sigs)))
+    mismatch(host, what, "; ".join(f"{who} {i}: {describe(int(t))}" for i, t in enumerate(sigs)))
 
 
 def _trailers(rows: Bytes) -> np.ndarray[Any, np.dtype[np.int64]]:
