@@ -161,7 +161,7 @@ class Channel:
         self.rank, self.world_size = world.rank, world.world_size
         self.num_nodes = world.num_nodes
         self.timeout_s = world.config.signal.timeout_s
-        self.spin_s = spin_seconds(world.local_size)
+        self.spin_s = spin_seconds(world.heap.host_size)
         self.check_args = cfg.check_args
         self.float32_accumulate = np.dtype(cfg.float32_accumulate)
         self.release_fence_needed = world.heap.release_fence_needed or self.num_nodes > 1

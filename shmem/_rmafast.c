@@ -21,9 +21,11 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h>
 #include <limits.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sched.h>
 
 /* MPI's functions for either handle width (h: int32_t or intptr_t) */
 #define MPI_FNS(h, sfx)                                                                    \
@@ -33,7 +35,8 @@
     typedef int (*rgacc##sfx)(const void *, int, h, void *, int, h, int, intptr_t, int, h, \
                               h, h, h *);                                                  \
     typedef int (*test##sfx)(h *, int *, void *);                                          \
-    typedef int (*wait##sfx)(h *, void *);
+    typedef int (*wait##sfx)(h *, void *);                                                \
+    typedef int (*iprobe##sfx)(int, int, h, int *, void *);
 MPI_FNS(int32_t, 32)
 MPI_FNS(intptr_t, 64)
 
@@ -43,6 +46,8 @@ static void *sync_addr;  /* MPI_Win_sync */
 static void *rgacc_addr; /* MPI_Rget_accumulate */
 static void *test_addr;  /* MPI_Test */
 static void *wait_addr;  /* MPI_Wait */
+static void *iprobe_addr; /* MPI_Iprobe */
+static int any_source, any_tag; /* MPI_ANY_SOURCE, MPI_ANY_TAG */
 static int handle_bytes; /* 4 or 8 */
 static intptr_t byte_type;  /* MPI_BYTE */
 static intptr_t int64_type; /* MPI_INT64_T */
@@ -86,6 +91,8 @@ static int call_put(const void *buf, int count, int rank, intptr_t disp, intptr_
     }
     return rc;
 }
+
+static int inflight_done(void); /* (the signals' section, below) */
 
 /* -- per-rank displacement tables (Putter, Signaller): -1 is a rank not reached ------------ */
 
@@ -231,6 +238,9 @@ static PyObject *Putter_put(Putter *self, PyObject *const *args, Py_ssize_t narg
     Py_DECREF(dtype); /* the array holds it; only its identity matters */
     if (dtype != self->dtype)
         Py_RETURN_FALSE;
+    int idle = inflight_done(); /* a signal still in flight: the general path completes it */
+    if (idle <= 0)
+        return idle < 0 ? NULL : Py_NewRef(Py_False);
     Py_buffer view;
     if (PyObject_GetBuffer(src, &view, PyBUF_C_CONTIGUOUS) < 0) {
         PyErr_Clear(); /* not contiguous: the general path copies it */
@@ -282,8 +292,46 @@ typedef struct {
     PyObject_HEAD
     request_t req;
     int done;
+    int rank;       /* the target */
     int64_t *words; /* origin and result: MPI's until the request completes */
 } Pending;
+
+/* The signal this process sent last, while it may still be in flight: a signal returns once
+   MPI has started it (OpenSHMEM's local completion), and is applied at its target by the
+   time this process starts its next operation on the heap (a signal, a put: each completes
+   it first, see pending()). One at a time, for the whole process, so signals stay ordered
+   among themselves and with puts as when each waited for its own completion. */
+static Pending *inflight;
+
+static int test_request(Pending *p) {
+    /* 0: tested (p->done says whether complete); else MPI's error code */
+    if (p->done)
+        return 0;
+    int flag = 0, rc;
+    status_t st;
+    if (handle_bytes == 4)
+        rc = ((test32)test_addr)(&p->req.h32, &flag, &st);
+    else
+        rc = ((test64)test_addr)(&p->req.h64, &flag, &st);
+    if (rc == 0)
+        p->done = flag;
+    return rc;
+}
+
+/* 1: nothing in flight any more; 0: the signal in flight has not completed yet; -1: raised */
+static int inflight_done(void) {
+    if (inflight == NULL)
+        return 1;
+    int rc = test_request(inflight);
+    if (rc != 0) {
+        raise_mpi(rc);
+        return -1;
+    }
+    if (!inflight->done)
+        return 0;
+    Py_CLEAR(inflight);
+    return 1;
+}
 
 static void Pending_dealloc(Pending *self) {
     /* a request never completed still owns its words: leave them (16 bytes) to MPI */
@@ -293,17 +341,9 @@ static void Pending_dealloc(Pending *self) {
 }
 
 static PyObject *Pending_Test(Pending *self, PyObject *unused) {
-    if (!self->done) {
-        int flag = 0, rc;
-        status_t st;
-        if (handle_bytes == 4)
-            rc = ((test32)test_addr)(&self->req.h32, &flag, &st);
-        else
-            rc = ((test64)test_addr)(&self->req.h64, &flag, &st);
-        if (rc != 0)
-            return raise_mpi(rc);
-        self->done = flag;
-    }
+    int rc = test_request(self);
+    if (rc != 0)
+        return raise_mpi(rc);
     return PyBool_FromLong(self->done);
 }
 
@@ -330,6 +370,11 @@ static PyMethodDef Pending_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
+static PyMemberDef Pending_members[] = {
+    {"rank", T_INT, offsetof(Pending, rank), READONLY, "the signal's target rank"},
+    {NULL, 0, 0, 0, NULL},
+};
+
 static PyTypeObject PendingType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "shmem._rmafast.Pending",
     .tp_basicsize = sizeof(Pending),
@@ -337,6 +382,7 @@ static PyTypeObject PendingType = {
     .tp_doc = "A signal's request still in flight (Test/Wait as an mpi4py Request).",
     .tp_dealloc = (destructor)Pending_dealloc,
     .tp_methods = Pending_methods,
+    .tp_members = Pending_members,
 };
 
 /* -- Signaller: one signal pad's slots on the ranks reached through one window ------------- */
@@ -443,8 +489,12 @@ static int op_code(PyObject *op) {
     return 0;
 }
 
-/* signal(rank, slot, value, op) -> True (applied at the target), a Pending (started, not yet
-   complete), or False (not for this path: the caller's general path takes it) */
+static PyObject *send_signal(Signaller *self, long rank, long slot, long long value, int code);
+
+/* signal(rank, slot, value, op) -> True (sent: applied at the target, or in flight, see
+   inflight), False (not for this path: the caller's general path takes it), or the Pending of
+   the signal before, still in flight: nothing was sent, the caller completes that one (its
+   deadline) and calls again */
 static PyObject *Signaller_signal(Signaller *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 4) {
         PyErr_SetString(PyExc_TypeError, "Signaller.signal(rank, slot, value, op)");
@@ -467,8 +517,17 @@ static PyObject *Signaller_signal(Signaller *self, PyObject *const *args, Py_ssi
     int code = op_code(args[3]);
     if (code == 0)
         Py_RETURN_FALSE;
+    return send_signal(self, rank, slot, value, code);
+}
+
+/* the signal, its arguments checked (code: 1 set, 2 add): True, or the Pending of the signal
+   before (nothing sent), or NULL (raised) */
+static PyObject *send_signal(Signaller *self, long rank, long slot, long long value, int code) {
     intptr_t op = code == 1 ? op_replace : op_sum;
     intptr_t disp = (intptr_t)(self->disp[rank] + slot * (Py_ssize_t)sizeof(int64_t));
+    int idle = inflight_done();
+    if (idle <= 0)
+        return idle < 0 ? NULL : Py_NewRef((PyObject *)inflight);
     if (self->spare == NULL && (self->spare = new_pending()) == NULL)
         return NULL; /* MemoryError before anything was sent */
     Pending *p = self->spare;
@@ -506,12 +565,12 @@ static PyObject *Signaller_signal(Signaller *self, PyObject *const *args, Py_ssi
         /* in flight (or its test failed): the words are MPI's until the request completes,
            so the Pending leaves this Signaller with them (dropped undone, it leaks them) */
         p->done = 0;
+        p->rank = (int)rank;
         self->spare = NULL;
-        if (rc != 0) {
-            Py_DECREF(p);
-            return raise_mpi(rc);
-        }
-        return (PyObject *)p;
+        inflight = p;
+        if (rc != 0)
+            return raise_mpi(rc); /* inflight keeps it: the next operation tests it again */
+        Py_RETURN_TRUE;
     }
     return raise_mpi(rc);
 }
@@ -549,15 +608,278 @@ static PyTypeObject SignallerType = {
     .tp_methods = Signaller_methods,
 };
 
+/* -- Barrier: a signal pad's dissemination barrier, its rounds out of Python ------------- */
+
+typedef struct {
+    uint64_t *peer;          /* the round's word on a node-local peer (mapped here), or NULL */
+    long rank;               /* the round's destination (off the node: the Signaller's) */
+    long slot;               /* the round's slot in the Signaller */
+    const uint64_t *mine;    /* the round's word here */
+} Round;
+
+typedef struct {
+    PyObject_HEAD
+    Py_ssize_t nrounds;  /* 0 once cleared */
+    Round *rounds;
+    Signaller *signaller; /* NULL: every round is on the node */
+    intptr_t comm;        /* MPI_Iprobe on it between loads (0: none) */
+    PyObject *weakrefs;
+} Barrier;
+
+static void Barrier_dealloc(Barrier *self) {
+    if (self->weakrefs != NULL)
+        PyObject_ClearWeakRefs((PyObject *)self);
+    PyMem_Free(self->rounds);
+    Py_XDECREF(self->signaller);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyTypeObject SignallerType;
+
+static PyObject *Barrier_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    static char *kwlist[] = {"rounds", "signaller", "comm", NULL};
+    PyObject *rounds, *sig = Py_None;
+    unsigned long long comm = 0;
+    if (sync_addr == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "shmem._rmafast.Barrier: bind() was not called");
+        return NULL;
+    }
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|OK", kwlist, &rounds, &sig, &comm))
+        return NULL;
+    if (sig != Py_None && !PyObject_TypeCheck(sig, &SignallerType)) {
+        PyErr_SetString(PyExc_TypeError, "Barrier: signaller must be a Signaller or None");
+        return NULL;
+    }
+    PyObject *seq = PySequence_Fast(rounds, "Barrier: rounds must be a sequence");
+    if (seq == NULL)
+        return NULL;
+    Barrier *self = (Barrier *)type->tp_alloc(type, 0);
+    if (self == NULL) {
+        Py_DECREF(seq);
+        return NULL;
+    }
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    self->rounds = PyMem_Calloc((size_t)(n ? n : 1), sizeof(Round));
+    if (self->rounds == NULL) {
+        Py_DECREF(seq);
+        Py_DECREF(self);
+        return PyErr_NoMemory();
+    }
+    for (Py_ssize_t k = 0; k < n; k++) {
+        unsigned long long peer, mine;
+        long rank, slot;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, k), "KllK", &peer, &rank, &slot,
+                              &mine)) {
+            Py_DECREF(seq);
+            Py_DECREF(self);
+            return NULL;
+        }
+        if (mine == 0 || mine % 8 || peer % 8 || (peer == 0 && sig == Py_None)) {
+            Py_DECREF(seq);
+            Py_DECREF(self);
+            PyErr_Format(PyExc_ValueError, "Barrier: invalid round %zd", k);
+            return NULL;
+        }
+        self->rounds[k] = (Round){(uint64_t *)(uintptr_t)peer, rank, slot,
+                                  (const uint64_t *)(uintptr_t)mine};
+    }
+    Py_DECREF(seq);
+    self->nrounds = n;
+    if (sig != Py_None) {
+        Py_INCREF(sig);
+        self->signaller = (Signaller *)sig;
+    }
+    self->comm = (intptr_t)comm;
+    return (PyObject *)self;
+}
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+static int win_sync(intptr_t win) {
+    return handle_bytes == 4 ? ((sync32)sync_addr)((int32_t)win) : ((sync64)sync_addr)(win);
+}
+
+/* MPI_Win_sync of the signaller's windows (the heap's fence), or a processor fence */
+static int pad_fence(Signaller *sig) {
+    if (sig == NULL) {
+        __atomic_thread_fence(__ATOMIC_SEQ_CST);
+        return 0;
+    }
+    int rc = sig->extra ? win_sync(sig->extra) : 0;
+    return rc ? rc : win_sync(sig->win);
+}
+
+/* run(epoch, spins, yields) -> None (every round passed), k >= 0 (round k's signal is sent,
+   its wait is the caller's), -(k + 1) (round k's signal is not sent: the signal before is still
+   in flight), or False (cleared: the heap is closed). Each wait makes at most spins loads,
+   then at most yields loads with sched_yield between them (more ranks than cores). */
+static PyObject *Barrier_run(Barrier *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "Barrier.run(epoch, spins, yields)");
+        return NULL;
+    }
+    unsigned long long epoch = PyLong_AsUnsignedLongLongMask(args[0]);
+    long spins = PyLong_AsLong(args[1]);
+    long yields = PyLong_AsLong(args[2]);
+    if (PyErr_Occurred())
+        return NULL;
+    if (self->nrounds == 0)
+        Py_RETURN_FALSE;
+    Signaller *sig = self->signaller;
+    int flag, rc;
+    status_t st;
+    for (Py_ssize_t k = 0; k < self->nrounds; k++) {
+        Round *r = &self->rounds[k];
+        if (r->peer != NULL) {
+            if (sig != NULL) { /* a signal off the node before: applied first, as in Python */
+                int idle = inflight_done();
+                if (idle <= 0)
+                    return idle < 0 ? NULL : PyLong_FromSsize_t(-(k + 1));
+            }
+            if ((rc = pad_fence(sig)) != 0)
+                return raise_mpi(rc);
+            __atomic_store_n(r->peer, (uint64_t)epoch, __ATOMIC_RELEASE);
+        } else {
+            PyObject *sent = send_signal(sig, r->rank, r->slot, (long long)epoch, 1);
+            if (sent == NULL)
+                return NULL;
+            int ok = sent == Py_True;
+            Py_DECREF(sent);
+            if (!ok)
+                return PyLong_FromSsize_t(-(k + 1));
+        }
+        for (long i = 0; __atomic_load_n(r->mine, __ATOMIC_ACQUIRE) < epoch; i++) {
+            if (i >= spins + yields)
+                return PyLong_FromSsize_t(k);
+            if (i >= spins)
+                sched_yield();
+            if (self->comm) {
+                rc = handle_bytes == 4 ? ((iprobe32)iprobe_addr)(any_source, any_tag,
+                                                                 (int32_t)self->comm, &flag, &st)
+                                       : ((iprobe64)iprobe_addr)(any_source, any_tag,
+                                                                 self->comm, &flag, &st);
+                if (rc != 0)
+                    return raise_mpi(rc);
+            } else if (i < spins) {
+                cpu_relax();
+            }
+        }
+        if (sig != NULL && (rc = pad_fence(sig)) != 0) /* acquire, as the heap's fence */
+            return raise_mpi(rc);
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *Barrier_clear(Barrier *self, PyObject *unused) {
+    self->nrounds = 0;
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef Barrier_methods[] = {
+    {"run", (PyCFunction)(void (*)(void))Barrier_run, METH_FASTCALL,
+     "run(epoch, spins, yields) -> None | int | False: the barrier's rounds (each: the epoch "
+     "stored into a node-local peer's word or signalled off the node, then at most spins "
+     "loads of this rank's word, then yields more with sched_yield before each, MPI_Iprobe "
+     "between them); None when all passed, k when round k's wait is left to the caller, "
+     "-(k + 1) when round k's signal is, False once cleared."},
+    {"clear", (PyCFunction)Barrier_clear, METH_NOARGS,
+     "clear(): run nothing any more (the heap's memory is about to go)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject BarrierType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "shmem._rmafast.Barrier",
+    .tp_basicsize = sizeof(Barrier),
+    .tp_weaklistoffset = offsetof(Barrier, weakrefs),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Barrier(rounds, signaller=None, comm=0): a dissemination barrier's rounds "
+              "(peer word address or 0, destination rank, Signaller slot, own word address), "
+              "the Signaller for the ranks off the node, the communicator MPI_Iprobe drives.",
+    .tp_new = Barrier_new,
+    .tp_dealloc = (destructor)Barrier_dealloc,
+    .tp_methods = Barrier_methods,
+};
+
+/* pending() -> None, or the Pending of the signal still in flight (tested first) */
+static PyObject *pending(PyObject *module, PyObject *unused) {
+    int idle = inflight_done();
+    if (idle < 0)
+        return NULL;
+    if (idle)
+        Py_RETURN_NONE;
+    return Py_NewRef((PyObject *)inflight);
+}
+
+static int compare_words(uint64_t seen, int cmp, uint64_t value) {
+    switch (cmp) {
+    case 0: return seen == value;
+    case 1: return seen != value;
+    case 2: return seen > value;
+    case 3: return seen >= value;
+    case 4: return seen < value;
+    default: return seen <= value;
+    }
+}
+
+/* spin(address, cmp, value, spins, comm) -> int | None: load the aligned uint64 at address
+   until it compares to value (cmp: 0 eq, 1 ne, 2 gt, 3 ge, 4 lt, 5 le), at most spins times,
+   with MPI_Iprobe on comm (0: none) between loads to drive MPI's progress: the word that
+   passed, or None. No fence: the caller's acquire follows. */
+static PyObject *spin(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "spin(address, cmp, value, spins, comm)");
+        return NULL;
+    }
+    unsigned long long address = PyLong_AsUnsignedLongLong(args[0]);
+    long cmp = PyLong_AsLong(args[1]);
+    unsigned long long value = PyLong_AsUnsignedLongLongMask(args[2]);
+    long spins = PyLong_AsLong(args[3]);
+    unsigned long long comm = PyLong_AsUnsignedLongLongMask(args[4]);
+    if (PyErr_Occurred())
+        return NULL;
+    if (address == 0 || address % 8 || cmp < 0 || cmp > 5) {
+        PyErr_SetString(PyExc_ValueError, "spin: invalid address or comparison");
+        return NULL;
+    }
+    const volatile uint64_t *word = (const volatile uint64_t *)(uintptr_t)address;
+    int flag;
+    status_t st;
+    uint64_t seen;
+    for (long i = 0; i < spins; i++) {
+        seen = *word;
+        if (compare_words(seen, (int)cmp, value))
+            return PyLong_FromUnsignedLongLong(seen);
+        if (comm) {
+            int rc = handle_bytes == 4
+                         ? ((iprobe32)iprobe_addr)(any_source, any_tag, (int32_t)comm, &flag, &st)
+                         : ((iprobe64)iprobe_addr)(any_source, any_tag, (intptr_t)comm, &flag,
+                                                   &st);
+            if (rc != 0)
+                return raise_mpi(rc);
+        }
+    }
+    seen = *word;
+    if (compare_words(seen, (int)cmp, value))
+        return PyLong_FromUnsignedLongLong(seen);
+    Py_RETURN_NONE;
+}
+
 /* bind(fns, handle_bytes, handles, ndarray, exception) */
 static PyObject *bind(PyObject *module, PyObject *args) {
-    unsigned long long put, flush, sync, rgacc, test, wait, byte, i64, replace, sum;
-    int hb;
+    unsigned long long put, flush, sync, rgacc, test, wait, iprobe, byte, i64, replace, sum;
+    int hb, anysrc, anytag;
     PyObject *nd, *exc;
-    if (!PyArg_ParseTuple(args, "(KKKKKK)i(KKKK)OO", &put, &flush, &sync, &rgacc, &test, &wait,
-                          &hb, &byte, &i64, &replace, &sum, &nd, &exc))
+    if (!PyArg_ParseTuple(args, "(KKKKKKK)i(KKKK)(ii)OO", &put, &flush, &sync, &rgacc, &test,
+                          &wait, &iprobe, &hb, &byte, &i64, &replace, &sum, &anysrc, &anytag,
+                          &nd, &exc))
         return NULL;
-    if (!put || !flush || !sync || !rgacc || !test || !wait || (hb != 4 && hb != 8) ||
+    if (!put || !flush || !sync || !rgacc || !test || !wait || !iprobe || (hb != 4 && hb != 8) ||
         !PyType_Check(nd) || !PyExceptionClass_Check(exc)) {
         PyErr_SetString(PyExc_ValueError, "shmem._rmafast.bind: invalid arguments");
         return NULL;
@@ -568,6 +890,9 @@ static PyObject *bind(PyObject *module, PyObject *args) {
     rgacc_addr = (void *)(uintptr_t)rgacc;
     test_addr = (void *)(uintptr_t)test;
     wait_addr = (void *)(uintptr_t)wait;
+    iprobe_addr = (void *)(uintptr_t)iprobe;
+    any_source = anysrc;
+    any_tag = anytag;
     handle_bytes = hb;
     byte_type = (intptr_t)byte;
     int64_type = (intptr_t)i64;
@@ -582,11 +907,19 @@ static PyObject *bind(PyObject *module, PyObject *args) {
 
 static PyMethodDef module_methods[] = {
     {"bind", bind, METH_VARARGS,
-     "bind((put, flush, sync, rget_accumulate, test, wait), handle_bytes, (byte, int64, "
-     "replace, sum), ndarray, exception): the addresses of MPI_Put, MPI_Win_flush, "
-     "MPI_Win_sync, MPI_Rget_accumulate, MPI_Test and MPI_Wait, the ABI's handle width, the "
-     "handles of MPI_BYTE, MPI_INT64_T, MPI_REPLACE and MPI_SUM, numpy.ndarray and the "
-     "exception raised for an MPI error code."},
+     "bind((put, flush, sync, rget_accumulate, test, wait, iprobe), handle_bytes, (byte, "
+     "int64, replace, sum), (any_source, any_tag), ndarray, exception): the addresses of "
+     "MPI_Put, MPI_Win_flush, MPI_Win_sync, MPI_Rget_accumulate, MPI_Test, MPI_Wait and "
+     "MPI_Iprobe, the ABI's handle width, the handles of MPI_BYTE, MPI_INT64_T, MPI_REPLACE "
+     "and MPI_SUM, MPI_ANY_SOURCE and MPI_ANY_TAG, numpy.ndarray and the exception raised "
+     "for an MPI error code."},
+    {"pending", pending, METH_NOARGS,
+     "pending() -> Pending | None: the signal still in flight (MPI_Test first), if any; "
+     "complete it (its Test, against a deadline) before an operation that must follow it."},
+    {"spin", (PyCFunction)(void (*)(void))spin, METH_FASTCALL,
+     "spin(address, cmp, value, spins, comm) -> int | None: the uint64 at address once it "
+     "compares to value (0 eq, 1 ne, 2 gt, 3 ge, 4 lt, 5 le), None if it did not within "
+     "spins loads, with MPI_Iprobe(ANY_SOURCE, ANY_TAG, comm) between them (comm 0: none)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -599,7 +932,7 @@ static struct PyModuleDef module_def = {
 
 PyMODINIT_FUNC PyInit__rmafast(void) {
     if (PyType_Ready(&PutterType) < 0 || PyType_Ready(&SignallerType) < 0 ||
-        PyType_Ready(&PendingType) < 0)
+        PyType_Ready(&PendingType) < 0 || PyType_Ready(&BarrierType) < 0)
         return NULL;
     str_dtype = PyUnicode_InternFromString("dtype");
     if (str_dtype == NULL)
@@ -609,7 +942,8 @@ PyMODINIT_FUNC PyInit__rmafast(void) {
         return NULL;
     if (PyModule_AddObjectRef(m, "Putter", (PyObject *)&PutterType) < 0 ||
         PyModule_AddObjectRef(m, "Signaller", (PyObject *)&SignallerType) < 0 ||
-        PyModule_AddObjectRef(m, "Pending", (PyObject *)&PendingType) < 0) {
+        PyModule_AddObjectRef(m, "Pending", (PyObject *)&PendingType) < 0 ||
+        PyModule_AddObjectRef(m, "Barrier", (PyObject *)&BarrierType) < 0) {
         Py_DECREF(m);
         return NULL;
     }

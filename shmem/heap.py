@@ -31,6 +31,9 @@ class SymmetricHeap(Protocol):
     world_size: int
     local_rank: int
     local_size: int
+    host_size: int
+    """Ranks of the job on this machine (``local_size`` but for simulated nodes): waits do
+    not spin where they outnumber its cores."""
     node: int
     num_nodes: int
     nbytes: int
@@ -74,9 +77,27 @@ class SymmetricHeap(Protocol):
         ``offset`` (its ranks off this node), or None where signals stay in Python."""
         ...
 
+    def rma_barrier(self, offset: int, slots: int, signaller: Any) -> Any:
+        """A ``shmem._rmafast.Barrier`` for the dissemination barrier of the signal pad at heap
+        byte ``offset`` (its round words after its ``slots`` user slots; ``signaller``: the
+        pad's Signaller of every slot, for the rounds off the node), or None."""
+        ...
+
+    def rma_spinner(self) -> Any:
+        """``spin(address, cmp, value, spins) -> int | None``: loads of a word of this rank's slab
+        in C with the transport's progress between them (``shmem._rmafast.spin``), or None
+        where waits poll in Python."""
+        ...
+
     def wait_started(self, req: Any, rank: int, what: str, timeout_s: float | None) -> None:
         """Poll an operation on ``rank`` started by a fast path until it completes, within
         ``timeout_s`` (the heap's deadline when None): ``RemoteTimeoutError`` after."""
+        ...
+
+    def complete_signals(self, timeout_s: float | None = None) -> None:
+        """Complete the signal this process sent last to a rank off the node, if MPI has not
+        yet (a signal returns once started; every later operation through MPI completes it
+        first): ``RemoteTimeoutError`` past ``timeout_s`` (the heap's deadline when None)."""
         ...
 
     def address(self, offset: int) -> int:

@@ -79,6 +79,7 @@ COMPARISONS: dict[str, Callable[[int, int], bool]] = {
     "lt": operator.lt,
     "le": operator.le,
 }
+_CMP_CODES = {name: code for code, name in enumerate(COMPARISONS)}  # shmem._rmafast.spin's
 _SYMBOLS = {"eq": "==", "ne": "!=", "gt": ">", "ge": ">=", "lt": "<", "le": "<="}
 SIGNAL_OPS = ("set", "add")
 SLOT_DTYPE = np.dtype(np.int64)  # the storage; the words are unsigned (OpenSHMEM's signals)
@@ -86,6 +87,8 @@ _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 _WORDS = np.dtype(np.uint64)
 _MASK = (1 << 64) - 1
 _INLINE_SPINS = 64  # loads a wait makes before its clocked poll loop (tens of microseconds)
+_C_SPINS = 256  # the same in C (shmem._rmafast.spin: a load and an MPI_Iprobe, 0.1-0.3 us)
+_C_YIELDS = 64  # the barrier's loads in C with sched_yield between them, when it does not spin
 _BARRIER_ROUNDS = 64  # dissemination rounds: enough for 2**64 ranks
 
 # Backoff: spin (cheap polls) briefly, then yield the core, then sleep with growing pauses.
@@ -129,6 +132,8 @@ def spin_seconds(local_size: int) -> float:
     try:
         cores = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
+        cores = 0
+    if cores <= 1:  # pinned to one core (Open MPI binds each rank to its own): the machine's
         cores = os.cpu_count() or 1
     return 0.0 if local_size > cores else _SPIN_S
 
@@ -190,7 +195,7 @@ class SignalPad:
         self._flags[...] = 0
         self._epoch = 0
         self._size = heap.world_size
-        self._spin_s = spin_seconds(heap.local_size)
+        self._spin_s = spin_seconds(heap.host_size)
         # memoryviews load and store an int64 in ~15 ns, several times faster than numpy
         self._mine = _int64_view(self._flags)
         self._words = self._mine.cast("B").cast("Q")  # the same words, loaded unsigned
@@ -202,6 +207,19 @@ class SignalPad:
         every = heap.rma_signaller(offset, slots + _BARRIER_ROUNDS)
         if user is not None and every is not None:  # (their bound methods keep them alive)
             self._fast, self._fast_raw = user.signal, every.signal
+        # waits off the node: the inline spin in C, MPI's progress between loads
+        # (not where the node's ranks outnumber its cores: the peer may need this one)
+        self._spin = heap.rma_spinner() if self._spin_s else None
+        self._address = int(self._flags.ctypes.data)
+        # the barrier's rounds in C (shmem._rmafast.Barrier) where it is built; its waits
+        # spin as long as the Python inline spin or longer (loads alone are ns, not us)
+        self._fast_barrier = None
+        barrier = heap.rma_barrier(offset, slots, every)
+        if barrier is not None:
+            self._fast_barrier = barrier.run
+        self._barrier_spins, self._barrier_yields = 0, _C_YIELDS  # (more ranks than cores)
+        if self._spin_s:
+            self._barrier_spins = _C_SPINS if self._spin is not None else 16 * _C_SPINS
 
     @staticmethod
     def nbytes_for(slots: int) -> int:
@@ -250,10 +268,11 @@ class SignalPad:
         fast = self._fast
         if fast is not None:  # C: these checks, the fence and the atomic (off the node)
             started = fast(rank, slot, value, op)
+            while started is not True and started is not False:
+                # the signal before is still in flight: complete it (its deadline), then send
+                self._heap.wait_started(started, started.rank, "signal", self.timeout_s)
+                started = fast(rank, slot, value, op)
             if started is True:
-                return
-            if started is not False:  # in flight: poll it against the deadline
-                self._heap.wait_started(started, rank, "signal", self.timeout_s)
                 return
         if type(rank) is not int or not 0 <= rank < self._size:
             self._check_rank("signal", rank)
@@ -274,12 +293,13 @@ class SignalPad:
         fast = self._fast_raw
         if fast is not None:
             started = fast(rank, slot, value, op)
+            while started is not True and started is not False:
+                limit = self.timeout_s if timeout_s is None else timeout_s
+                heap.wait_started(started, started.rank, "signal", limit)
+                started = fast(rank, slot, value, op)
             if started is True:
                 return
-            if started is not False:
-                limit = self.timeout_s if timeout_s is None else timeout_s
-                heap.wait_started(started, rank, "signal", limit)
-                return
+            heap.complete_signals(timeout_s)  # applied before this one, as every signal
         heap.fence()
         if op == "set":
             peer = self._peers[rank]
@@ -355,12 +375,18 @@ class SignalPad:
         flags = self._words  # unsigned loads: the words compare unsigned
         # fast path: already there
         seen = flags[slot]
+        if not test(seen, value) and self._spin is not None:
+            # off the node: the inline spin in C (MPI_Iprobe between loads)
+            passed = self._spin(self._address + 8 * slot, _CMP_CODES[cmp], value, _C_SPINS)
+            if passed is not None:
+                self._heap.fence()  # acquire
+                return int(passed)
         if not test(seen, value):
             # a short inline spin first (the peer is usually a few microseconds away): no
             # clock, no closure, the transport's progress between loads
             start = time.monotonic()
             progress = self._heap.progress
-            for _ in range(_INLINE_SPINS):
+            for _ in range(_INLINE_SPINS if self._spin_s else 0):
                 progress()
                 seen = flags[slot]
                 if test(seen, value):
@@ -425,24 +451,35 @@ class SignalPad:
         size, rank = heap.world_size, heap.rank
         self._epoch += 1
         epoch = self._epoch
-        distance, k = 1, 0
+        k, sent = 0, False
+        fast = self._fast_barrier
+        if fast is not None and size > 1:  # C: the rounds while each peer is on time
+            got = fast(epoch, self._barrier_spins, self._barrier_yields)
+            if got is None:
+                return
+            if got is not False:  # round k's wait (k >= 0) or signal (-(k + 1)) is ours
+                k, sent = (got, True) if got >= 0 else (-got - 1, False)
+        distance = 1 << k
         try:
             while distance < size:
                 slot = self.slots + k
                 dst = (rank + distance) % size
                 try:
-                    self._raw_signal(dst, slot, epoch, "set", timeout)
+                    if not sent:
+                        self._raw_signal(dst, slot, epoch, "set", timeout)
+                    sent = False
                 except RemoteTimeoutError as exc:
                     t = self.timeout_s if timeout is None else timeout
+                    late = exc.peer  # (dst, or the target of the signal before)
                     raise SignalTimeoutError(
                         f"barrier: rank {rank} timed out after {t:g} s in round {k} of barrier "
-                        f"{epoch}: its signal to rank {dst} did not complete (rank {dst} made "
-                        "no MPI progress)",
+                        f"{epoch}: its signal to rank {late} did not complete (rank {late} "
+                        "made no MPI progress)",
                         operation="barrier",
                         slot=slot,
                         expected=f">= {epoch}",
                         last_value=int(self._flags[slot]),
-                        peers=(dst,),
+                        peers=(late,),
                     ) from exc
                 src = (rank - distance) % size
                 self._raw_wait(

@@ -178,7 +178,7 @@ def wait_elements(
             return _done(mode, found[0], idx)
 
         ok = poll_until(
-            probe, time.monotonic() + limit, heap.progress, spin_seconds(world.local_size)
+            probe, time.monotonic() + limit, heap.progress, spin_seconds(world.heap.host_size)
         )
         if not ok:
             last = {i: int(flat[i]) for i in idx[:8]}

@@ -185,6 +185,14 @@ def split_nodes(comm: MPI.Intracomm, node_split: str) -> MPI.Intracomm:
     return sub
 
 
+def host_size(comm: MPI.Intracomm, node_comm: MPI.Intracomm) -> int:
+    """The number of ranks of ``comm`` on this machine (collective): ``node_comm``'s size,
+    or more where nodes are simulated (``node_split`` "rank" or K). By host name: MPICH's
+    shared-memory split sees one rank per node under ``MPIR_CVAR_NOLOCAL``."""
+    names = comm.allgather(MPI.Get_processor_name())
+    return max(names.count(names[comm.Get_rank()]), node_comm.Get_size())
+
+
 class HostHeap:
     """One shared-memory slab per rank, plus an RMA window when the job spans nodes.
 
@@ -213,6 +221,7 @@ class HostHeap:
         self.world_size = comm.Get_size()
         self.local_rank = node_comm.Get_rank()
         self.local_size = node_comm.Get_size()
+        self.host_size = host_size(comm, node_comm)
         # every rank's slab starts on an ``alignment`` boundary and is a whole number of
         # alignment units long, whatever MPI's segment layout (MPICH packs the ranks' segments
         # back to back and aligns a lone rank's to 16 bytes only)
@@ -292,6 +301,8 @@ class HostHeap:
         self._bases = [int(slab.ctypes.data) for slab in self._slabs]
         # one node: every atomic of the job can be the processor's (see _cpu_atomics)
         self._cpu = _cpu_atomics.load() if self._rma_win is None else None
+        # the C signal path leaves its last signal in flight (shmem._rmafast.pending, or None)
+        self._inflight = rma_accel.pending() if self._rma_win is not None else None
         self._closed = False
         # called by progress(): contexts deliver deferred signals while this rank waits
         self.progress_hooks: list[Callable[[], None]] = []
@@ -369,6 +380,36 @@ class HostHeap:
         if signaller is not None:
             self._accel.add(signaller)
         return signaller
+
+    def rma_barrier(self, offset: int, slots: int, signaller: Any) -> Any:
+        size, rank, word = self.world_size, self.rank, offset + slots * 8
+        rounds = []
+        distance, k = 1, 0
+        while distance < size:
+            dst = (rank + distance) % size
+            lr = self._local_of[dst]
+            if lr < 0 and signaller is None:
+                return None  # off the node without the C signal
+            peer = self._bases[lr] + word + 8 * k if lr >= 0 else 0
+            rounds.append((peer, dst, slots + k, self._base_address + word + 8 * k))
+            distance, k = distance * 2, k + 1
+        comm = self._comm if self._rma_win is not None else None
+        barrier = rma_accel.barrier(rounds, signaller, comm)
+        if barrier is not None:
+            self._accel.add(barrier)  # cleared when the memory goes (close)
+        return barrier
+
+    def rma_spinner(self) -> Any:
+        if self._rma_win is None:
+            return None
+        return rma_accel.spinner(self._comm)
+
+    def complete_signals(self, timeout_s: float | None = None) -> None:
+        pending = self._inflight
+        if pending is not None:
+            req = pending()
+            if req is not None:
+                self.wait_started(req, req.rank, "signal", timeout_s)
 
     def wait_started(self, req: Any, rank: int, what: str, timeout_s: float | None) -> None:
         """Poll ``req`` (an operation on ``rank`` started by :mod:`shmem._rmafast` or
@@ -508,6 +549,8 @@ class HostHeap:
     def _remote_window(self) -> MPI.Win:
         if self._rma_win is None:  # pragma: no cover - is_local() is True for every rank then
             raise ArgumentError("HostHeap: no RMA window (every rank is on this node)")
+        if self._inflight is not None:
+            self.complete_signals()  # a signal sent before is applied before this operation
         return self._rma_win
 
     # -- atomics ----------------------------------------------------------------------------
@@ -517,7 +560,7 @@ class HostHeap:
         if self._rma_win is None:
             lr = self._local_of[rank]
             return self._shm_win, lr, self._pads[lr] + offset
-        return self._rma_win, rank, self._rma_base[rank] + offset
+        return self._remote_window(), rank, self._rma_base[rank] + offset
 
     def atomic_fetch_op(
         self,
@@ -700,6 +743,8 @@ class HostHeap:
     def progress(self) -> None:
         if self._rma_win is not None:
             self._comm.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG)
+            if self._inflight is not None:
+                self._inflight()  # tests the signal in flight (forgotten once complete)
             if self._pending:
                 with self._pending_lock:
                     self._pending = [r for r in self._pending if not r.Test()]
@@ -725,8 +770,9 @@ class HostHeap:
         if not collective:
             return
         if self._rma_win is not None:
-            for req in self._pending:  # every peer is here, making progress
-                req.Wait()
+            last = self._inflight() if self._inflight is not None else None
+            for req in [*self._pending, *([] if last is None else [last])]:
+                req.Wait()  # every peer is here, making progress
             self._pending = []
             if self._rma_win is not self._shm_win:
                 self._rma_win.Unlock_all()

@@ -112,6 +112,9 @@ class NvshmemHeap:
         self._nv = nv
         self.rank, self.world_size = comm.Get_rank(), comm.Get_size()
         self.local_rank, self.local_size = node_comm.Get_rank(), node_comm.Get_size()
+        from .host import host_size
+
+        self.host_size = host_size(comm, node_comm)
         self.node, self.num_nodes = _nodes(comm, node_comm)
         self.nbytes = int(config.heap.nbytes)
         self.timeout_s = float(config.signal.timeout_s)
@@ -226,8 +229,17 @@ class NvshmemHeap:
     def rma_signaller(self, offset: int, slots: int) -> None:
         return None
 
+    def rma_barrier(self, offset: int, slots: int, signaller: Any) -> None:
+        return None
+
+    def rma_spinner(self) -> None:
+        return None
+
     def wait_started(self, req: Any, rank: int, what: str, timeout_s: float | None) -> None:
         raise NotImplementedError("NvshmemHeap starts no host RMA requests")  # pragma: no cover
+
+    def complete_signals(self, timeout_s: float | None = None) -> None:
+        return None  # (device signals complete in the kernels' and the stream's order)
 
     # -- data movement -----------------------------------------------------------------------
 

@@ -1,7 +1,9 @@
 """The blocking put and the signal to an off-node rank in C (:mod:`shmem._rmafast`).
 
 ``SHMEMBuffer.put`` to a rank reached through MPI RMA is ``MPI_Put`` + ``MPI_Win_flush``; a
-signal is ``MPI_Win_sync`` + ``MPI_Rget_accumulate`` + ``MPI_Test``. Through mpi4py a small
+signal is ``MPI_Win_sync`` + ``MPI_Rget_accumulate`` + ``MPI_Test``, returning once MPI has
+started it (the process's next operation on the heap completes it: ``pending``); a wait spins
+on its word with ``MPI_Iprobe`` between loads (``spinner``). Through mpi4py a small
 put or signal spends more time in Python (method calls, mpi4py's buffer and target parsing,
 our argument checks) than in MPI; :mod:`shmem._rmafast` makes the same checks and calls in
 C. It is an optional extension, built when the project is installed with a C compiler and
@@ -27,7 +29,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-__all__ = ["putter", "signaller", "status"]
+__all__ = ["barrier", "pending", "putter", "signaller", "spinner", "status"]
 
 _FUNCTIONS = (
     "MPI_Put",
@@ -36,6 +38,7 @@ _FUNCTIONS = (
     "MPI_Rget_accumulate",
     "MPI_Test",
     "MPI_Wait",
+    "MPI_Iprobe",
 )
 
 log = logging.getLogger(__name__)
@@ -121,7 +124,8 @@ def _bind(mod: Any) -> Any:
         handles = tuple(
             MPI._handleof(h) & mask for h in (MPI.BYTE, MPI.INT64_T, MPI.REPLACE, MPI.SUM)
         )
-        mod.bind(fns, handle_bytes, handles, np.ndarray, MPI.Exception)
+        anys = (MPI.ANY_SOURCE, MPI.ANY_TAG)
+        mod.bind(fns, handle_bytes, handles, anys, np.ndarray, MPI.Exception)
         _status = f"C: puts and signals through {path} ({handle_bytes}-byte handles)"
         log.debug("rma_accel: %s", _status)
         return mod
@@ -148,3 +152,35 @@ def signaller(win: MPI.Win, disps: list[int], slots: int, extra: MPI.Win | None 
     return mod.Signaller(
         MPI._handleof(win), disps, slots, None if extra is None else MPI._handleof(extra)
     )
+
+
+def barrier(rounds: list[tuple[int, int, int, int]], signaller: Any, comm: MPI.Comm | None) -> Any:
+    """A ``shmem._rmafast.Barrier`` of ``rounds`` (peer word address or 0, destination rank,
+    signaller slot, own word address), signalling off the node through ``signaller`` and
+    driving MPI's progress on ``comm`` while it waits; or None without the C path."""
+    mod = _bound()
+    if mod is None:
+        return None
+    handle = 0 if comm is None else MPI._handleof(comm) & ((1 << 64) - 1)
+    return mod.Barrier(rounds, signaller, handle)
+
+
+def pending() -> Any:
+    """``shmem._rmafast.pending`` (the signal still in flight, if any), or None when the C path
+    is not available (no signal is ever left in flight then)."""
+    mod = _bound()
+    return None if mod is None else mod.pending
+
+
+def spinner(comm: MPI.Comm) -> Any:
+    """``spin(address, cmp, value, spins) -> int | None``: ``shmem._rmafast.spin`` with
+    ``MPI_Iprobe`` on ``comm`` between loads, or None when the C path is not available."""
+    mod = _bound()
+    if mod is None:
+        return None
+    spin, handle = mod.spin, MPI._handleof(comm) & ((1 << 64) - 1)
+
+    def spin_on(address: int, cmp: int, value: int, spins: int) -> int | None:
+        return spin(address, cmp, value, spins, handle)  # type: ignore[no-any-return]
+
+    return spin_on

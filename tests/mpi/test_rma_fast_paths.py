@@ -30,7 +30,7 @@ def _init(path: str) -> Any:
     w = shmem.init(heap_nbytes="4MiB")
     if path == "python":  # the fallback a build without the C extension takes
         w.heap.rma_putter = lambda nbytes, dtype: None  # type: ignore[method-assign]
-        w.signals._fast = w.signals._fast_raw = None
+        w.signals._fast = w.signals._fast_raw = w.signals._fast_barrier = w.signals._spin = None
     return w
 
 
@@ -230,44 +230,58 @@ def test_signal_refuses_bad_arguments_on_both_paths(
 
 def test_a_signal_in_flight_completes_when_the_target_progresses(world: Any) -> None:
     """On a window MPI serves through the target's progress engine (``Win.Create``) the C
-    signal usually cannot complete at once: it hands back a Pending (Test, Wait) that
-    completes once the target calls MPI, and the value lands once."""
+    signal usually cannot complete at once: it returns True once MPI started it, and stays
+    the process's signal in flight (``pending()``) until the target calls MPI. The next signal
+    sends nothing while that one is in flight: it hands back its Pending (Test, Wait, rank)
+    for the caller to complete first. Each value lands once."""
     w = world
     if w.world_size < 2 or not _c_built():
         pytest.skip("needs two ranks and the C extension")
+    mod = rma_accel._bound()
+    w.heap.complete_signals()  # nothing of an earlier test still in flight
     comm = w.comm
     mem = np.zeros(4, np.int64)
     win = MPI.Win.Create(mem, 1, comm=comm)
     win.Lock_all(MPI.MODE_NOCHECK)
     sig = rma_accel.signaller(win, [0] * w.world_size, 4)
     failure: BaseException | None = None  # raised after the collective steps (no hang)
-    started: list[Any] = []
+    blocked: list[Any] = []
     comm.Barrier()
     if w.rank == 0:
         try:
-            started = [sig.signal(1, 2, -5, "set"), sig.signal(1, 3, 4, "add")]
-            for s in started:
-                assert s is True or isinstance(s, rma_accel._bound().Pending)
-                assert s is True or s.Test() in (True, False)
+            assert sig.signal(1, 2, -5, "set") is True  # sent (in flight or applied)
+            first = mod.pending()
+            assert first is None or (isinstance(first, mod.Pending) and first.rank == 1)
+            got = sig.signal(1, 3, 4, "add")
+            if got is not True:  # the first is still in flight: nothing sent
+                assert got is first and got.Test() is False
+                blocked.append(got)
         except BaseException as exc:
             failure = exc
     elif w.rank == 1:
         time.sleep(0.2)  # no MPI call: no progress (the signals wait for it, or not)
     comm.Barrier()  # rank 1 progresses here
-    for s in started:
-        if s is not True:
-            s.Wait()
-            assert s.Test() is True
+    if w.rank == 0 and failure is None:
+        try:
+            for p in blocked:
+                p.Wait()
+                assert p.Test() is True and sig.signal(1, 3, 4, "add") is True
+            last = mod.pending()
+            if last is not None:
+                last.Wait()
+            assert mod.pending() is None
+        except BaseException as exc:
+            failure = exc
     comm.Barrier()
     win.Sync()
-    got = mem.tolist()
+    got_mem = mem.tolist()
     sig.clear()
     win.Unlock_all()
     win.Free()
     if failure is not None:
         raise failure
     if w.rank == 1:
-        assert got == [0, 0, -5, 4]
+        assert got_mem == [0, 0, -5, 4]
     assert sig.enabled() == [] and sig.signal(1, 2, 1, "set") is False
 
 
@@ -281,6 +295,7 @@ def test_a_signal_that_cannot_allocate_sends_nothing(world: Any) -> None:
     sig = w.heap.rma_signaller(pad.offset, pad.slots)  # a fresh one: nothing made yet
     sends = sig is not None and not w.heap.is_local(to)
     w.barrier()
+    w.heap.complete_signals()  # (a signal in flight would be handed back before allocating)
     if sends:
         send, stop = sig.signal, testcapi.remove_mem_hooks  # (bound now: no allocation later)
         failed = False
@@ -352,3 +367,78 @@ def test_pooled_atomics_and_signals_return_each_old_value(world: Any) -> None:
     w.barrier()
     counters.close()
     words.close()
+
+
+def test_spin_compares_unsigned_words_and_gives_up() -> None:
+    """``shmem._rmafast.spin``: the word once it compares (unsigned, each comparison), None
+    after its loads; a bad address or comparison is refused."""
+    if not _c_built():
+        pytest.skip("needs the C extension")
+    spin = rma_accel._bound().spin
+    word = np.array([(1 << 63) + 5], np.uint64)
+    at = int(word.ctypes.data)
+    big = (1 << 63) + 5
+    assert spin(at, 0, big, 1, 0) == big  # eq
+    assert spin(at, 1, big, 3, 0) is None  # ne
+    assert spin(at, 2, 1 << 63, 1, 0) == big  # gt: unsigned (as int64 it is negative)
+    assert spin(at, 3, big + 1, 5, 0) is None  # ge
+    assert spin(at, 4, 5, 2, 0) is None  # lt
+    assert spin(at, 5, big, 0, 0) == big  # le: no loop, the final load
+    with pytest.raises(ValueError, match="spin"):
+        spin(at + 4, 0, 0, 1, 0)  # not aligned
+    with pytest.raises(ValueError, match="spin"):
+        spin(at, 6, 0, 1, 0)
+
+
+def test_the_next_operation_completes_a_signal_in_flight(world: Any) -> None:
+    """A signal off the node returns once MPI started it; the process's next operation
+    through MPI completes it first. Rank 0 signals rank 1, which sleeps (no progress: the
+    signal stays in flight), then puts to rank 2: the put waits for rank 1 to wake, and
+    nothing is left in flight after it."""
+    w = world
+    nodes = w.comm.allgather(w.node)  # the same answer on every rank: all skip or none
+    if w.world_size < 3 or len(set(nodes[:3])) < 3:
+        pytest.skip("needs ranks 0, 1 and 2 on three nodes")
+    buf = w.zeros(8, np.int64)
+    pad = w.signals
+    w.barrier()
+    if w.rank == 0:
+        time.sleep(0.1)  # rank 1 asleep first: still in the barrier, it would progress it
+        w.signal(1, 5, 11)
+        pending = rma_accel.pending()
+        in_flight = pending is not None and pending() is not None
+        t0 = time.monotonic()
+        buf.put(2, np.arange(8, dtype=np.int64))
+        took = time.monotonic() - t0
+        if in_flight:  # (almost always: rank 1 is asleep)
+            assert took > 0.1, f"the put did not wait for the signal in flight ({took:.3f} s)"
+            assert pending is not None and pending() is None
+    elif w.rank == 1:
+        time.sleep(0.5)  # no MPI call here meanwhile
+    w.barrier()
+    if w.rank == 1:
+        assert pad.read(5) == 11
+    if w.rank == 2:
+        assert buf.local().tolist() == list(range(8))
+    w.barrier()
+
+
+def test_the_barrier_in_c_waits_for_a_late_rank(world: Any) -> None:
+    """The barrier's rounds in C hand a wait back to Python once their loads run out: a rank
+    that arrives late is still waited for (every rank leaves after the late one entered),
+    and barriers after it keep their epochs."""
+    w = world
+    comm = w.comm
+    late = w.world_size - 1
+    comm.Barrier()
+    if w.rank == late:
+        time.sleep(0.2)
+    t0 = time.monotonic()
+    w.barrier()
+    waited = time.monotonic() - t0
+    arrivals = comm.allgather(waited)
+    if w.world_size > 1:
+        # every rank but the late one waited for it (about 0.2 s)
+        assert all(a > 0.15 for r, a in enumerate(arrivals) if r != late), arrivals
+    for _ in range(50):
+        w.barrier()
