@@ -254,7 +254,7 @@ def test_a_signal_in_flight_completes_when_the_target_progresses(world: Any) -> 
             assert first is None or (isinstance(first, mod.Pending) and first.rank == 1)
             got = sig.signal(1, 3, 4, "add")
             if got is not True:  # the first is still in flight: nothing sent
-                assert got is first and got.Test() is False
+                assert got is first and first is not None and first.Test() is False
                 blocked.append(got)
         except BaseException as exc:
             failure = exc
