@@ -9,6 +9,7 @@ from shmem import SHMEMBuffer
 from . import signed
 from .channel import Channel
 from .cross import P2P_MAX_MEMBERS, all_gather_across
+from .cross_plan import cross_plan
 from .family import exchange, family_plan, over_mpi
 from .operand import Array, prepare
 
@@ -22,6 +23,10 @@ def all_gather(
     size = ch.world_size
     xin, ret, dst = prepare(ch, where, x, out, lambda n: n * size)
     m = xin.count
+    small = cross_plan(ch, "all_gather", xin)
+    if small is not None:  # small, across nodes: one persistent signed all-gather
+        small.run(ch, xin.array, xin.shmem, dst, False)
+        return ret
     if ch.num_nodes > 1 and ch.world_size <= P2P_MAX_MEMBERS:
         # across nodes: point to point, the signatures checked meanwhile (collectives.cross)
         src = xin.array

@@ -11,6 +11,7 @@ from shmem.errors import CollectiveArgumentError
 from . import signed
 from .channel import Channel
 from .cross import P2P_MAX_MEMBERS, all_to_all_across
+from .cross_plan import cross_plan
 from .family import exchange, over_mpi
 from .operand import Array, Operand, prepare
 
@@ -32,6 +33,10 @@ def all_to_all(
 
     xin, ret, dst = prepare(ch, where, x, out, lambda n: n, (), validate)
     m = xin.count // size
+    small = cross_plan(ch, "all_to_all", xin)
+    if small is not None:  # small, across nodes: one persistent signed all-gather
+        small.run(ch, xin.array, xin.shmem, dst, False)
+        return ret
     if ch.num_nodes > 1 and size <= P2P_MAX_MEMBERS:
         # across nodes: point to point, the signatures checked meanwhile (collectives.cross)
         src = xin.array

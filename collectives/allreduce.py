@@ -534,10 +534,11 @@ def tiny_plan(
     return cast("TinyPlan | NodesPlan", plan)
 
 
-def cached_plan(ch: Channel, key: Hashable, make: Callable[[], ReplayPlan], acc: Any = None) -> Any:
+def cached_plan(ch: Channel, key: Hashable, make: Callable[[], Any], acc: Any = None) -> Any:
     """The channel's plan under ``key``, made by ``make()`` when there is none, or the one
     there was made for an older scratch (or another accumulation dtype ``acc``); the least
-    recently made plans beyond :data:`MAX_PLANS` are dropped."""
+    recently made plans beyond :data:`MAX_PLANS` are dropped. A plan has ``scratch``
+    (the scratch it was made for), ``acc`` where ``acc`` is given, and ``close()``."""
     plan = ch.plans.get(key)
     if plan is None or plan.scratch is not ch.scratch_buf or (acc is not None and plan.acc != acc):
         if plan is not None:

@@ -10,6 +10,7 @@ from shmem.errors import CollectiveArgumentError
 from . import signed
 from .channel import Channel
 from .cross import P2P_MAX_MEMBERS, broadcast_across
+from .cross_plan import cross_plan
 from .family import exchange, family_plan, over_mpi
 from .operand import Array, Operand, prepare
 
@@ -43,6 +44,10 @@ def broadcast(
         default_out_is_x=True,
     )
     root = int(root)
+    small = cross_plan(ch, "broadcast", xin, root)
+    if small is not None:  # small, across nodes: one persistent signed all-gather
+        small.run(ch, xin.array, xin.shmem, dst, False)
+        return ret
     if ch.num_nodes > 1 and ch.world_size <= P2P_MAX_MEMBERS:
         # across nodes: point to point from the root, the signatures checked meanwhile
         # (collectives.cross)

@@ -10,6 +10,7 @@ from shmem import SHMEMBuffer
 from .allreduce import all_reduce, shard_plan
 from .channel import Channel
 from .cross import reduce_scatter_across
+from .cross_plan import cross_plan
 from .family import exchange, over_mpi
 from .operand import Array, Operand, prepare
 from .ops import ReduceOp, accumulate_dtype, check_op, reduce_into
@@ -38,6 +39,10 @@ def reduce_scatter(
     if ch.num_nodes > 1 and (len(ch.local_peers) == 1 or not ch.uniform_nodes):
         # across nodes, where the all-reduce reduces in rank order (one rank per node, or
         # nodes of different sizes): straight to my shard over MPI, bitwise the same
+        small = cross_plan(ch, "reduce_scatter", xin, op, acc)
+        if small is not None:  # small: one persistent signed all-gather, the same order
+            small.run(ch, xin.array, xin.shmem, dst, False)
+            return ret
         src = xin.array
         over_mpi(
             ch, where, lambda: reduce_scatter_across(ch, ch.comm, src, dst, op, acc, size, where)

@@ -341,3 +341,56 @@ def test_back_to_back_broadcasts_with_changing_roots_are_not_a_mismatch(
         if sym is not None:
             world.barrier()
             sym.close()
+
+
+def _small_call(comm: Any, name: str, x: Any) -> Any:
+    if name == "broadcast":
+        return comm.broadcast(x.copy(), root=comm.world_size - 1)
+    return getattr(comm, name)(x)
+
+
+@pytest.mark.parametrize("other", ["count", "dtype", "collective", "all_reduce"])
+@pytest.mark.parametrize("name", ["all_gather", "all_to_all", "broadcast", "reduce_scatter"])
+def test_a_replayed_small_call_across_nodes_meets_a_mismatch(
+    fast: Any, name: str, other: str
+) -> None:
+    """Small family calls across nodes replay a cached persistent all-gather
+    (``collectives.cross_plan``): a matching call makes the plan, the next replays it with
+    the same result; then rank 0 in another call (another count or dtype: a plan of its own;
+    another collective: the general path or another communicator's exchange) raises on
+    every rank, where MPI alone would mix or hang."""
+    from collectives.cross_plan import CrossPlan
+
+    world, comm = fast
+    if world.num_nodes == 1:
+        pytest.skip("needs several nodes (SHMEM_HEAP_NODE_SPLIT)")
+    p, r = world.world_size, world.rank
+    x = np.arange(4 * p, dtype=np.float32) * (r + 1)
+    first = np.asarray(_small_call(comm, name, x)).copy()
+    ch = comm._ch
+    planned = name != "reduce_scatter" or len(ch.local_peers) == 1 or not ch.uniform_nodes
+    plans = [v for v in ch.plans.values() if isinstance(v, CrossPlan)]
+    assert len(plans) == (1 if planned else 0), ch.plans
+    if not planned and other == "all_reduce":
+        pytest.skip(
+            "a reduce-scatter across nodes of several ranks is this all-reduce, then a shard"
+        )
+    second = np.asarray(_small_call(comm, name, x))  # the replay
+    np.testing.assert_array_equal(first, second)
+    if name == "all_gather":
+        want = np.concatenate([np.arange(4 * p, dtype=np.float32) * (q + 1) for q in range(p)])
+        np.testing.assert_array_equal(second, want)
+    with pytest.raises(MISMATCH) as err:
+        if r == 0 and other == "count":
+            _small_call(comm, name, np.ones(8 * p, np.float32))
+        elif r == 0 and other == "dtype":
+            _small_call(comm, name, np.ones(4 * p, np.float64))
+        elif r == 0 and other == "collective":
+            _small_call(comm, "all_gather" if name != "all_gather" else "all_to_all", x)
+        elif r == 0:
+            comm.all_reduce(x)
+        else:
+            _small_call(comm, name, x)
+        comm.all_reduce(np.ones(4, np.float32))  # a rank that was not told learns here
+    if isinstance(err.value, CollectiveMismatchError):
+        assert "called different collectives" in str(err.value)
