@@ -604,9 +604,10 @@ class Communicator:
         return alias[2]
 
     def _replay_family(self, kind: str, x: object, out: object, extra: object) -> Any:
-        """Replay the cached plan of a small node-local broadcast, all-gather or
-        reduce-scatter of this shape (:class:`collectives.family.FamilyPlan`, a sharded
-        :class:`collectives.allreduce.TinyPlan`; ``extra``: the root or the op): the result,
+        """Replay the cached plan of a small broadcast, all-gather, reduce-scatter or
+        all-to-all of this shape (node-local: :class:`collectives.family.FamilyPlan`, a
+        sharded :class:`collectives.allreduce.TinyPlan`; across nodes:
+        :class:`collectives.cross_plan.CrossPlan`; ``extra``: the root or the op): the result,
         or None when there is none yet or an argument needs the general path (which
         validates it)."""
         ch = self._ch
@@ -665,6 +666,10 @@ class Communicator:
 
         ``stream``: the GPU stream the call is ordered on (nvshmem backend; default the
         World's context); ignored on the host backend, whose collectives are host-blocking."""
+        if self._ch is not None:  # (cached plans of all_to_all: small calls across nodes)
+            done = self._replay_family("all_to_all", x, out, 0)
+            if done is not None:
+                return cast("Input", done)
         tc = self._on_team("all_to_all")
         if tc is not None:
             return tc.all_to_all(x, out)

@@ -1003,3 +1003,63 @@ def test_reduce_scatter_is_the_all_reduces_shard_bitwise(
         part = np.asarray(comm.reduce_scatter(x, op=op))
         assert part.tobytes() == full[lo:hi].tobytes(), op
         assert len(set(world.comm.allgather(full.tobytes()))) == 1, op
+
+
+@pytest.mark.parametrize("kind", ["numpy", "symmetric"])
+def test_small_family_across_nodes_from_a_cached_plan(kind: str) -> None:
+    """Across nodes, with the default configuration (no check_args), small family calls
+    replay a cached persistent all-gather (``collectives.cross_plan``): every call of a
+    shape after the first comes from the plan, the results are exact for every form of
+    ``out`` (new, given, in place), and the reduce-scatter's shard is bitwise the
+    all-reduce's where both reduce in rank order (values whose rounding depends on it)."""
+    from collectives.cross_plan import CrossPlan
+
+    world = shmem.init(heap_nbytes="16MiB", signal_timeout_s=20.0)
+    comm = collectives.Communicator(world)
+    p, r = world.world_size, world.rank
+    sym = world.zeros(6 * p, "float32")
+    try:
+        if world.num_nodes == 1:
+            pytest.skip("needs several nodes (SHMEM_HEAP_NODE_SPLIT)")
+        ch = comm._ch
+        assert ch is not None
+        rank_order = len(ch.local_peers) == 1 or not ch.uniform_nodes
+        rng = np.random.default_rng(3 + r)
+        for i in range(6):
+            mine = (rng.standard_normal(6 * p) * 10.0 ** rng.integers(-3, 4, 6 * p)).astype(
+                np.float32
+            )
+            x: Any = mine
+            if kind == "symmetric":
+                sym.local()[:] = mine
+                x = sym
+            inputs = world.comm.allgather(mine)
+            got = comm.all_gather(x)
+            assert got.tobytes() == np.concatenate(inputs).tobytes(), i
+            out = np.empty(6 * p * p, np.float32)
+            assert comm.all_gather(x, out=out) is out and out.tobytes() == got.tobytes()
+            root = i % p
+            y = mine.copy()
+            assert comm.broadcast(y, root=root) is y and y.tobytes() == inputs[root].tobytes()
+            want = np.concatenate([a.reshape(p, -1)[r] for a in inputs])
+            assert comm.all_to_all(x).tobytes() == want.tobytes(), i
+            z = mine.copy()
+            assert comm.all_to_all(z, out=z) is z and z.tobytes() == want.tobytes()
+            lo, hi = shard_of(6 * p, p, r)
+            for op in ("sum", "avg"):
+                part = np.asarray(comm.reduce_scatter(x, op=op))
+                full = np.asarray(comm.all_reduce(mine, op=op))
+                if rank_order:
+                    assert part.tobytes() == full[lo:hi].tobytes(), (i, op)
+                else:
+                    np.testing.assert_allclose(part, full[lo:hi], rtol=1e-5, atol=1e-30)
+        kinds = {v.kind for v in ch.plans.values() if isinstance(v, CrossPlan)}
+        want_kinds = {"all_gather", "broadcast", "all_to_all"} | (
+            {"reduce_scatter"} if rank_order else set()
+        )
+        assert kinds == want_kinds, kinds
+    finally:
+        world.barrier()
+        sym.close()
+        comm.close()
+        world.finalize()
