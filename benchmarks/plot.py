@@ -49,37 +49,70 @@ def plot_ratio(jsonl: Path, png: Path, bench: str = "allreduce") -> None:
 
 
 def plot_across(out: Path) -> None:
-    """One PNG per benchmark of ``benchmarks/across_nodes.py``'s results in ``out``: the ratio
-    to MPI (above 1: faster) against bytes, a line per (what, MPI, layout)."""
+    """One PNG per benchmark of ``benchmarks/across_nodes.py``'s results in ``out``: a panel
+    per collective (or per kind of signal benchmark), the ratio to MPI (above 1: faster)
+    against bytes, one colour per (MPI, layout); the float32 numpy-input line is drawn bold
+    and labelled, the other dtypes and inputs thin in the same colour."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    by_bench: dict[str, dict[str, list[tuple[int, float]]]] = defaultdict(lambda: defaultdict(list))
+    # bench -> panel -> (mpi layout) -> variant -> points
+    Series = dict[str, list[tuple[int, float]]]
+    data: dict[str, dict[str, dict[str, Series]]] = defaultdict(
+        lambda: defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
+    )
     for path in sorted(out.glob("*-*-*.jsonl")):
         bench, mpi, layout = path.stem.rsplit("-", 2)
         for line in path.read_text().splitlines():
             rec = json.loads(line)
-            what = " ".join(str(rec[k]) for k in ("collective", "dtype", "input") if k in rec)
-            what = what or str(rec.get("bench", bench))
+            nbytes = max(int(rec.get("nbytes", 0)), 1)
+            where = f"{mpi} {layout}"
             if bench == "signal_latency":
-                what = str(rec.get("bench", ""))
+                panel, variant = str(rec.get("bench", "")), "main"
+                if isinstance(rec.get("ratio_same_memory"), int | float):
+                    same = data[bench][f"{panel} (same memory)"][where]["main"]
+                    same.append((nbytes, rec["ratio_same_memory"]))
+            else:
+                panel = str(rec.get("collective", bench))
+                variant = " ".join(str(rec[k]) for k in ("dtype", "input") if k in rec)
             if isinstance(rec.get("ratio"), int | float):
-                key = f"{what}, {mpi} {layout}"
-                by_bench[bench][key].append((max(int(rec.get("nbytes", 0)), 1), rec["ratio"]))
-    for bench, series in by_bench.items():
-        fig, ax = plt.subplots(figsize=(10, 6))
-        for key, points in sorted(series.items()):
-            points.sort()
-            ax.plot([p[0] for p in points], [p[1] for p in points], marker=".", label=key)
-        ax.axhline(1.0, color="grey", linewidth=1, linestyle="--")
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("bytes")
-        ax.set_ylabel("MPI's time / ours (higher is better)")
-        ax.set_title(f"{bench} across nodes (MPI's network path forced)")
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=6, ncol=2)
+                data[bench][panel][where][variant].append((nbytes, rec["ratio"]))
+    for bench, panels in data.items():
+        names = sorted(panels)
+        cols = min(3, len(names))
+        rows = (len(names) + cols - 1) // cols
+        fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3.8 * rows), squeeze=False)
+        for ax, name in zip(axes.flat, names, strict=False):
+            for i, (where, variants) in enumerate(sorted(panels[name].items())):
+                color = f"C{i}"
+                for variant, points in sorted(variants.items()):
+                    points.sort()
+                    main = variant in ("main", "float32 numpy") or not variant.strip("- ")
+                    ax.plot(
+                        [p[0] for p in points],
+                        [p[1] for p in points],
+                        marker="." if main else None,
+                        color=color,
+                        linewidth=2 if main else 0.7,
+                        alpha=1.0 if main else 0.45,
+                        label=where if main else None,
+                    )
+            ax.axhline(1.0, color="grey", linewidth=1, linestyle="--")
+            ax.set_xscale("log", base=2)
+            ax.set_title(name, fontsize=10)
+            ax.set_xlabel("bytes")
+            ax.set_ylabel("MPI / ours")
+            ax.grid(True, which="both", alpha=0.3)
+            ax.legend(fontsize=7)
+        for ax in list(axes.flat)[len(names) :]:
+            ax.set_visible(False)
+        fig.suptitle(
+            f"{bench} across simulated nodes, MPI's network path forced (above 1: faster "
+            "than MPI; bold: float32 numpy input, thin: bfloat16 and symmetric inputs)",
+            fontsize=10,
+        )
         fig.tight_layout()
         fig.savefig(out / f"{bench}.png", dpi=100)
         plt.close(fig)
