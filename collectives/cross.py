@@ -243,12 +243,17 @@ def all_to_all_across(
     what: str,
 ) -> None:
     """Chunk ``j`` of my ``src`` to member ``j``, chunk ``i`` of my ``dst`` from member ``i``
-    (flat, ``members`` chunks each), point to point, my own chunk copied locally."""
+    (flat, ``members`` chunks each), point to point, my own chunk copied locally while the
+    messages are in flight."""
     n, me = comm.Get_size(), comm.Get_rank()
     s_u8, d_u8 = _u8(src), _u8(dst)
     if np.may_share_memory(s_u8, d_u8):  # in place: the chunks sent must not be overwritten
         s_u8 = s_u8.copy()
     c = s_u8.nbytes // n
+
+    def copy_mine() -> None:  # while the messages are in flight
+        d_u8[me * c : (me + 1) * c] = s_u8[me * c : (me + 1) * c]
+
     signed_p2p(
         ch,
         comm,
@@ -257,5 +262,5 @@ def all_to_all_across(
         sends=[(k, s_u8[k * c : (k + 1) * c]) for k in range(n) if k != me],
         recvs=[(k, d_u8[k * c : (k + 1) * c]) for k in range(n) if k != me],
         keep=(s_u8, dst),
+        meanwhile=copy_mine,
     )
-    d_u8[me * c : (me + 1) * c] = s_u8[me * c : (me + 1) * c]
