@@ -10,6 +10,10 @@ Measurements, interleaved block by block so both sides see the same machine stat
 * ``signal_pingpong``: round-trip time of ``world.signal`` + ``wait_until`` between ranks 0
   and 1, against ``comm.Send``/``comm.Recv`` of 8 bytes (mpi4py buffer API).
   Figure: microseconds per round trip (median, p10, p90 over blocks).
+* ``signal_stream``: one way, rank 0 signals rank 1 ``iters`` times while rank 1 waits for
+  the last, against as many 8-byte ``Send``s to ``Recv``s: where one-sided operations need
+  the target's MPI progress (Open MPI's osc/rdma over TCP), a waiter that sleeps stalls them.
+  Figure: microseconds per signal.
 * ``put``: ``SHMEMBuffer.put`` of ``nbytes`` from rank 0 into rank 1's copy, against
   ``MPI.Win.Put`` + ``Win.Flush`` on a window from ``MPI.Win.Allocate`` (each first in every
   other block; each timed block starts with one untimed put). Where rank 1 is reached by RMA
@@ -67,6 +71,40 @@ def pingpong(world: shmem.World, comm: Any, iters: int, blocks: int) -> dict[str
             elif rank == 1:
                 comm.Recv(msg, source=0, tag=1)
                 comm.Send(msg, dest=0, tag=2)
+        theirs.append((time.perf_counter() - t0) / iters)
+    return {"ours": stats_us(ours), "mpi": stats_us(theirs)}
+
+
+def stream(world: shmem.World, comm: Any, iters: int, blocks: int) -> dict[str, Any]:
+    """One way: rank 0 signals rank 1 ``iters`` times (increasing values), rank 1 waits for
+    the last; against ``iters`` 8-byte ``Send``s to ``Recv``s. Rank 1's wait must keep up
+    MPI's progress where rank 0's one-sided operations need it (time per signal)."""
+    rank = world.rank
+    ours: list[float] = []
+    theirs: list[float] = []
+    msg = np.zeros(1, np.int64)
+    seq = 0
+    for _ in range(blocks):
+        world.barrier()
+        t0 = time.perf_counter()
+        if rank == 0:
+            for _ in range(iters):
+                seq += 1
+                world.signal(1, 2, seq)
+            world.heap.complete_signals()
+        elif rank == 1:
+            seq += iters
+            world.wait_until(2, "ge", seq)
+        world.barrier()  # (rank 0's time includes the last signal's arrival)
+        ours.append((time.perf_counter() - t0) / iters)
+        comm.Barrier()
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            if rank == 0:
+                comm.Send(msg, dest=1, tag=3)
+            elif rank == 1:
+                comm.Recv(msg, source=0, tag=3)
+        comm.Barrier()
         theirs.append((time.perf_counter() - t0) / iters)
     return {"ours": stats_us(ours), "mpi": stats_us(theirs)}
 
@@ -159,6 +197,18 @@ def main() -> None:
                     "ours": pp["ours"],
                     "mpi": pp["mpi"],
                     "ratio": pp["mpi"]["median_us"] / pp["ours"]["median_us"],
+                }
+            )
+        st = stream(world, comm, args.iters, args.blocks)
+        if world.rank == 0:
+            records.append(
+                {
+                    "bench": "signal_stream",
+                    "nbytes": 8,
+                    **common,
+                    "ours": st["ours"],
+                    "mpi": st["mpi"],
+                    "ratio": st["mpi"]["median_us"] / st["ours"]["median_us"],
                 }
             )
         nbytes = 8

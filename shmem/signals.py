@@ -97,6 +97,12 @@ _BARRIER_ROUNDS = 64  # dissemination rounds: enough for 2**64 ranks
 # a 20 us spin; 2 ranks, 1.4 us with a 2 us spin).
 _SPIN_S = 2e-6
 _YIELD_S = 2e-3
+# a wait on a heap with ranks on other nodes: their one-sided operations on this rank may
+# need its MPI progress (Open MPI's osc/rdma over TCP, AM-based accumulates), which a
+# sleeping waiter does not make: it yields for longer and sleeps less (a stream of signals
+# to a waiting rank on Open MPI took 0.77 ms a signal with the 1 ms sleeps)
+_REMOTE_YIELD_S = 0.1
+_REMOTE_SLEEP_MAX_S = 50e-6
 _SLEEP_MAX_S = 1e-3
 
 
@@ -144,14 +150,15 @@ def poll_until(
     progress: Callable[[], None] | None = None,
     spin_s: float = _SPIN_S,
     yield_s: float = _YIELD_S,
+    sleep_max_s: float = _SLEEP_MAX_S,
 ) -> bool:
     """Call ``probe`` with backoff until it returns True (-> True) or ``deadline`` passes.
 
     ``deadline`` is a ``time.monotonic()`` value. ``progress`` is called between probes.
     Polls spin for ``spin_s``, then yield the core until ``yield_s`` (2 ms), then sleep up
-    to 1 ms between probes. A probe that drives a transfer (an MPI request's ``Test``: MPI
-    moves a large message only while it is called) wants a long ``yield_s``: a sleeping
-    poller stalls the transfer.
+    to ``sleep_max_s`` (1 ms) between probes. A probe that drives a transfer (an MPI
+    request's ``Test``: MPI moves a large message only while it is called) wants a long
+    ``yield_s``: a sleeping poller stalls the transfer.
     """
     start = time.monotonic()
     pause = 20e-6
@@ -170,7 +177,7 @@ def poll_until(
             os.sched_yield()
             continue
         time.sleep(min(pause, max(deadline - now, 0.0)))
-        pause = min(pause * 2, _SLEEP_MAX_S)
+        pause = min(pause * 2, sleep_max_s)
 
 
 class SignalPad:
@@ -210,6 +217,12 @@ class SignalPad:
         # waits off the node: the inline spin in C, MPI's progress between loads
         # (not where the node's ranks outnumber its cores: the peer may need this one)
         self._spin = heap.rma_spinner() if self._spin_s else None
+        # (yield, sleep) of waits that outlast the spin: longer yields and short sleeps
+        # where ranks on other nodes may need this rank's MPI progress
+        remote = heap.num_nodes > 1
+        self._backoff = (
+            (_REMOTE_YIELD_S, _REMOTE_SLEEP_MAX_S) if remote else (_YIELD_S, _SLEEP_MAX_S)
+        )
         self._address = int(self._flags.ctypes.data)
         # the barrier's rounds in C (shmem._rmafast.Barrier) where it is built; its waits
         # spin as long as the Python inline spin or longer (loads alone are ns, not us)
@@ -400,7 +413,7 @@ class SignalPad:
                 return test(last[0], value)
 
             deadline = start + timeout_s
-            if not poll_until(probe, deadline, progress, self._spin_s):
+            if not poll_until(probe, deadline, progress, self._spin_s, *self._backoff):
                 self._timeout(operation, slot, cmp, value, last[0], timeout_s, peers, context)
             seen = last[0]
         self._heap.fence()  # acquire: later loads see what was written before the signal
