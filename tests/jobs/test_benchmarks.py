@@ -115,3 +115,28 @@ def test_attention_and_ipc(tmp_path: Path) -> None:
     ipc = run(["ipc.py", "--iters", "5", "--mib", "1"], tmp_path / "ipc.jsonl", ranks=0)
     assert [r["bench"] for r in ipc] == ["ipc_export_import", "ipc_read"], ipc
     assert positive(ipc[0]["median_us"]) and positive(ipc[1]["ratio"]), ipc
+
+
+def test_across_nodes_runs_summarises_and_plots(tmp_path: Path) -> None:
+    """benchmarks/across_nodes.py on MPICH, 2 simulated nodes, the smallest sizes: a JSON
+    file per benchmark, a summary line per (benchmark, kind) with the put's same-memory row,
+    and a PNG per benchmark with a panel per collective."""
+    pytest.importorskip("matplotlib")
+    if not (ROOT / ".venv" / "bin" / "python").exists():
+        pytest.skip("needs the project's MPICH virtualenv (.venv)")
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / "across_nodes.py"), "--out", str(tmp_path),
+         "--mpi", "mpich", "--layouts", "2x1", "--max-bytes", "4KiB", "--blocks", "1",
+         "--timeout", "120"],
+        capture_output=True, text=True, timeout=300, cwd=ROOT, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    for bench in ("allreduce", "family", "signal_latency"):
+        assert (tmp_path / f"{bench}-mpich-2x1.jsonl").stat().st_size > 0
+        assert (tmp_path / f"{bench}.png").stat().st_size > 0
+    lines = (tmp_path / "summary.txt").read_text().splitlines()
+    kinds = {" ".join(line.split()[:2]) for line in lines}
+    for want in ("signal_latency put", "signal_latency signal_pingpong", "family barrier"):
+        assert want in kinds, lines
+    assert any("same-memory" in line for line in lines), lines
+    assert any(line.startswith("family") and "broadcast" in line for line in lines), lines
