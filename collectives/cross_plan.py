@@ -40,8 +40,6 @@ __all__ = ["CrossPlan", "cross_plan"]
 
 _SIG = int(Flag.SIG)
 
-KINDS = ("broadcast", "all_gather", "all_to_all", "reduce_scatter")
-
 
 class CrossPlan:
     """The cached plan of one small call across nodes (``kind``, ``count`` elements of
