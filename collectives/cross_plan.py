@@ -38,8 +38,6 @@ if TYPE_CHECKING:
 
 __all__ = ["CrossPlan", "cross_plan"]
 
-_SIG = int(Flag.SIG)
-
 
 class CrossPlan:
     """The cached plan of one small call across nodes (``kind``, ``count`` elements of
@@ -78,7 +76,6 @@ class CrossPlan:
             self.pieces = [row[a:b] for row in rows]
             self.out_count = b - a
         self.members = n
-        self.alone = ch.local_peers == [me]  # no node-local peer reads my flags
 
     def close(self) -> None:
         """Free the persistent request (drop_plan)."""
@@ -99,15 +96,11 @@ class CrossPlan:
         where = self.where
         s = ch.next_call()
         ch.signature = self.signature
-        if self.alone:  # wait_previous with no node-local peer: my SIG word of call s only
-            ch.my_flags[_SIG + s % 2] = self.signature
-            ch.sig_seq = s
-        else:
-            try:
-                ch.wait_previous(s, where)  # node-local peers are done with the previous call
-            except (CollectiveMismatchError, PeerFailedError):
-                self.gather.abandon(ch, where)  # the other members wait: they stop at once
-                raise
+        try:
+            ch.wait_previous(s, where)  # node-local peers are done with the previous call
+        except (CollectiveMismatchError, PeerFailedError):
+            self.gather.abandon(ch, where)  # the other members wait: they stop at once
+            raise
         # (the Communicator's fast path hands a zero-copy input as ``shm`` alone)
         np.copyto(self.send, x if shm is None else shm.local().reshape(-1))
         self.gather.run(ch, where)  # a member in another call: every member raises
