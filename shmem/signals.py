@@ -279,14 +279,9 @@ class SignalPad:
         op : {"set", "add"}
         """
         fast = self._fast
-        if fast is not None:  # C: these checks, the fence and the atomic (off the node)
-            started = fast(rank, slot, value, op)
-            while started is not True and started is not False:
-                # the signal before is still in flight: complete it (its deadline), then send
-                self._heap.wait_started(started, started.rank, "signal", self.timeout_s)
-                started = fast(rank, slot, value, op)
-            if started is True:
-                return
+        # C: these checks, the fence and the atomic (off the node)
+        if fast is not None and self._c_signal(fast, rank, slot, value, op, self.timeout_s):
+            return
         if type(rank) is not int or not 0 <= rank < self._size:
             self._check_rank("signal", rank)
         if type(slot) is not int or not 0 <= slot < self.slots:
@@ -299,18 +294,24 @@ class SignalPad:
             value = signal_value("signal", value)
         self._raw_signal(int(rank), int(slot), value, op)
 
+    def _c_signal(self, fast: Any, rank: int, slot: int, value: int, op: str, limit: float) -> bool:
+        """Signal through the C Signaller ``fast``: True once sent (off the node), False
+        where the arguments are not for it (the caller goes on). A signal before it still
+        in flight is completed first (within ``limit`` s), then this one is sent."""
+        started = fast(rank, slot, value, op)
+        while started is not True and started is not False:
+            self._heap.wait_started(started, started.rank, "signal", limit)
+            started = fast(rank, slot, value, op)
+        return started is True
+
     def _raw_signal(
         self, rank: int, slot: int, value: int, op: str, timeout_s: float | None = None
     ) -> None:
         heap = self._heap
         fast = self._fast_raw
         if fast is not None:
-            started = fast(rank, slot, value, op)
-            while started is not True and started is not False:
-                limit = self.timeout_s if timeout_s is None else timeout_s
-                heap.wait_started(started, started.rank, "signal", limit)
-                started = fast(rank, slot, value, op)
-            if started is True:
+            limit = self.timeout_s if timeout_s is None else timeout_s
+            if self._c_signal(fast, rank, slot, value, op, limit):
                 return
             heap.complete_signals(timeout_s)  # applied before this one, as every signal
         heap.fence()
