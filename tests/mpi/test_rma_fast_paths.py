@@ -248,6 +248,7 @@ def test_a_signal_in_flight_completes_when_the_target_progresses(world: Any) -> 
     blocked: list[Any] = []
     comm.Barrier()
     if w.rank == 0:
+        time.sleep(0.1)  # rank 1 asleep first: still in the Barrier, it would progress them
         try:
             assert sig.signal(1, 2, -5, "set") is True  # sent (in flight or applied)
             first = mod.pending()
@@ -259,7 +260,7 @@ def test_a_signal_in_flight_completes_when_the_target_progresses(world: Any) -> 
         except BaseException as exc:
             failure = exc
     elif w.rank == 1:
-        time.sleep(0.2)  # no MPI call: no progress (the signals wait for it, or not)
+        time.sleep(0.4)  # no MPI call: no progress (the signals wait for it, or not)
     comm.Barrier()  # rank 1 progresses here
     if w.rank == 0 and failure is None:
         try:
