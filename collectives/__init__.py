@@ -4,14 +4,21 @@ waits. Depends on :mod:`shmem` only.
 
 >>> comm = collectives.Communicator(world)           # doctest: +SKIP
 >>> comm.all_reduce(x, op="sum")                       # x: SHMEMBuffer (zero-copy) or ndarray
+
+The names below load on first use, so ``import collectives.torch_backend`` (which torch's
+backend autoload runs inside ``import torch``) starts neither MPI nor a heap.
 """
 
 from __future__ import annotations
 
-from .channel import CommStats
-from .communicator import Communicator
-from .ops import OPS, ReduceOp
-from .schedule import ALGORITHMS, Algorithm, AlgorithmTable, shard_bounds
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .channel import CommStats
+    from .communicator import Communicator
+    from .ops import OPS, ReduceOp
+    from .schedule import ALGORITHMS, Algorithm, AlgorithmTable, shard_bounds
 
 __all__ = [
     "ALGORITHMS",
@@ -23,3 +30,27 @@ __all__ = [
     "ReduceOp",
     "shard_bounds",
 ]
+
+_HOME = {
+    "CommStats": "channel",
+    "Communicator": "communicator",
+    "OPS": "ops",
+    "ReduceOp": "ops",
+    "ALGORITHMS": "schedule",
+    "Algorithm": "schedule",
+    "AlgorithmTable": "schedule",
+    "shard_bounds": "schedule",
+}
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOME.get(name)
+    if home is None:
+        raise AttributeError(f"module 'collectives' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{home}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar, cast, overload
 
 import numpy as np
@@ -728,6 +728,33 @@ class Communicator:
             return tc.alltoalls(x, nelems, dst_stride=dst_stride, src_stride=src_stride, out=out)
         with self._call(self._ch):
             return tc.alltoalls(x, nelems, dst_stride=dst_stride, src_stride=src_stride, out=out)
+
+    @overload
+    def all_to_allv(
+        self, x: Input, send_counts: Sequence[int], recv_counts: Sequence[int], out: None = ...
+    ) -> Array: ...
+    @overload
+    def all_to_allv(
+        self, x: Input, send_counts: Sequence[int], recv_counts: Sequence[int], out: _X
+    ) -> _X: ...
+    def all_to_allv(
+        self,
+        x: Input,
+        send_counts: Sequence[int],
+        recv_counts: Sequence[int],
+        out: Output = None,
+    ) -> Input:
+        """All-to-all with per-pair counts (MPI's alltoallv): rank ``i`` sends the
+        ``send_counts[j]`` elements of ``x`` after ``sum(send_counts[:j])`` to rank ``j``,
+        which stores them in ``out`` after ``sum(recv_counts[:i])`` (a new flat array of
+        ``sum(recv_counts)`` elements by default). Counts that do not pair up between two
+        ranks raise on every rank before any data moves (:mod:`collectives.team`)."""
+        self._live("all_to_allv")
+        tc = self._team_collectives()
+        if self._ch is None:
+            return tc.all_to_allv(x, send_counts, recv_counts, out)
+        with self._call(self._ch):
+            return tc.all_to_allv(x, send_counts, recv_counts, out)
 
     def barrier(self, timeout: float | None = None) -> None:
         """Every rank of the communicator has arrived (flag barrier on the comm's pad)."""

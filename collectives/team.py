@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
@@ -280,6 +280,98 @@ class TeamCollectives:
         signed.alltoall(self, self.comm, _u8(send), _u8(dst), where, _WHO)
         return ret
 
+    def all_to_allv(
+        self,
+        x: SHMEMBuffer | Array,
+        send_counts: Sequence[int],
+        recv_counts: Sequence[int],
+        out: SHMEMBuffer | Array | None = None,
+    ) -> SHMEMBuffer | Array:
+        """All-to-all with per-pair counts (MPI's alltoallv): member ``i`` sends the
+        ``send_counts[j]`` elements of ``x`` after ``sum(send_counts[:j])`` to member ``j``,
+        which stores them in ``out`` after ``sum(recv_counts[:i])``. Every member learns every
+        member's counts in the first exchange (with the signatures): counts that do not pair
+        up (``send_counts[j]`` of ``i`` against ``recv_counts[i]`` of ``j``) raise on every
+        member before any data moves."""
+        where = "Communicator.all_to_allv"
+        size = self.size
+        error: Exception | None = None
+        xin: Operand | None = None
+        oin: Operand | None = None
+        record: tuple[object, ...] = (where, "invalid")
+        sends = recvs = np.zeros(size, np.int64)
+        try:
+            sends = _counts(where, "send_counts", send_counts, size)
+            recvs = _counts(where, "recv_counts", recv_counts, size)
+            xin = Operand(x, where, "x")
+            if xin.count < int(sends.sum()):
+                raise CollectiveArgumentError(
+                    f"{where}: x too small (got {xin.count} elements; expected >= "
+                    f"{int(sends.sum())}, the sum of send_counts)"
+                )
+            if out is not None:
+                oin = Operand(out, where, "out")
+                if (
+                    oin.dtype != xin.dtype
+                    or not oin.array.flags.writeable
+                    or oin.count < int(recvs.sum())
+                ):
+                    raise CollectiveArgumentError(
+                        f"{where}: invalid out (got {oin.count} {dtype_name(oin.dtype)} "
+                        f"elements; expected a writeable array of x's dtype "
+                        f"{dtype_name(xin.dtype)} with >= {int(recvs.sum())} elements)"
+                    )
+            record = (where, dtype_name(xin.dtype))
+        except (ValueError, TypeError, ShmemError) as exc:
+            error = exc
+        agree(self, where, record, error)
+        xin = cast("Operand", xin)
+        self.signature = signature((where, 0, dtype_name(xin.dtype)))
+        with self.in_step(where):
+            # every member's counts travel with the signatures: one exchange checks the
+            # call and that the counts pair up
+            mine = np.concatenate([[self.signature], sends, recvs]).astype(np.int64)
+            every = np.zeros((size, 1 + 2 * size), dtype=np.int64)
+            signed.run(
+                self, self.comm, lambda: self.comm.Iallgather(mine, every), where, (mine, every)
+            )
+            signed.compare(self, every[:, 0], where, _WHO)
+            sent, received = every[:, 1 : 1 + size], every[:, 1 + size :]
+            wrong = [
+                (i, j, int(sent[i, j]), int(received[j, i]))
+                for i in range(size)
+                for j in range(size)
+                if sent[i, j] != received[j, i]
+            ]
+            dest = np.empty(int(recvs.sum()), dtype=xin.dtype) if oin is None else oin.array
+            if not wrong:
+                isz = xin.dtype.itemsize
+                send = np.ascontiguousarray(xin.array.reshape(-1)[: int(sends.sum())])
+
+                def spec(counts: np.ndarray[Any, Any], buf: Array) -> list[Any]:
+                    nbytes = (counts * isz).tolist()
+                    displs = np.concatenate([[0], np.cumsum(nbytes)[:-1]]).astype(int).tolist()
+                    return [_u8(buf), (nbytes, displs), MPI.BYTE]
+
+                recv = spec(recvs, dest)
+                signed.run(
+                    self,
+                    self.comm,
+                    lambda: self.comm.Ialltoallv(spec(sends, send), recv),
+                    where,
+                    (send, dest),
+                )
+        if wrong:  # every member saw the same counts: all raise here, still in step
+            listing = "; ".join(
+                f"{_WHO} {i} sends {s} to {_WHO} {j}, which expects {r}" for i, j, s, r in wrong
+            )
+            error = CollectiveArgumentError(
+                f"{where}: the counts do not pair up ({listing}); nothing was exchanged"
+            )
+            error.agreed = True  # type: ignore[attr-defined]
+            raise error
+        return dest if out is None else out
+
     def alltoalls(
         self,
         x: SHMEMBuffer | Array,
@@ -336,3 +428,20 @@ class TeamCollectives:
 
 def _count(out: SHMEMBuffer | Array) -> int:
     return out.count if isinstance(out, SHMEMBuffer) else int(np.asarray(out).size)
+
+
+def _counts(
+    where: str, name: str, counts: object, size: int
+) -> np.ndarray[Any, np.dtype[np.int64]]:
+    """``counts`` as ``size`` non-negative element counts (validated)."""
+    values = list(counts) if isinstance(counts, list | tuple | np.ndarray | range) else None
+    if (
+        values is None
+        or len(values) != size
+        or any(isinstance(v, bool) or not isinstance(v, int | np.integer) or v < 0 for v in values)
+    ):
+        raise CollectiveArgumentError(
+            f"{where}: invalid {name} (got {counts!r}; expected {size} non-negative ints, one "
+            "per rank)"
+        )
+    return np.array(values, dtype=np.int64)

@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 from .command import (
     LAUNCHERS,
     MPI_FLAVOURS,
+    SCHEDULER_VARIABLES,
     LaunchOptions,
     UsageError,
     build_command,
@@ -149,8 +153,39 @@ def job_environment(opts: LaunchOptions) -> dict[str, str]:
         env.setdefault(key, os.environ.get(key, value))
     if opts.allow_gpu_sharing:
         env["SHMEM_DEVICE_ALLOW_GPU_SHARING"] = "1"
+    env.update(rendezvous_environment(opts, os.environ))
     env.update(dict(opts.env))
     return env
+
+
+def rendezvous_environment(opts: LaunchOptions, environ: Mapping[str, str]) -> dict[str, str]:
+    """``MASTER_ADDR`` and ``MASTER_PORT`` for torch's ``env://`` init (rank 0 serves its
+    store there), unless the user set them: rank 0's host (this machine, or the hostfile's
+    first host) and a port free here. The ranks set ``RANK`` and the rest themselves."""
+    env: dict[str, str] = {}
+    if "MASTER_ADDR" not in environ:
+        env["MASTER_ADDR"] = _first_host(opts.hostfile) or (
+            socket.gethostname()
+            if any(environ.get(v) for v in SCHEDULER_VARIABLES)
+            else "127.0.0.1"
+        )
+    if "MASTER_PORT" not in environ:
+        with socket.socket() as s:
+            s.bind(("", 0))
+            env["MASTER_PORT"] = str(s.getsockname()[1])
+    return env
+
+
+def _first_host(hostfile: str | None) -> str | None:
+    """The first host a hostfile names (MPICH's ``host:n`` and Open MPI's ``host slots=n``)."""
+    if not hostfile:
+        return None
+    with contextlib.suppress(OSError):
+        for line in Path(hostfile).read_text().splitlines():
+            words = line.split("#", 1)[0].split()
+            if words:
+                return words[0].split(":", 1)[0]
+    return None
 
 
 def resolve(opts: LaunchOptions) -> tuple[str, str, str]:

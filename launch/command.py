@@ -17,6 +17,7 @@ UsageError = LaunchUsageError  # the name launch has always used
 __all__ = [
     "LAUNCHERS",
     "MPI_FLAVOURS",
+    "SCHEDULER_VARIABLES",
     "LaunchCommand",
     "LaunchOptions",
     "UsageError",

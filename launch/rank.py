@@ -8,7 +8,8 @@ left waiting forever in a collective or in ``MPI_Finalize``.
 Under the launcher (``SHMEM_LAUNCH_LOG_DIR`` set) the rank's stdout and stderr go to
 ``rank.<r>.log`` in that directory, ``SIGUSR1`` dumps its Python stacks to ``rank.<r>.stack``,
 a fatal signal dumps them into the log (``faulthandler``), and the rank is bound to a GPU from
-its node-local rank.
+its node-local rank. ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` and ``LOCAL_WORLD_SIZE`` are set
+as torchrun sets them (where the user has not), for torch's ``env://`` init.
 
 The monitor
 -----------
@@ -175,12 +176,24 @@ class _Rank:
         root.addHandler(handler)
         root.setLevel(cfg.log.level)
 
+    def torch_environment(self, local_rank: int, local_size: int) -> None:
+        """What torch's ``env://`` init reads, as torchrun sets it (the user's values win;
+        ``MASTER_ADDR`` and ``MASTER_PORT`` come from the launcher)."""
+        for key, value in (
+            ("RANK", self.rank),
+            ("WORLD_SIZE", self.size),
+            ("LOCAL_RANK", local_rank),
+            ("LOCAL_WORLD_SIZE", local_size),
+        ):
+            os.environ.setdefault(key, str(value))
+
     def bind_gpu(self) -> None:
         from shmem.config import load_config
 
         node = self.MPI.COMM_WORLD.Split_type(self.MPI.COMM_TYPE_SHARED, key=self.rank)
         local_rank, local_size = node.Get_rank(), node.Get_size()
         node.Free()
+        self.torch_environment(local_rank, local_size)
         gpus = visible_gpus()
         allow = load_config().device.allow_gpu_sharing
         gpu = choose_gpu(local_rank, local_size, len(gpus), allow)

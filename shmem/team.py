@@ -5,7 +5,8 @@
 and stores directly (its node). New teams are split from a parent, collectively over the
 parent: :meth:`Team.split_strided` (``start``, ``stride``, ``size`` of the parent's ranks)
 and :meth:`Team.split_2d` (a grid of ``xrange`` columns). A rank outside the new team gets
-None (``SHMEM_TEAM_INVALID``).
+None (``SHMEM_TEAM_INVALID``). :meth:`Team.subteam` (an extension) makes a team of any ranks in
+any order collectively over those ranks only, as ``torch.distributed.new_group`` needs.
 
 A team has its own MPI communicator (split from the parent's), so its barrier and the
 collectives of :class:`collectives.Communicator` made on it involve its members only.
@@ -15,6 +16,7 @@ collectives of :class:`collectives.Communicator` made on it involve its members 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
@@ -200,6 +202,71 @@ class Team:
         xteam = self._split_by(y, row, xconfig, f"{self.name}.x[{y}]")
         yteam = self._split_by(x, col, yconfig, f"{self.name}.y[{x}]")
         return xteam, yteam
+
+    def subteam(
+        self, ranks: Sequence[int], *, tag: int = 0, config: TeamConfig | None = None
+    ) -> Team:
+        """The team of this team's ranks ``ranks``, in that order, made collectively over
+        those ranks only (``MPI_Comm_create_group``): the other ranks take no part, as in
+        ``torch.distributed.new_group``. This rank must be one of them.
+
+        Parameters
+        ----------
+        ranks : sequence of int
+            Ranks of this team, distinct; team rank ``i`` of the result is ``ranks[i]``.
+        tag : int
+            Tells apart subteams being made at the same time by overlapping rank sets.
+
+        Raises
+        ------
+        ArgumentError
+            Here, for invalid ``ranks`` or when this rank is not one of them; on every
+            member when members passed different ``ranks``.
+        """
+        self._check("subteam")
+        where = "Team.subteam"
+        from mpi4py import MPI
+
+        _check_config(where, "config", config)
+        picked = tuple(ranks) if isinstance(ranks, list | tuple | range) else None
+        if (
+            not picked
+            or any(isinstance(r, bool) or not isinstance(r, int | np.integer) for r in picked)
+            or len(set(picked)) != len(picked)
+            or not all(0 <= r < self.n_pes for r in picked)
+        ):
+            raise ArgumentError(
+                f"{where}: invalid ranks (got {ranks!r}; expected distinct ranks of team "
+                f"{self.name}, in [0, {self.n_pes}))"
+            )
+        if self.my_pe not in picked:
+            raise ArgumentError(
+                f"{where}: rank {self.my_pe} of team {self.name} is not one of ranks "
+                f"{list(picked)} (only the members make a subteam)"
+            )
+        group = self.comm.Get_group()
+        sub = group.Incl([int(r) for r in picked])
+        try:
+            comm = self.comm.Create_group(sub, int(tag))
+        finally:
+            sub.Free()
+            group.Free()
+        members = tuple(self.members[int(r)] for r in picked)
+        team = Team(
+            self._world,
+            comm,
+            members,
+            config or TeamConfig(),
+            f"{self.name}{list(picked)}",
+            True,
+        )
+        try:
+            team._agree(where, ("subteam", members), None)
+        except BaseException:
+            if comm != MPI.COMM_NULL:
+                comm.Free()
+            raise
+        return team
 
     def _split(self, picked: tuple[int, ...], config: TeamConfig | None, name: str) -> Team | None:
         from mpi4py import MPI

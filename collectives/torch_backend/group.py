@@ -1,0 +1,493 @@
+"""The ``symheap`` process group: torch.distributed's calls as Communicator calls.
+
+A thin adapter (no algorithm of its own): each c10d call checks its tensors, becomes the
+matching :class:`~collectives.Communicator` call on numpy views of the tensors' memory, and
+runs on the group's :class:`~collectives.torch_backend._progress.ProgressQueue`, in issue
+order. Reductions keep the Communicator's fixed rank order (bitwise-identical results on
+every rank) and every call its signature check: ranks in different calls, or with different
+sizes, dtypes or ops, raise ``CollectiveMismatchError`` together instead of mixing data.
+Point-to-point calls are MPI messages on the group's own communicator, posted in issue order
+and completed by ``Work.wait()``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from mpi4py import MPI
+
+from shmem.errors import CollectiveArgumentError, SignalTimeoutError
+from shmem.signals import poll_until
+
+from ._progress import ProgressQueue
+from ._tensors import Staged, as_array, check_tensors, factor_of, op_name
+
+if TYPE_CHECKING:
+    from collectives.communicator import Communicator
+
+__all__ = ["BACKGROUND_NBYTES", "ProcessGroupSymheap"]
+
+BACKGROUND_NBYTES = 1 << 40
+"""Calls moving at least this many bytes run on the group's worker thread, overlapped with
+the caller's work (DDP's gradient buckets); smaller ones run on the caller's thread when the
+queue is idle (a thread hop costs more than they do)."""
+
+
+def _nbytes(tensors: Sequence[torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+class _P2PWork(dist.Work):
+    """A send or receive: posted in issue order by the queue, completed by ``wait()``."""
+
+    def __init__(self, group: ProcessGroupSymheap, posted: Any, staged: Staged, where: str) -> None:
+        super().__init__()
+        self._group, self._posted, self._staged, self._where = group, posted, staged, where
+        self._status = MPI.Status()
+        self._done = False
+        self._future: torch.futures.Future[Any] = torch.futures.Future()
+
+    def _request(self) -> MPI.Request:
+        self._posted.wait()  # raises what posting raised
+        req: MPI.Request = self._posted.get_future().value()
+        return req
+
+    def is_completed(self) -> bool:
+        if not self._done and self._posted.is_completed() and self._request().Test(self._status):
+            self._finish()
+        return self._done
+
+    def wait(self, timeout: Any = None) -> bool:
+        if self._done:
+            return True
+        req = self._request()
+        limit = self._group.timeout_s if timeout is None else timeout.total_seconds()
+        progress = self._group.comm.world.heap.progress
+        if not poll_until(lambda: bool(req.Test(self._status)), time.monotonic() + limit, progress):
+            raise SignalTimeoutError(
+                f"{self._where}: rank {self._group.rank()} timed out after {limit:g} s (the "
+                "peer did not post the matching call)",
+                operation=self._where,
+                slot=-1,
+                expected="the matching message",
+                last_value=0,
+                peers=(),
+            )
+        self._finish()
+        return True
+
+    def _finish(self) -> None:
+        self._staged.writeback()
+        self._done = True
+        self._future.set_result([self._staged.tensor])
+
+    def _source_rank(self) -> int:
+        self.wait()
+        return int(self._status.Get_source())
+
+    source_rank = _source_rank
+
+    def get_future(self) -> torch.futures.Future[Any]:
+        return self._future
+
+
+class ProcessGroupSymheap(dist.ProcessGroup):
+    """torch.distributed's process group over a :class:`~collectives.Communicator`.
+
+    Made by ``dist.init_process_group("symheap")`` and ``dist.new_group(..., backend=
+    "symheap")`` (:func:`collectives.torch_backend.register`); users never construct it.
+    """
+
+    def __init__(self, comm: Communicator, timeout_s: float, name: str) -> None:
+        super().__init__(comm.rank, comm.world_size)  # type: ignore[call-arg]
+        self.comm = comm
+        self.timeout_s = timeout_s
+        self._name = name
+        self._desc = name
+        self._queue = ProgressQueue(f"symheap:{name}")
+        self._p2p = comm.team.comm.Dup()  # point-to-point messages of this group only
+
+    # -- identity (torch's functional collectives need the name) -------------------------------
+
+    def getBackendName(self) -> str:
+        return "symheap"
+
+    def setGroupName(self, name: str) -> None:
+        self._name = name
+
+    def getGroupName(self) -> str:
+        return self._name
+
+    def setGroupDesc(self, desc: str) -> None:
+        self._desc = desc
+
+    def getGroupDesc(self) -> str:
+        return self._desc
+
+    # -- helpers -------------------------------------------------------------------------------
+
+    def _submit(
+        self, where: str, tensors: Sequence[torch.Tensor], run: Callable[[], Any], result: Any
+    ) -> Any:
+        check_tensors(where, tensors)
+
+        def call() -> Any:
+            run()
+            return result
+
+        return self._queue.submit(call, background=_nbytes(tensors) >= BACKGROUND_NBYTES)
+
+    def _root(self, where: str, root: int) -> int:
+        if not 0 <= root < self.size():
+            raise CollectiveArgumentError(
+                f"{where}: invalid root (got {root}; expected 0 <= root < {self.size()})"
+            )
+        return root
+
+    # -- reductions ----------------------------------------------------------------------------
+
+    def _all_reduce_into(self, t: torch.Tensor, op: Any, where: str) -> None:
+        name, factor = op_name(where, op), factor_of(op)
+        st = Staged(t)
+        src = st.array if factor is None else _premultiplied(t, factor).reshape(t.shape)
+        self.comm.all_reduce(src, name, out=st.array)
+        st.writeback()
+
+    def allreduce(self, tensors: list[torch.Tensor], opts: Any) -> Any:
+        where = "symheap.all_reduce"
+        op = opts.reduceOp
+
+        def run() -> None:
+            for t in tensors:
+                self._all_reduce_into(t, op, where)
+
+        return self._submit(where, tensors, run, tensors)
+
+    def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any) -> Any:
+        where = "symheap.all_reduce_coalesced"
+        op = opts.reduceOp
+
+        def run() -> None:
+            by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+            for t in tensors:
+                by_dtype.setdefault(t.dtype, []).append(t)
+            for group in by_dtype.values():  # one call per dtype, in first-seen order
+                flat = torch.cat([t.detach().reshape(-1) for t in group])
+                self._all_reduce_into(flat, op, where)
+                offset = 0
+                with torch.no_grad():
+                    for t in group:
+                        t.copy_(flat[offset : offset + t.numel()].view_as(t))
+                        offset += t.numel()
+
+        return self._submit(where, tensors, run, tensors)
+
+    def reduce(self, tensors: list[torch.Tensor], opts: Any) -> Any:
+        where = "symheap.reduce"
+        root = self._root(where, opts.rootRank)
+        op = opts.reduceOp
+
+        def run() -> None:
+            for t in tensors:
+                scratch = t.detach().clone()
+                self._all_reduce_into(scratch, op, where)
+                if self.rank() == root:
+                    with torch.no_grad():
+                        t.copy_(scratch)
+
+        return self._submit(where, tensors, run, tensors)
+
+    # -- broadcast, gathers, scatters ----------------------------------------------------------
+
+    def broadcast(self, tensors: list[torch.Tensor], opts: Any) -> Any:
+        where = "symheap.broadcast"
+        root = self._root(where, opts.rootRank)
+
+        def run() -> None:
+            for t in tensors:
+                st = Staged(t, read=self.rank() == root)
+                self.comm.broadcast(st.array, root, out=st.array)
+                st.writeback()
+
+        return self._submit(where, tensors, run, tensors)
+
+    def _gather_into(self, out: torch.Tensor, t: torch.Tensor) -> None:
+        st = Staged(out, read=False)
+        self.comm.all_gather(Staged(t).array, out=st.array.reshape(-1))
+        st.writeback()
+
+    def all_gather_single(self, out: torch.Tensor, t: torch.Tensor, opts: Any) -> Any:
+        where = "symheap.all_gather_into_tensor"
+        self._same_dtype(where, out, t, out.numel() == t.numel() * self.size())
+        return self._submit(where, [out, t], lambda: self._gather_into(out, t), [out])
+
+    _allgather_base = all_gather_single  # type: ignore[assignment]
+
+    def allgather(self, outs: list[list[torch.Tensor]], ins: list[torch.Tensor], opts: Any) -> Any:
+        where = "symheap.all_gather"
+        flat = [o for lst in outs for o in lst]
+
+        def run() -> None:
+            for lst, t in zip(outs, ins, strict=True):
+                self._list_ok(where, lst, t)
+                buf = torch.empty((self.size(), *t.shape), dtype=t.dtype)
+                self._gather_into(buf, t)
+                with torch.no_grad():
+                    for r, o in enumerate(lst):
+                        o.copy_(buf[r])
+
+        return self._submit(where, [*flat, *ins], run, outs)
+
+    def allgather_into_tensor_coalesced(
+        self, outs: list[torch.Tensor], ins: list[torch.Tensor], opts: Any
+    ) -> Any:
+        where = "symheap.all_gather_into_tensor_coalesced"
+
+        def run() -> None:
+            for out, t in zip(outs, ins, strict=True):
+                self._same_dtype(where, out, t, out.numel() == t.numel() * self.size())
+                self._gather_into(out, t)
+
+        return self._submit(where, [*outs, *ins], run, outs)
+
+    def _scatter_reduce(self, out: torch.Tensor, t: torch.Tensor, op: Any, where: str) -> None:
+        name, factor = op_name(where, op), factor_of(op)
+        x = Staged(t).array.reshape(-1) if factor is None else _premultiplied(t, factor)
+        st = Staged(out, read=False)
+        self.comm.reduce_scatter(x, name, out=st.array.reshape(-1))
+        st.writeback()
+
+    def reduce_scatter_single(self, out: torch.Tensor, t: torch.Tensor, opts: Any) -> Any:
+        where = "symheap.reduce_scatter_tensor"
+        self._same_dtype(where, out, t, t.numel() == out.numel() * self.size())
+        op = opts.reduceOp
+        return self._submit(where, [out, t], lambda: self._scatter_reduce(out, t, op, where), [out])
+
+    _reduce_scatter_base = reduce_scatter_single  # type: ignore[assignment]
+
+    def reduce_scatter(
+        self, outs: list[torch.Tensor], ins: list[list[torch.Tensor]], opts: Any
+    ) -> Any:
+        where = "symheap.reduce_scatter"
+        op = opts.reduceOp
+        flat = [i for lst in ins for i in lst]
+
+        def run() -> None:
+            for out, lst in zip(outs, ins, strict=True):
+                self._list_ok(where, lst, out)
+                cat = torch.cat([i.detach().reshape(-1) for i in lst])
+                self._scatter_reduce(out, cat, op, where)
+
+        return self._submit(where, [*outs, *flat], run, outs)
+
+    def reduce_scatter_tensor_coalesced(
+        self, outs: list[torch.Tensor], ins: list[torch.Tensor], opts: Any
+    ) -> Any:
+        where = "symheap.reduce_scatter_tensor_coalesced"
+        op = opts.reduceOp
+
+        def run() -> None:
+            for out, t in zip(outs, ins, strict=True):
+                self._same_dtype(where, out, t, t.numel() == out.numel() * self.size())
+                self._scatter_reduce(out, t, op, where)
+
+        return self._submit(where, [*outs, *ins], run, outs)
+
+    def gather(self, outs: list[list[torch.Tensor]], ins: list[torch.Tensor], opts: Any) -> Any:
+        where = "symheap.gather"
+        root = self._root(where, opts.rootRank)
+        me, size = self.rank(), self.size()
+        flat = [o for lst in outs for o in lst]
+
+        def run() -> None:
+            t = ins[0]
+            if me == root:
+                self._list_ok(where, outs[0], t)
+            n = t.numel()
+            sends = [n if r == root else 0 for r in range(size)]
+            recvs = [n if me == root else 0] * size
+            buf = torch.empty((size if me == root else 0, *t.shape), dtype=t.dtype)
+            self.comm.all_to_allv(Staged(t).array.reshape(-1), sends, recvs, out=_flat(buf))
+            if me == root:
+                with torch.no_grad():
+                    for r, o in enumerate(outs[0]):
+                        o.copy_(buf[r])
+
+        return self._submit(where, [*flat, *ins], run, outs)
+
+    def scatter(self, outs: list[torch.Tensor], ins: list[list[torch.Tensor]], opts: Any) -> Any:
+        where = "symheap.scatter"
+        root = self._root(where, opts.rootRank)
+        me, size = self.rank(), self.size()
+        flat = [i for lst in ins for i in lst]
+
+        def run() -> None:
+            out = outs[0]
+            n = out.numel()
+            if me == root:
+                self._list_ok(where, ins[0], out)
+                cat = torch.cat([i.detach().reshape(-1) for i in ins[0]])
+            else:
+                cat = torch.empty(0, dtype=out.dtype)
+            sends = [n if me == root else 0] * size
+            recvs = [n if r == root else 0 for r in range(size)]
+            st = Staged(out, read=False)
+            self.comm.all_to_allv(as_array(cat), sends, recvs, out=st.array.reshape(-1))
+            st.writeback()
+
+        return self._submit(where, [*outs, *flat], run, outs)
+
+    # -- all-to-all ----------------------------------------------------------------------------
+
+    def alltoall_base(
+        self,
+        out: torch.Tensor,
+        t: torch.Tensor,
+        out_splits: list[int],
+        in_splits: list[int],
+        opts: Any,
+    ) -> Any:
+        where = "symheap.all_to_all_single"
+        size = self.size()
+
+        def counts(tensor: torch.Tensor, splits: list[int], name: str) -> list[int]:
+            row = math.prod(tensor.shape[1:]) if tensor.dim() else 1
+            if not splits:
+                if tensor.dim() == 0 or tensor.shape[0] % size:
+                    raise CollectiveArgumentError(
+                        f"{where}: {name} has {tensor.shape[0] if tensor.dim() else 0} rows "
+                        f"(expected a multiple of {size}, or split sizes)"
+                    )
+                return [tensor.shape[0] // size * row] * size
+            if len(splits) != size or sum(splits) != tensor.shape[0]:
+                raise CollectiveArgumentError(
+                    f"{where}: invalid {name} split sizes (got {list(splits)}; expected {size} "
+                    f"sizes adding up to {tensor.shape[0]} rows)"
+                )
+            return [s * row for s in splits]
+
+        self._same_dtype(where, out, t, True)
+        sends, recvs = counts(t, in_splits, "input"), counts(out, out_splits, "output")
+
+        def run() -> None:
+            st = Staged(out, read=False)
+            x = Staged(t).array.reshape(-1)
+            if not in_splits and not out_splits:
+                self.comm.all_to_all(x, out=st.array.reshape(-1))
+            else:
+                self.comm.all_to_allv(x, sends, recvs, out=st.array.reshape(-1))
+            st.writeback()
+
+        return self._submit(where, [out, t], run, [out])
+
+    def alltoall(self, outs: list[torch.Tensor], ins: list[torch.Tensor], opts: Any) -> Any:
+        where = "symheap.all_to_all"
+        if len(outs) != self.size() or len(ins) != self.size():
+            raise CollectiveArgumentError(
+                f"{where}: expected {self.size()} input and output tensors (got {len(ins)} and "
+                f"{len(outs)})"
+            )
+
+        def run() -> None:
+            for o in outs:
+                self._same_dtype(where, o, ins[0], True)
+            cat = torch.cat([i.detach().reshape(-1) for i in ins])
+            res = torch.empty(sum(o.numel() for o in outs), dtype=ins[0].dtype)
+            sends = [i.numel() for i in ins]
+            recvs = [o.numel() for o in outs]
+            self.comm.all_to_allv(as_array(cat), sends, recvs, out=as_array(res))
+            offset = 0
+            with torch.no_grad():
+                for o in outs:
+                    o.copy_(res[offset : offset + o.numel()].view_as(o))
+                    offset += o.numel()
+
+        return self._submit(where, [*outs, *ins], run, outs)
+
+    # -- synchronisation -----------------------------------------------------------------------
+
+    def barrier(self, opts: Any) -> Any:
+        return self._submit("symheap.barrier", [], self.comm.barrier, [])
+
+    # -- point to point ------------------------------------------------------------------------
+
+    def _p2p_work(self, where: str, t: torch.Tensor, post: Callable[[Staged], Any]) -> Any:
+        check_tensors(where, [t])
+        staged = Staged(t, read=where.endswith("send"))
+        posted = self._queue.submit(lambda: post(staged))
+        return _P2PWork(self, posted, staged, where)
+
+    def _peer(self, where: str, peer: int) -> int:
+        if not 0 <= peer < self.size():
+            raise CollectiveArgumentError(
+                f"{where}: invalid peer rank (got {peer}; expected 0 <= rank < {self.size()})"
+            )
+        return peer
+
+    def send(self, tensors: list[torch.Tensor], dst: int, tag: int) -> Any:
+        dst = self._peer("symheap.send", dst)
+        return self._p2p_work(
+            "symheap.send",
+            tensors[0],
+            lambda s: self._p2p.Isend([_bytes(s.array), MPI.BYTE], dst, tag),
+        )
+
+    def recv(self, tensors: list[torch.Tensor], src: int, tag: int) -> Any:
+        src = self._peer("symheap.recv", src)
+        return self._p2p_work(
+            "symheap.recv",
+            tensors[0],
+            lambda s: self._p2p.Irecv([_bytes(s.array), MPI.BYTE], src, tag),
+        )
+
+    def recv_anysource(self, tensors: list[torch.Tensor], tag: int) -> Any:
+        return self._p2p_work(
+            "symheap.recv",
+            tensors[0],
+            lambda s: self._p2p.Irecv([_bytes(s.array), MPI.BYTE], MPI.ANY_SOURCE, tag),
+        )
+
+    # -- helpers and life cycle ----------------------------------------------------------------
+
+    def _same_dtype(self, where: str, out: torch.Tensor, t: torch.Tensor, sized: bool) -> None:
+        if out.dtype != t.dtype or not sized:
+            raise CollectiveArgumentError(
+                f"{where}: output {tuple(out.shape)} {out.dtype} does not fit input "
+                f"{tuple(t.shape)} {t.dtype} on {self.size()} ranks (expected the same dtype "
+                "and the size the collective produces)"
+            )
+
+    def _list_ok(self, where: str, lst: Sequence[torch.Tensor], t: torch.Tensor) -> None:
+        if len(lst) != self.size() or any(
+            o.dtype != t.dtype or o.numel() != t.numel() for o in lst
+        ):
+            raise CollectiveArgumentError(
+                f"{where}: expected {self.size()} tensors of {t.numel()} {t.dtype} elements "
+                f"(got {[(o.numel(), o.dtype) for o in lst]})"
+            )
+
+    def shutdown(self) -> None:
+        """Finish the pending calls and release the group's communicators."""
+        self._queue.close()
+        if not self.comm.world.finalized:
+            self._p2p.Free()
+            self.comm.close()
+
+
+def _premultiplied(t: torch.Tensor, factor: float | torch.Tensor) -> np.ndarray[Any, Any]:
+    """PREMUL_SUM's input: a flat copy of ``t`` times the factor (torch's arithmetic)."""
+    return as_array(t.detach().reshape(-1).clone().mul_(factor))
+
+
+def _flat(t: torch.Tensor) -> np.ndarray[Any, Any]:
+    return as_array(t).reshape(-1)
+
+
+def _bytes(a: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    return a.reshape(-1).view(np.uint8)
