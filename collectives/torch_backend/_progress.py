@@ -104,16 +104,6 @@ class ProgressQueue:
         fut.set_result(result)
         return _create_work_from_future(fut)
 
-    def _run(self, call: Call, fut: torch.futures.Future[Any]) -> None:
-        try:
-            result = call()
-        except BaseException as exc:  # the caller's wait() raises it
-            if self.failure is None:
-                self.failure = exc
-            fut.set_exception(exc)
-            return
-        fut.set_result(result)
-
     def _start_worker(self) -> None:
         if self._worker is None:
             self._worker = threading.Thread(
@@ -130,12 +120,20 @@ class ProgressQueue:
                     return  # closed and drained
                 call, fut = self._pending.popleft()
                 self._busy = True
+            error: BaseException | None = None
             try:
-                self._run(call, fut)
-            finally:
-                with self._lock:
-                    self._busy = False
-                    self._ready.notify_all()
+                result = call()
+            except BaseException as exc:  # the caller's wait() raises it
+                error = exc
+                if self.failure is None:
+                    self.failure = exc
+            with self._lock:  # idle before the caller learns the call is done
+                self._busy = False
+                self._ready.notify_all()
+            if error is None:
+                fut.set_result(result)
+            else:
+                fut.set_exception(error)
 
     def drain(self) -> None:
         """Wait until every call issued so far has run."""

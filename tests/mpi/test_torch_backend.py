@@ -415,3 +415,33 @@ def test_ddp_no_sync_and_unused_parameters(pg: Any) -> None:
     grad = model["used"].weight.grad
     assert grad is not None
     _same_everywhere(grad)
+
+
+def test_fsdp2_trains_like_gloo(pg: Any, gloo: Any) -> None:
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import fully_shard
+
+    def train(group: Any) -> list[Any]:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(
+            torch.nn.Linear(16, 33), torch.nn.ReLU(), torch.nn.Linear(33, 5)
+        )  # 33 and 5 rows: uneven shards at 2-4 ranks
+        mesh = DeviceMesh.from_group(group, "cpu")
+        for layer in model:
+            if isinstance(layer, torch.nn.Linear):
+                fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        gen = torch.Generator().manual_seed(dist.get_rank() + 1)
+        for _ in range(3):
+            loss = model(torch.randn(8, 16, generator=gen)).square().mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        return [p.full_tensor().detach().clone() for p in model.parameters()]  # type: ignore[attr-defined]
+
+    ours = train(dist.group.WORLD)
+    theirs = train(gloo)
+    for a, b in zip(ours, theirs, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+        _same_everywhere(a)

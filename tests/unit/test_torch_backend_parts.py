@@ -1,0 +1,137 @@
+"""The symheap backend's parts that need no MPI (issue 31): tensors as numpy views, torch's
+reduce ops, the ordered progress queue, and the launcher's rendezvous variables."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+
+import torch
+import torch.distributed as dist
+
+from collectives.torch_backend._progress import ProgressQueue
+from collectives.torch_backend._tensors import (
+    Staged,
+    as_array,
+    check_tensors,
+    factor_of,
+    op_name,
+)
+from launch.cli import rendezvous_environment
+from launch.command import LaunchOptions
+from shmem.errors import CollectiveArgumentError, OpError
+
+
+def test_tensors_are_numpy_views_of_the_same_memory() -> None:
+    for dtype, np_dtype in (
+        (torch.float32, np.float32),
+        (torch.bfloat16, ml_dtypes.bfloat16),
+        (torch.float8_e4m3fn, ml_dtypes.float8_e4m3fn),
+        (torch.complex64, np.complex64),
+        (torch.bool, np.bool_),
+        (torch.uint16, np.uint16),
+    ):
+        t = torch.zeros(6, dtype=dtype)
+        a = as_array(t)
+        assert a.dtype == np.dtype(np_dtype) and a.ctypes.data == t.data_ptr()
+        a[2] = 1
+        assert bool(t[2] != 0)
+
+
+def test_staged_copies_non_contiguous_tensors_and_writes_back() -> None:
+    base = torch.arange(12.0).reshape(3, 4)
+    view = base.t()
+    st = Staged(view)
+    assert st.copy is not None and np.array_equal(st.array, view.numpy())
+    st.array[...] = -1
+    st.writeback()
+    assert torch.equal(base, torch.full((3, 4), -1.0))
+    conj = torch.tensor([1 + 2j]).conj()  # a lazily conjugated view reads its value
+    assert Staged(conj).array[0] == 1 - 2j
+    out = Staged(torch.empty(4)[::2], read=False)  # an output only: nothing read
+    assert out.array.shape == (2,)
+    assert Staged(torch.ones(3)).copy is None  # contiguous: zero-copy
+
+
+def test_bad_tensors_and_ops_are_named() -> None:
+    with pytest.raises(CollectiveArgumentError, match=r"w: tensor 1 is not a torch.Tensor"):
+        check_tensors("w", [torch.ones(1), np.ones(1)])  # type: ignore[list-item]
+    with pytest.raises(CollectiveArgumentError, match="layout"):
+        check_tensors("w", [torch.ones(2).to_sparse()])
+    with pytest.raises(CollectiveArgumentError, match="is on meta"):
+        check_tensors("w", [torch.ones(2, device="meta")])
+    with pytest.raises(CollectiveArgumentError, match=r"has dtype torch\.float8_e4m3fnuz"):
+        check_tensors("w", [torch.zeros(2, dtype=torch.float8_e4m3fnuz)])
+    assert op_name("w", dist.ReduceOp.MAX) == "max"
+    assert op_name("w", dist.ReduceOp.PRODUCT) == "prod"
+    premul = torch._C._distributed_c10d._make_nccl_premul_sum(2.5)
+    assert op_name("w", premul) == "sum" and factor_of(premul) == 2.5
+    assert factor_of(dist.ReduceOp.SUM) is None
+    with pytest.raises(OpError, match="w: unsupported reduce op"):
+        op_name("w", "median")
+
+
+def test_the_queue_runs_calls_in_issue_order() -> None:
+    q = ProgressQueue("t")
+    seen: list[int] = []
+    gate = threading.Event()
+
+    def call(i: int, wait: bool = False) -> Any:
+        def run() -> int:
+            if wait:
+                gate.wait(5)
+            seen.append(i)
+            return i
+
+        return run
+
+    works = [q.submit(call(0, wait=True), background=True)]
+    works += [q.submit(call(i)) for i in range(1, 5)]  # queued behind: not inline
+    assert seen == []
+    gate.set()
+    for w in works:
+        w.wait()
+    assert seen == [0, 1, 2, 3, 4]
+    assert [w.get_future().value() for w in works] == [0, 1, 2, 3, 4]
+    inline = q.submit(call(5))  # idle queue: runs at once on this thread
+    assert seen[-1] == 5 and inline.is_completed()
+    q.close()
+    with pytest.raises(RuntimeError, match="shut down"):
+        q.submit(call(6))
+
+
+def test_a_failed_call_raises_in_wait_with_its_type() -> None:
+    q = ProgressQueue("t")
+
+    def boom() -> None:
+        time.sleep(0.01)
+        raise CollectiveArgumentError("x: bad (got 1; expected 2)")
+
+    w = q.submit(boom, background=True)
+    with pytest.raises(CollectiveArgumentError, match="x: bad"):
+        w.wait()
+    assert isinstance(w.exception(), CollectiveArgumentError) and not w.is_success()
+    with pytest.raises(CollectiveArgumentError, match="x: bad"):
+        q.submit(boom)  # inline: raised at once
+    q.close()
+
+
+def test_rendezvous_variables(tmp_path: Path) -> None:
+    opts = LaunchOptions(nranks=2, target=("x.py",))
+    env = rendezvous_environment(opts, {})
+    assert env["MASTER_ADDR"] == "127.0.0.1" and 0 < int(env["MASTER_PORT"]) < 65536
+    hosts = tmp_path / "hosts"
+    hosts.write_text("# nodes\n\nnode7:4\nnode8:4\n")
+    opts = LaunchOptions(nranks=2, target=("x.py",), hostfile=str(hosts))
+    assert rendezvous_environment(opts, {})["MASTER_ADDR"] == "node7"
+    hosts.write_text("n1 slots=4\n")
+    assert rendezvous_environment(opts, {})["MASTER_ADDR"] == "n1"
+    assert rendezvous_environment(opts, {"MASTER_ADDR": "a", "MASTER_PORT": "1"}) == {}
