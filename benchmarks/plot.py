@@ -118,5 +118,53 @@ def plot_across(out: Path) -> None:
         plt.close(fig)
 
 
+def plot_torch(jsonl: Path, png: Path) -> None:
+    """``benchmarks/torch_backend.py``'s records: gloo's time / ours against bytes, a line
+    per collective and world size, and the DDP steps as bars (above 1: faster than gloo)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    lines: dict[str, list[tuple[int, float]]] = defaultdict(list)
+    bars: dict[str, float] = {}
+    meta: dict[str, Any] = {}
+    for line in jsonl.read_text().splitlines():
+        rec = json.loads(line)
+        if rec.get("bench") != "torch_backend":
+            continue
+        meta = rec
+        key = f"{rec['collective']}, {rec['world_size']} ranks"
+        if rec["collective"].startswith("ddp_step") or rec["collective"] == "barrier":
+            bars[key] = rec["ratio"]
+        else:
+            lines[key].append((max(rec["nbytes"], 1), rec["ratio"]))
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(13, 4.5), width_ratios=(2, 1))
+    for key, points in sorted(lines.items()):
+        points.sort()
+        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=key)
+    ax.axhline(1.0, color="grey", linewidth=1, linestyle="--")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("bytes per rank (float32)")
+    ax.set_ylabel("gloo time / symheap time")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7)
+    names = sorted(bars)
+    bx.barh(range(len(names)), [bars[k] for k in names], color="C2")
+    bx.set_yticks(range(len(names)), names, fontsize=7)
+    bx.axvline(1.0, color="grey", linewidth=1, linestyle="--")
+    bx.set_xlabel("gloo time / symheap time")
+    fig.suptitle(
+        f"torch.distributed: symheap against gloo (torch {meta.get('torch', '?')}, "
+        f"{meta.get('git_sha', '')}; above 1: faster than gloo)",
+        fontsize=10,
+    )
+    fig.tight_layout()
+    png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+
+
 if __name__ == "__main__":
     plot_ratio(Path(sys.argv[1]), Path(sys.argv[2]), *(sys.argv[3:4]))

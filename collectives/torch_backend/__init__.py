@@ -16,7 +16,9 @@ fails at once in ``init_process_group`` with a message naming both.
 
 ``timeout=`` of ``init_process_group`` becomes every wait's deadline when this backend starts
 the World (torch's 30-minute default is not: the configured ``[signal] timeout_s`` applies,
-60 s unless set). See :mod:`collectives.torch_backend.group` for the calls.
+60 s unless set). See :mod:`collectives.torch_backend.group` for the calls, and
+:func:`sequence_parallel_attention` for attention over a sequence sharded across the ranks,
+differentiable.
 """
 
 from __future__ import annotations
@@ -27,9 +29,10 @@ import zlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from .attention import sequence_parallel_attention
     from .group import ProcessGroupSymheap
 
-__all__ = ["BACKEND", "ProcessGroupSymheap", "register"]
+__all__ = ["BACKEND", "ProcessGroupSymheap", "register", "sequence_parallel_attention"]
 
 BACKEND = "symheap"
 log = logging.getLogger(__name__)
@@ -116,6 +119,10 @@ def __getattr__(name: str) -> Any:
         from .group import ProcessGroupSymheap
 
         return ProcessGroupSymheap
+    if name == "sequence_parallel_attention":
+        from .attention import sequence_parallel_attention
+
+        return sequence_parallel_attention
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

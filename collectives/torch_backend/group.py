@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
 __all__ = ["BACKGROUND_NBYTES", "ProcessGroupSymheap"]
 
-BACKGROUND_NBYTES = 1 << 40
+BACKGROUND_NBYTES = 1 << 20
 """Calls moving at least this many bytes run on the group's worker thread, overlapped with
 the caller's work (DDP's gradient buckets); smaller ones run on the caller's thread when the
 queue is idle (a thread hop costs more than they do)."""

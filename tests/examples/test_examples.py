@@ -19,6 +19,7 @@ EXPECT = {
     "03_device_context.py": "device context ok on cpu:0",
     "04_allreduce.py": "all-reduce ok",
     "05_stencil_2d.py": "stencil ok",
+    "06_torch_ddp.py": "ddp ok: 3 ranks, identical weights; sequence-parallel attention ok",
     "tour.py": "steps passed",
 }
 

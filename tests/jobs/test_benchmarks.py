@@ -117,6 +117,28 @@ def test_attention_and_ipc(tmp_path: Path) -> None:
     assert positive(ipc[0]["median_us"]) and positive(ipc[1]["ratio"]), ipc
 
 
+def test_torch_backend(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    png = tmp_path / "torch.png"
+    records = run(
+        ["torch_backend.py", "--max-bytes", "16KiB", "--step", "4", "--blocks", "1",
+         "--ddp", "transformer", "--ddp-steps", "1", "--png", str(png)],
+        tmp_path / "out.jsonl",
+    )  # fmt: skip
+    got = {(r["collective"], r["nbytes"]) for r in records}
+    assert {("all_reduce", 4096), ("all_reduce", 16384), ("barrier", 0)} <= got, got
+    names = {r["collective"] for r in records}
+    assert names == {
+        "all_reduce", "broadcast", "all_gather_into_tensor", "reduce_scatter_tensor",
+        "all_to_all_single", "barrier", "ddp_step_transformer",
+    }  # fmt: skip
+    assert all(positive(r["ratio"]) and r["peer"] == "gloo" for r in records), records
+    assert all(
+        isinstance(r["overhead_us"], float) for r in records if r["collective"] == "all_reduce"
+    )
+    assert png.stat().st_size > 10_000
+
+
 def test_across_nodes_runs_summarises_and_plots(tmp_path: Path) -> None:
     """benchmarks/across_nodes.py on MPICH, 2 simulated nodes, the smallest sizes: a JSON
     file per benchmark, a summary line per (benchmark, kind) with the put's same-memory row,

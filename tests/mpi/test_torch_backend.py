@@ -13,6 +13,7 @@ import math
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 import pytest
 
 pytest.importorskip("torch")
@@ -445,3 +446,105 @@ def test_fsdp2_trains_like_gloo(pg: Any, gloo: Any) -> None:
     for a, b in zip(ours, theirs, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
         _same_everywhere(a)
+
+
+def _full_attention(q: Any, k: Any, v: Any, causal: bool) -> Any:
+    """Reference attention of a whole sequence ``[S, heads, D]`` (torch, any dtype)."""
+    o = torch.nn.functional.scaled_dot_product_attention(
+        q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), is_causal=causal
+    )
+    return o.transpose(0, 1)
+
+
+def _shard_rows(total: int, rank: int, size: int, schedule: str) -> Any:
+    """The global rows this rank holds (contiguous; zigzag: chunks r and 2P-1-r)."""
+    from collectives.mha import zigzag_shard
+
+    rows = np.arange(total)
+    if schedule == "zigzag":
+        return torch.from_numpy(zigzag_shard(rows, rank, size).copy())
+    bounds = np.linspace(0, total, size + 1).astype(int)
+    return torch.from_numpy(rows[bounds[rank] : bounds[rank + 1]].copy())
+
+
+@pytest.mark.parametrize(
+    ("schedule", "causal"), [("dynamic", True), ("ring", False), ("zigzag", True)]
+)
+def test_sequence_parallel_attention_gradients_equal_the_single_process_ones(
+    pg: Any, schedule: str, causal: bool
+) -> None:
+    from collectives.torch_backend import sequence_parallel_attention
+
+    rank, size = dist.get_rank(), dist.get_world_size()
+    total, heads, kv_heads, d = 8 * size * 2 + 4 * (schedule != "zigzag"), 4, 2, 16
+    gen = torch.Generator().manual_seed(5)
+    q64, k64, v64 = (
+        torch.randn(total, h, d, generator=gen, dtype=torch.float64)
+        for h in (heads, kv_heads, kv_heads)
+    )
+    dout64 = torch.randn(total, heads, d, generator=gen, dtype=torch.float64)
+    # the single-process reference, float64, with GQA's heads repeated
+    ref = [t.clone().requires_grad_() for t in (q64, k64, v64)]
+    rep = heads // kv_heads
+    o_ref = _full_attention(
+        ref[0], ref[1].repeat_interleave(rep, 1), ref[2].repeat_interleave(rep, 1), causal
+    )
+    o_ref.backward(dout64)
+    rows = _shard_rows(total, rank, size, schedule)
+    mine = [t[rows].float().requires_grad_() for t in (q64, k64, v64)]
+    out = sequence_parallel_attention(*mine, causal=causal, schedule=schedule)
+    out.backward(dout64[rows].float())  # type: ignore[no-untyped-call]
+    torch.testing.assert_close(out.double(), o_ref[rows].detach(), rtol=2e-4, atol=2e-5)
+    for got, want in zip(mine, ref, strict=True):
+        assert got.grad is not None and want.grad is not None
+        torch.testing.assert_close(got.grad.double(), want.grad[rows], rtol=5e-4, atol=5e-5)
+
+
+def test_sequence_parallel_attention_trains_a_transformer_block(pg: Any) -> None:
+    """One step of a small attention block whose attention is sequence-parallel: the
+    gradients of its weights, summed over ranks, are the whole sequence's."""
+    from collectives.torch_backend import sequence_parallel_attention
+
+    rank, size = dist.get_rank(), dist.get_world_size()
+    total, width, heads = 12 * size, 32, 4
+
+    def block() -> Any:
+        torch.manual_seed(3)
+        return torch.nn.ModuleDict(
+            {"qkv": torch.nn.Linear(width, 3 * width), "proj": torch.nn.Linear(width, width)}
+        )
+
+    def run(m: Any, x: Any, attend: Any) -> Any:
+        q, k, v = m["qkv"](x).reshape(x.shape[0], 3, heads, width // heads).unbind(1)
+        return (x + m["proj"](attend(q, k, v).reshape(x.shape[0], width))).square().mean()
+
+    gen = torch.Generator().manual_seed(9)
+    x = torch.randn(total, width, generator=gen)
+    ref = block()
+    run(ref, x, lambda q, k, v: _full_attention(q, k, v, True)).mul(total).backward()
+    ours = block()
+    rows = _shard_rows(total, rank, size, "dynamic")
+    loss = run(ours, x[rows], lambda q, k, v: sequence_parallel_attention(q, k, v, causal=True))
+    loss.mul(len(rows)).backward()
+    opt = torch.optim.SGD(ours.parameters(), lr=0.01)
+    for p in ours.parameters():
+        assert p.grad is not None
+        dist.all_reduce(p.grad)
+    for (name, p), q in zip(ours.named_parameters(), ref.parameters(), strict=True):
+        assert q.grad is not None
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=name)
+    opt.step()
+    for p in ours.parameters():
+        _same_everywhere(p.detach())
+
+
+def test_sequence_parallel_attention_refuses_bad_input(pg: Any, gloo: Any) -> None:
+    from collectives.torch_backend import sequence_parallel_attention
+
+    x = torch.zeros(4, 2, 8)
+    with pytest.raises(CollectiveArgumentError, match=r"invalid q \(got torch.float64"):
+        sequence_parallel_attention(x.double(), x, x)
+    with pytest.raises(CollectiveArgumentError, match="expected a 'symheap' group"):
+        sequence_parallel_attention(x, x, x, group=gloo)
+    with pytest.raises(CollectiveArgumentError, match="unexpected keyword"):
+        sequence_parallel_attention(x, x, x, casual=True)
