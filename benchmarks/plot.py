@@ -135,7 +135,7 @@ def plot_torch(jsonl: Path, png: Path) -> None:
             continue
         meta = rec
         key = f"{rec['collective']}, {rec['world_size']} ranks"
-        if rec["collective"].startswith("ddp_step") or rec["collective"] == "barrier":
+        if rec["collective"].startswith(("ddp_step", "attention")) or rec["nbytes"] == 0:
             bars[key] = rec["ratio"]
         else:
             lines[key].append((max(rec["nbytes"], 1), rec["ratio"]))

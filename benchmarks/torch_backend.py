@@ -14,7 +14,12 @@ DDP: the step time (forward, backward with DDP's bucketed all-reduces, SGD step)
 ~25M-parameter MLP (1024 -> 4096 -> 4096 -> 1024, batch 32) and of a small transformer (2
 encoder layers, d_model 256, 4 heads, sequence 128, batch 8), each wrapped once in DDP over
 symheap and once over gloo, blocks of steps alternating; ``ratio`` = gloo's step / ours.
-One JSON line per measurement; ``--png`` draws the ratios (benchmarks/plot.py).
+Attention (``--attention`` tokens, causal, 4 heads, head_dim 128, float32, forward +
+backward): the differentiable ``sequence_parallel_attention`` sharded over every rank, our
+single-process attention (the same kernel) on rank 0 alone, and torch's
+``scaled_dot_product_attention`` on rank 0 alone, one compute thread per rank;
+``ratio`` = SDPA's time / ours on one rank, ``parallel_efficiency`` = one rank's time / (P x
+the sharded time). One JSON line per measurement; ``--png`` draws the ratios (plot.py).
 """
 
 from __future__ import annotations
@@ -131,6 +136,41 @@ def _ddp_step(kind: str, group: Any) -> tuple[Callable[[], object], int]:
     return step, sum(p.numel() for p in model.parameters())
 
 
+def _attention(total: int, heads: int, dim: int) -> dict[str, Callable[[], object]]:
+    """Forward + backward of causal attention over ``total`` tokens: ours sharded over every
+    rank (one compute thread each), and on rank 0 alone our single-process attention (the
+    same kernel, one thread) and torch's SDPA, on the same shapes; the other ranks wait in
+    the timed barrier while rank 0 runs alone."""
+    from collectives.mha import attention, attention_backward
+    from collectives.torch_backend import sequence_parallel_attention
+
+    p, rank = dist.get_world_size(), dist.get_rank()
+    gen = torch.Generator().manual_seed(rank)
+    bounds = np.linspace(0, total, p + 1).astype(int)
+    rows = int(bounds[rank + 1] - bounds[rank])
+    mine = [torch.randn(rows, heads, dim, generator=gen, requires_grad=True) for _ in range(3)]
+    whole = [torch.randn(1, total, heads, dim, generator=gen).numpy() for _ in range(3)]
+    sdpa_in = [torch.from_numpy(a[0]).transpose(0, 1).contiguous().requires_grad_() for a in whole]
+
+    def sharded() -> None:
+        out = sequence_parallel_attention(*mine, causal=True, threads=1)
+        torch.autograd.backward(out.sum())
+
+    def alone() -> None:
+        if rank == 0:
+            q, k, v = whole
+            out, lse = attention(q, k, v, causal=True, workers=1, return_lse=True)
+            attention_backward(q, k, v, out, lse, np.ones_like(out), causal=True)
+
+    def sdpa() -> None:
+        if rank == 0:
+            q, k, v = sdpa_in
+            out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+            torch.autograd.backward(out.sum())
+
+    return {"ours": sharded, "ours_1rank": alone, "sdpa_1rank": sdpa}
+
+
 def _sizes(lo: int, hi: int, step: int) -> list[int]:
     sizes, nbytes = [], lo
     while nbytes < hi:
@@ -148,6 +188,9 @@ def main() -> None:
     ap.add_argument("--collectives", default=",".join(COLLECTIVES))
     ap.add_argument("--ddp", default="mlp,transformer", help="models ('' for none)")
     ap.add_argument("--ddp-steps", type=int, default=3, help="steps per block")
+    ap.add_argument(
+        "--attention", type=int, default=2048, help="tokens of the attention run (0: none)"
+    )
     ap.add_argument("--out", type=Path, default=Path("results/torch_backend.jsonl"))
     ap.add_argument("--png", type=Path, help="also draw the ratios here")
     args = ap.parse_args()
@@ -213,6 +256,31 @@ def main() -> None:
                 "ours": stats_us(samples["ours"]),
                 "gloo": stats_us(samples["gloo"]),
                 "ratio": theirs / ours,
+            }
+        )
+    if args.attention:
+        heads, dim = 4, 128
+        samples = _measure(_attention(args.attention, heads, dim), args.blocks, 1)
+        t = {k: float(np.median(v)) for k, v in samples.items()}
+        report(
+            {
+                **common,
+                "collective": "attention_fwd_bwd",
+                "dtype": "float32",
+                "nbytes": 0,
+                "tokens": args.attention,
+                "heads": heads,
+                "head_dim": dim,
+                "causal": True,
+                "ours": stats_us(samples["ours"]),
+                "ours_1rank": stats_us(samples["ours_1rank"]),
+                "sdpa_1rank": stats_us(samples["sdpa_1rank"]),
+                "gloo": stats_us(samples["sdpa_1rank"]),  # the peer's column: SDPA alone
+                "tokens_per_s": args.attention / t["ours"],
+                "tokens_per_s_1rank": args.attention / t["ours_1rank"],
+                "sdpa_tokens_per_s": args.attention / t["sdpa_1rank"],
+                "ratio": t["sdpa_1rank"] / t["ours_1rank"],  # one rank: ours against SDPA
+                "parallel_efficiency": t["ours_1rank"] / (p * t["ours"]),
             }
         )
     dist.destroy_process_group()

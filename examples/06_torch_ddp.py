@@ -43,7 +43,7 @@ def main() -> None:
     g = torch.Generator().manual_seed(rank)
     q, k, v = (torch.randn(64, 4, 32, generator=g, requires_grad=True) for _ in range(3))
     out = sequence_parallel_attention(q, k, v, causal=True)
-    out.square().sum().backward()  # collective: every rank runs its backward
+    torch.autograd.backward(out.square().sum())  # collective: every rank runs its backward
     assert q.grad is not None and q.grad.shape == q.shape
     if rank == 0:
         print(f"ddp ok: {size} ranks, identical weights; sequence-parallel attention ok")

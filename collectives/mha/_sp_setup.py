@@ -145,6 +145,12 @@ def setup(
     waiting in the collective. ``prepare`` (GPU inputs) checks and converts the inputs
     first; what it returns replaces entries of ``arrays`` (the caller reads them there)."""
     world = comm.world
+    if comm.team.members != world.team_world.members:  # every member refuses at once
+        raise SequenceParallelError(
+            f"{where}: runs on a Communicator of the whole World (got one of team "
+            f"{comm.team.name}, {comm.team.n_pes} of {world.world_size} ranks: the sequence's "
+            "shards, queues and slots are the World's)"
+        )
     error: Exception | None = None
     record: tuple[Any, ...] = ()
     rows = 0

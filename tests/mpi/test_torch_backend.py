@@ -22,7 +22,12 @@ import torch
 import torch.distributed as dist
 
 import collectives.torch_backend  # noqa: F401  (registers "symheap")
-from shmem.errors import CollectiveArgumentError, CollectiveMismatchError, OpError
+from shmem.errors import (
+    CollectiveArgumentError,
+    CollectiveMismatchError,
+    OpError,
+    SequenceParallelError,
+)
 
 pytestmark = pytest.mark.mpi
 _premul = torch._C._distributed_c10d._make_nccl_premul_sum
@@ -548,3 +553,7 @@ def test_sequence_parallel_attention_refuses_bad_input(pg: Any, gloo: Any) -> No
         sequence_parallel_attention(x, x, x, group=gloo)
     with pytest.raises(CollectiveArgumentError, match="unexpected keyword"):
         sequence_parallel_attention(x, x, x, casual=True)
+    one = dist.new_group([0])
+    if dist.get_rank() == 0 and dist.get_world_size() > 1:
+        with pytest.raises(SequenceParallelError, match="runs on a Communicator of the whole"):
+            sequence_parallel_attention(x, x, x, group=one)
