@@ -29,7 +29,13 @@ from shmem.errors import (
     SequenceParallelError,
 )
 
-pytestmark = pytest.mark.mpi
+pytestmark = [
+    pytest.mark.mpi,
+    # torch 2.13 deprecates the names users still call (all_gather_into_tensor, ...) and
+    # ZeroRedundancyOptimizer's torch.jit: the calls under test, not ours to change
+    pytest.mark.filterwarnings("ignore:.*is deprecated.*:FutureWarning"),
+    pytest.mark.filterwarnings("ignore:.*torch.jit.*:DeprecationWarning"),
+]
 _premul = torch._C._distributed_c10d._make_nccl_premul_sum
 
 FLOATS = ("float32", "float64", "bfloat16", "float16")
@@ -557,3 +563,52 @@ def test_sequence_parallel_attention_refuses_bad_input(pg: Any, gloo: Any) -> No
     if dist.get_rank() == 0 and dist.get_world_size() > 1:
         with pytest.raises(SequenceParallelError, match="runs on a Communicator of the whole"):
             sequence_parallel_attention(x, x, x, group=one)
+
+
+def test_coalesced_calls_and_torch_helpers(pg: Any) -> None:
+    """The coalesced forms torch issues (``_coalescing_manager``, as FSDP does) and the
+    torch.distributed calls of optimizers and samplers."""
+    from torch.distributed.distributed_c10d import _coalescing_manager
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+    from torch.utils.data import DistributedSampler
+
+    rank, size = dist.get_rank(), dist.get_world_size()
+    outs = [torch.empty(3 * size), torch.empty(2 * size, dtype=torch.bfloat16)]
+    with _coalescing_manager(async_ops=True) as cm:
+        dist.all_gather_into_tensor(outs[0], torch.full((3,), float(rank)))
+        dist.all_gather_into_tensor(outs[1], torch.full((2,), float(rank), dtype=torch.bfloat16))
+    cm.wait()
+    assert torch.equal(outs[0], torch.arange(size).repeat_interleave(3).float())
+    assert torch.equal(outs[1], torch.arange(size).repeat_interleave(2).bfloat16())
+    parts = [torch.empty(2), torch.empty(1)]
+    with _coalescing_manager():
+        dist.reduce_scatter_tensor(parts[0], torch.ones(2 * size))
+        dist.reduce_scatter_tensor(parts[1], torch.ones(size))
+    assert torch.equal(torch.cat(parts), torch.full((3,), float(size)))
+    a, b = torch.ones(2), torch.ones(3, dtype=torch.int32)
+    with _coalescing_manager():
+        dist.all_reduce(a)
+        dist.all_reduce(b)
+    assert torch.equal(a, torch.full((2,), float(size))) and int(b.sum()) == 3 * size
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 8)
+    opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.SGD, lr=0.1)
+    torch.autograd.backward(
+        model(torch.randn(4, 8, generator=torch.Generator().manual_seed(rank))).sum()
+    )
+    for p in model.parameters():  # gradients averaged by hand, as DDP would
+        assert p.grad is not None
+        dist.all_reduce(p.grad, op=dist.ReduceOp.AVG)
+    opt.step()  # each rank steps its shard, then broadcasts it
+    _same_everywhere(model.weight.detach())
+    seen: list[Any] = [None] * size
+    data: Any = list(range(10))
+    dist.all_gather_object(seen, list(DistributedSampler(data, shuffle=True, seed=0)))
+    assert {i for part in seen for i in part} == set(range(10))  # padded to a multiple
+
+
+def test_what_torch_refuses_for_a_python_group_is_said(pg: Any) -> None:
+    with pytest.raises(ValueError, match="only implemented for GLOO"):
+        dist.monitored_barrier()
+    with pytest.raises(RuntimeError, match="not safe to split"):
+        dist.split_group(split_ranks=[[r] for r in range(dist.get_world_size())])
