@@ -67,10 +67,13 @@ def check_tensors(where: str, tensors: Sequence[torch.Tensor], device: str = "cp
                 "torch.strided; call .to_dense() first)"
             )
         if t.device.type != device:
-            raise CollectiveArgumentError(
-                f"{where}: tensor {i} is on {t.device} (expected a {device} tensor: CUDA "
-                "tensors need the nvshmem backend, where the World's device is a GPU)"
+            why = (
+                "a CPU tensor: this World runs the host backend; CUDA tensors need the nvshmem "
+                "backend"
+                if device == "cpu"
+                else "a CUDA tensor: this World runs the nvshmem backend"
             )
+            raise CollectiveArgumentError(f"{where}: tensor {i} is on {t.device} (expected {why})")
         if t.dtype not in _DTYPES:
             raise CollectiveArgumentError(
                 f"{where}: tensor {i} has dtype {t.dtype} (expected one of "
@@ -86,8 +89,9 @@ def _numpy(t: torch.Tensor) -> np.ndarray[Any, Any]:
 
 
 class Staged:
-    """The numpy array a collective reads or writes for tensor ``t``: a view of its memory
-    when it is contiguous, else a contiguous copy (``writeback()`` stores it into ``t``)."""
+    """What a collective reads or writes for tensor ``t`` (:func:`as_array`): ``t``'s own
+    memory when it is contiguous, else a contiguous copy (``writeback()`` stores it into
+    ``t``)."""
 
     __slots__ = ("array", "copy", "tensor")
 
@@ -95,14 +99,14 @@ class Staged:
         self.tensor = t
         if t.is_contiguous() and not t.is_conj() and not t.is_neg():
             self.copy: torch.Tensor | None = None
-            self.array = _numpy(t)
+            self.array = as_array(t)
         else:
             if read:
                 copy = t.detach().resolve_conj().resolve_neg().contiguous()
                 self.copy = copy.clone() if copy.data_ptr() == t.data_ptr() else copy
             else:
-                self.copy = torch.empty(t.shape, dtype=t.dtype)
-            self.array = _numpy(self.copy)
+                self.copy = torch.empty(t.shape, dtype=t.dtype, device=t.device)
+            self.array = as_array(self.copy)
 
     def writeback(self) -> None:
         if self.copy is not None:
@@ -110,9 +114,10 @@ class Staged:
                 self.tensor.copy_(self.copy)
 
 
-def as_array(t: torch.Tensor) -> np.ndarray[Any, Any]:
-    """A numpy view of a contiguous CPU tensor (zero-copy, read and write)."""
-    return _numpy(t)
+def as_array(t: torch.Tensor) -> Any:
+    """A contiguous tensor as the Communicator takes it, zero-copy: a numpy view of a CPU
+    tensor's memory; a CUDA tensor itself (the nvshmem backend reads it through DLPack)."""
+    return t.detach() if t.device.type == "cuda" else _numpy(t)
 
 
 def op_name(where: str, op: Any) -> str:

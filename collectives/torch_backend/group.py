@@ -112,6 +112,9 @@ class ProcessGroupSymheap(dist.ProcessGroup):
         self._desc = name
         self._queue = ProgressQueue(f"symheap:{name}")
         self._p2p = comm.team.comm.Dup()  # point-to-point messages of this group only
+        # the nvshmem backend takes CUDA tensors (stream-ordered on torch's current stream),
+        # the host backend CPU tensors
+        self.device = "cuda" if comm.world.backend == "nvshmem" else "cpu"
 
     # -- identity (torch's functional collectives need the name) -------------------------------
 
@@ -135,13 +138,25 @@ class ProcessGroupSymheap(dist.ProcessGroup):
     def _submit(
         self, where: str, tensors: Sequence[torch.Tensor], run: Callable[[], Any], result: Any
     ) -> Any:
-        check_tensors(where, tensors)
+        check_tensors(where, tensors, self.device)
 
         def call() -> Any:
             run()
             return result
 
         return self._queue.submit(call, background=_nbytes(tensors) >= BACKGROUND_NBYTES)
+
+    def _stream(self) -> Any:
+        """The stream GPU collectives are ordered on: torch's current one (None on the host)."""
+        return torch.cuda.current_stream() if self.device == "cuda" else None
+
+    def _host_only(self, where: str) -> None:
+        if self.device != "cpu":
+            raise CollectiveArgumentError(
+                f"{where}: not available for CUDA tensors (its exchange is an MPI call on host "
+                "memory; all_reduce, broadcast, all_gather, reduce_scatter and even "
+                "all_to_all run on the GPU)"
+            )
 
     def _root(self, where: str, root: int) -> int:
         if not 0 <= root < self.size():
@@ -156,7 +171,7 @@ class ProcessGroupSymheap(dist.ProcessGroup):
         name, factor = op_name(where, op), factor_of(op)
         st = Staged(t)
         src = st.array if factor is None else _premultiplied(t, factor).reshape(t.shape)
-        self.comm.all_reduce(src, name, out=st.array)
+        self.comm.all_reduce(src, name, out=st.array, stream=self._stream())
         st.writeback()
 
     def allreduce(self, tensors: list[torch.Tensor], opts: Any) -> Any:
@@ -212,14 +227,15 @@ class ProcessGroupSymheap(dist.ProcessGroup):
         def run() -> None:
             for t in tensors:
                 st = Staged(t, read=self.rank() == root)
-                self.comm.broadcast(st.array, root, out=st.array)
+                self.comm.broadcast(st.array, root, out=st.array, stream=self._stream())
                 st.writeback()
 
         return self._submit(where, tensors, run, tensors)
 
     def _gather_into(self, out: torch.Tensor, t: torch.Tensor) -> None:
         st = Staged(out, read=False)
-        self.comm.all_gather(Staged(t).array, out=st.array.reshape(-1))
+        x = Staged(t).array
+        self.comm.all_gather(x, out=st.array.reshape(-1), stream=self._stream())
         st.writeback()
 
     def all_gather_single(self, out: torch.Tensor, t: torch.Tensor, opts: Any) -> Any:
@@ -236,7 +252,7 @@ class ProcessGroupSymheap(dist.ProcessGroup):
         def run() -> None:
             for lst, t in zip(outs, ins, strict=True):
                 self._list_ok(where, lst, t)
-                buf = torch.empty((self.size(), *t.shape), dtype=t.dtype)
+                buf = torch.empty((self.size(), *t.shape), dtype=t.dtype, device=t.device)
                 self._gather_into(buf, t)
                 with torch.no_grad():
                     for r, o in enumerate(lst):
@@ -260,7 +276,7 @@ class ProcessGroupSymheap(dist.ProcessGroup):
         name, factor = op_name(where, op), factor_of(op)
         x = Staged(t).array.reshape(-1) if factor is None else _premultiplied(t, factor)
         st = Staged(out, read=False)
-        self.comm.reduce_scatter(x, name, out=st.array.reshape(-1))
+        self.comm.reduce_scatter(x, name, out=st.array.reshape(-1), stream=self._stream())
         st.writeback()
 
     def reduce_scatter_single(self, out: torch.Tensor, t: torch.Tensor, opts: Any) -> Any:
@@ -301,6 +317,7 @@ class ProcessGroupSymheap(dist.ProcessGroup):
 
     def gather(self, outs: list[list[torch.Tensor]], ins: list[torch.Tensor], opts: Any) -> Any:
         where = "symheap.gather"
+        self._host_only(where)
         root = self._root(where, opts.rootRank)
         me, size = self.rank(), self.size()
         flat = [o for lst in outs for o in lst]
@@ -323,6 +340,7 @@ class ProcessGroupSymheap(dist.ProcessGroup):
 
     def scatter(self, outs: list[torch.Tensor], ins: list[list[torch.Tensor]], opts: Any) -> Any:
         where = "symheap.scatter"
+        self._host_only(where)
         root = self._root(where, opts.rootRank)
         me, size = self.rank(), self.size()
         flat = [i for lst in ins for i in lst]
@@ -379,8 +397,9 @@ class ProcessGroupSymheap(dist.ProcessGroup):
             st = Staged(out, read=False)
             x = Staged(t).array.reshape(-1)
             if not in_splits and not out_splits:
-                self.comm.all_to_all(x, out=st.array.reshape(-1))
+                self.comm.all_to_all(x, out=st.array.reshape(-1), stream=self._stream())
             else:
+                self._host_only(where + " with split sizes")
                 self.comm.all_to_allv(x, sends, recvs, out=st.array.reshape(-1))
             st.writeback()
 
@@ -388,6 +407,7 @@ class ProcessGroupSymheap(dist.ProcessGroup):
 
     def alltoall(self, outs: list[torch.Tensor], ins: list[torch.Tensor], opts: Any) -> Any:
         where = "symheap.all_to_all"
+        self._host_only(where + " of tensor lists")
         if len(outs) != self.size() or len(ins) != self.size():
             raise CollectiveArgumentError(
                 f"{where}: expected {self.size()} input and output tensors (got {len(ins)} and "
@@ -418,6 +438,7 @@ class ProcessGroupSymheap(dist.ProcessGroup):
     # -- point to point ------------------------------------------------------------------------
 
     def _p2p_work(self, where: str, t: torch.Tensor, post: Callable[[Staged], Any]) -> Any:
+        self._host_only(where)
         check_tensors(where, [t])
         staged = Staged(t, read=where.endswith("send"))
         posted = self._queue.submit(lambda: post(staged))
@@ -480,12 +501,12 @@ class ProcessGroupSymheap(dist.ProcessGroup):
             self.comm.close()
 
 
-def _premultiplied(t: torch.Tensor, factor: float | torch.Tensor) -> np.ndarray[Any, Any]:
+def _premultiplied(t: torch.Tensor, factor: float | torch.Tensor) -> Any:
     """PREMUL_SUM's input: a flat copy of ``t`` times the factor (torch's arithmetic)."""
     return as_array(t.detach().reshape(-1).clone().mul_(factor))
 
 
-def _flat(t: torch.Tensor) -> np.ndarray[Any, Any]:
+def _flat(t: torch.Tensor) -> Any:
     return as_array(t).reshape(-1)
 
 
