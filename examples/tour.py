@@ -324,6 +324,38 @@ def ipc_step(world: shmem.World) -> Step:
     return cast(Step, world.comm.bcast(step, root=0))
 
 
+def torch_step(world: shmem.World) -> Step:
+    """torch.distributed on the symheap backend: an all-reduce against gloo's, in place."""
+    import importlib.util
+    import os
+
+    if importlib.util.find_spec("torch") is None:
+        return Step("torch backend", "skipped: torch not installed (pip install '.[peers]')", "-")
+    if "MASTER_PORT" not in os.environ:
+        return Step("torch backend", "skipped: run under python -m launch (env:// init)", "-")
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("symheap")  # on this World
+    gloo = dist.new_group(backend="gloo")
+    x = torch.randn(16384, generator=torch.Generator().manual_seed(world.rank))
+    ours, theirs = x.clone(), x.clone()
+    dist.all_reduce(ours)
+    dist.all_reduce(theirs, group=gloo)
+    torch.testing.assert_close(ours, theirs)
+    every = [torch.empty_like(ours) for _ in range(world.world_size)]
+    dist.all_gather(every, ours)
+    assert all(torch.equal(e, ours) for e in every), "ranks hold different sums"
+    t_ours = _timed(lambda: dist.all_reduce(ours), 100)
+    t_gloo = _timed(lambda: dist.all_reduce(theirs, group=gloo), 40)
+    dist.destroy_process_group()
+    return Step(
+        "torch backend",
+        "dist.all_reduce (64 KiB) equals gloo's, bitwise the same on every rank",
+        f"{t_ours * 1e6:.0f} us, {t_gloo / t_ours:.1f}x gloo",
+    )
+
+
 def main() -> None:
     with shmem.init() as world:
         steps = [
@@ -338,6 +370,7 @@ def main() -> None:
             attention_step(world),
             sequence_parallel_step(world),
             ipc_step(world),
+            torch_step(world),
         ]
         world.barrier()
         if world.rank == 0:
