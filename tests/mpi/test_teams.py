@@ -209,3 +209,48 @@ def test_collect_into_out_like_the_rest_of_its_family(world: World) -> None:
             comm.collect(np.zeros(1, np.int64), out=np.empty(p, np.float64))
         again = comm.collect(np.full(world.rank, world.rank, np.int64))  # still in step
         assert again.tolist() == want
+
+
+def test_subteam_is_made_by_its_members_only(world: World) -> None:
+    """Team.subteam (issue 31): any ranks in any order, collective over those ranks only;
+    a Communicator on it runs every collective among them, all_to_allv included."""
+    n, me = world.world_size, world.rank
+    tw = world.team_world
+    members = list(reversed(range(0, n, 2)))  # even ranks, highest first
+    if me in members:
+        team = tw.subteam(members, tag=7)
+        assert team.members == tuple(members) and team.my_pe == members.index(me)
+        with Communicator(team) as comm:
+            size, r = team.n_pes, team.my_pe
+            x = np.arange(size * (r + 1), dtype=np.int64) + 100 * r  # r + 1 to each member
+            got = comm.all_to_allv(x, [r + 1] * size, list(range(1, size + 1)))
+            want = np.concatenate(
+                [np.arange(r * (i + 1), (r + 1) * (i + 1)) + 100 * i for i in range(size)]
+            )
+            assert np.array_equal(got, want)
+            assert int(comm.all_reduce(np.array([me]))[0]) == sum(members)
+        team.destroy()
+    if n > 1:
+        with pytest.raises(ArgumentError, match="is not one of ranks"):
+            tw.subteam([r for r in range(n) if r != me], tag=1)
+    with pytest.raises(ArgumentError, match="invalid ranks"):
+        tw.subteam([me, me])
+    world.barrier()
+
+
+def test_all_to_allv_checks_counts_on_every_rank(world: World) -> None:
+    n, me = world.world_size, world.rank
+    with Communicator(world) as comm:
+        sends = [(me + j) % 3 for j in range(n)]
+        recvs = [(i + me) % 3 for i in range(n)]
+        x = np.full(sum(sends), me, dtype=np.float32)
+        out = comm.all_to_allv(x, sends, recvs)
+        assert np.array_equal(out, np.repeat(np.arange(n, dtype=np.float32), recvs))
+        with pytest.raises(CollectiveArgumentError, match="invalid send_counts"):
+            comm.all_to_allv(x, [*sends[:-1], -1], recvs)
+        if n > 1:
+            bad = list(recvs)
+            if me == 0:
+                bad[1] += 1  # expects one more element from rank 1 than it sends
+            with pytest.raises(CollectiveArgumentError, match="do not pair up"):
+                comm.all_to_allv(x, sends, bad, out=np.empty(sum(bad), np.float32))
