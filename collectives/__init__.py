@@ -45,9 +45,17 @@ _HOME = {
 
 def __getattr__(name: str) -> Any:
     home = _HOME.get(name)
-    if home is None:
+    if home is not None:
+        value = getattr(importlib.import_module(f".{home}", __name__), name)
+    elif not name.startswith("__"):  # a submodule (``collectives.allreduce``), as before
+        try:
+            value = importlib.import_module(f".{name}", __name__)
+        except ModuleNotFoundError as exc:
+            if exc.name != f"{__name__}.{name}":
+                raise
+            raise AttributeError(f"module 'collectives' has no attribute {name!r}") from None
+    else:
         raise AttributeError(f"module 'collectives' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{home}", __name__), name)
     globals()[name] = value
     return value
 

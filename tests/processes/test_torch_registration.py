@@ -36,6 +36,16 @@ def test_torch_autoload_registers_the_backend_without_starting_mpi(tmp_path: Pat
     assert proc.stdout.split() == ["symheap", "True", "False", "False"], proc.stderr
 
 
+def test_import_collectives_starts_no_mpi(tmp_path: Path) -> None:
+    code = (
+        "import sys, collectives, collectives.torch_backend\n"
+        "print('mpi4py.MPI' in sys.modules, collectives.allreduce.__name__,\n"
+        "      'mpi4py.MPI' in sys.modules)\n"
+    )
+    proc = _python(code, tmp_path)  # a submodule's attribute loads it, and MPI with it
+    assert proc.stdout.split() == ["False", "collectives.allreduce", "True"], proc.stderr
+
+
 def test_a_torchrun_process_fails_at_once_naming_the_launcher(tmp_path: Path) -> None:
     code = (
         "import torch.distributed as dist\n"
