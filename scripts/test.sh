@@ -1,16 +1,39 @@
 #!/usr/bin/env bash
-# The whole test suite (called by ./dev test and by CI through .ci/run). Every step runs
+# The test suite (called by ./dev test [TIER ...] and by CI through .ci/run: every tier). Every step runs
 # under an outer timeout; MPI steps also under the launcher's own deadline and the
 # harness's verdict agreement (tests/README.md). Totals come from pytest's junit XML, each
 # distinct test counted once per step (scripts/ci_totals.py). Prints
 # "ci: N passed, N failed, N skipped" last.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+# Tiers: scripts/test.sh [TIER ...] runs those only (all of them by default).
+TIERS_KNOWN=(lint unit compile processes fakegpu mpi openmpi jobs examples gpu)
+TIERS=("$@")
+for tier in "${TIERS[@]}"; do
+    if [[ ! " ${TIERS_KNOWN[*]} " =~ [[:space:]]${tier}[[:space:]] ]]; then
+        echo "test: unknown tier '$tier' (expected any of: ${TIERS_KNOWN[*]})" >&2
+        exit 2
+    fi
+done
+# tier_of STEP: the tier a step belongs to
+tier_of() {
+    case "$1" in
+        ruff-*|mypy) echo lint ;;
+        openmpi-*) echo openmpi ;;
+        mpi-*) echo mpi ;;
+        *) echo "$1" ;;
+    esac
+}
+# selected TIER: true when TIER runs (no tiers named: every tier)
+selected() {
+    [ "${#TIERS[@]}" -eq 0 ] && return 0
+    [[ " ${TIERS[*]} " =~ [[:space:]]$1[[:space:]] ]]
+}
 PY="${PY:-.venv/bin/python}"
 # The suites below test the host backend's semantics; on a GPU machine "auto" would pick
 # nvshmem (tests/gpu asks for it explicitly).
 export SHMEM_BACKEND="${SHMEM_BACKEND:-host}"
-LOGS="logs/test"
+LOGS="${TEST_LOGS:-logs/test}"  # the test of ./dev test itself logs elsewhere
 rm -rf "$LOGS"
 mkdir -p "$LOGS"
 failed_steps=()
@@ -23,6 +46,7 @@ total_skipped=0
 run_step() {
     local name="$1" allow_empty="$2"
     shift 2
+    selected "$(tier_of "$name")" || return 0
     local log="$LOGS/$name.log" xml="$LOGS/$name.xml" start=$SECONDS
     echo "== $name: $*"
     "$@" >"$log" 2>&1
