@@ -18,7 +18,7 @@ import re
 import struct
 import zlib
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 from ..dtypes import SUPPORTED_DTYPES
 from ..errors import DescriptorError
@@ -71,6 +71,15 @@ class IpcDescriptor:
 
     def __str__(self) -> str:
         return self.to_string()
+
+    def __array__(self, *args: object, **kwargs: object) -> NoReturn:
+        """A descriptor names memory, it holds none: ``np.asarray(desc)`` would be a 0-d
+        object array, so it raises instead."""
+        raise TypeError(
+            "IpcDescriptor: a descriptor is not an array (it names a buffer of shape "
+            f"{self.shape} and dtype {self.dtype}; map it with shmem.ipc.import_(desc) and use "
+            "the buffer's .array)"
+        )
 
     # -- decoding (untrusted) ---------------------------------------------------------------
 

@@ -234,6 +234,8 @@ def test_registry_publish_lookup_and_list() -> None:
         desc = ipc.lookup(name)
         with ipc.import_(desc) as b:
             assert (b.array == 5).all()
+        with pytest.raises(TypeError, match=r"not an array .*shmem\.ipc\.import_\(desc\)"):
+            np.asarray(desc)  # a descriptor names memory: no silent 0-d object array
         entries = {p.name: p for p in ipc.list_published()}
         assert entries[name].nbytes == 32 and entries[name].pid == os.getpid()
         assert entries[name].alive and entries[name].dtype == "int16"
