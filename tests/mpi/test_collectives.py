@@ -545,14 +545,11 @@ def test_back_to_back_tiny_calls_never_read_a_reused_stage(
             assert comm._ch is not None
             plan: Any = comm._ch.plans[(width, np.dtype(np.int64), "sum")]
             assert (plan.fast is None) == (engine == "python")
-            if plan.fast is not None:  # C replayed calls (all but the first, which made the
-                # plan): whole ones where it could; one rank stalls in each call
+            if plan.fast is not None:  # C took every call after the first (which made the
+                # plan); how far it got in each (whole, or handing over to Python after READY
+                # or DONE) depends on the peers' timing, so only the total is asserted
                 done, untouched, after_ready, after_done = answers = plan.fast.answers()
                 assert done + untouched + after_ready + after_done >= 399, answers
-                if kind == "mixed":  # new inputs every call: Python goes on after READY
-                    assert after_ready > 0, answers
-                elif comm._ch.spin_s > 0:  # (no spin with more ranks than cores)
-                    assert done > 0, answers
     finally:
         world.barrier()
         sym.close()
