@@ -210,6 +210,10 @@ class Team:
         those ranks only (``MPI_Comm_create_group``): the other ranks take no part, as in
         ``torch.distributed.new_group``. This rank must be one of them.
 
+        Every member must pass the same ``ranks``: MPI's ``Comm_create_group`` needs them
+        and has no deadline (as in MPI, members that name different groups may wait there
+        for ever). Differences it lets through are checked after it.
+
         Parameters
         ----------
         ranks : sequence of int
@@ -220,8 +224,10 @@ class Team:
         Raises
         ------
         ArgumentError
-            Here, for invalid ``ranks`` or when this rank is not one of them; on every
-            member when members passed different ``ranks``.
+            Here, before any exchange, for invalid ``ranks`` or when this rank is not one of
+            them (members passing the same ``ranks`` all raise it).
+        CollectiveMismatchError
+            On every member, when the members' ``ranks`` differ in a way MPI let through.
         """
         self._check("subteam")
         where = "Team.subteam"

@@ -95,23 +95,21 @@ def _create(dist_opts: Any, pg_opts: Any) -> ProcessGroupSymheap:
     world = _world(dist_opts.timeout)
     ranks = list(dist_opts.global_ranks_in_group)
     rank, size = dist_opts.group_rank, dist_opts.group_size
-    if not ranks:  # the default group: torch's ranks must be MPI's
-        if (rank, size) != (world.rank, world.world_size):
-            raise ShmemStateError(
-                f"symheap: torch says rank {rank} of {size} but MPI says rank {world.rank} of "
-                f"{world.world_size} (expected the same: start the job with `python -m launch "
-                f"-n {size} script.py` or mpiexec, not torchrun, whose processes are separate "
-                "single-process MPI jobs)"
-            )
-        comm = Communicator(world)
-    elif ranks == list(range(world.world_size)):
-        comm = Communicator(world)
-    else:
+    if not ranks and (rank, size) != (world.rank, world.world_size):  # the default group
+        raise ShmemStateError(
+            f"symheap: torch says rank {rank} of {size} but MPI says rank {world.rank} of "
+            f"{world.world_size} (expected the same: start the job with `python -m launch "
+            f"-n {size} script.py` or mpiexec, not torchrun, whose processes are separate "
+            "single-process MPI jobs)"
+        )
+    team = None  # a subgroup's own team (every rank, in order: the World's)
+    if ranks and ranks != list(range(world.world_size)):
         gid = str(dist_opts.group_id)
         tag = int(gid) if gid.isdigit() else zlib.crc32(gid.encode())
-        comm = Communicator(world.team_world.subteam(ranks, tag=tag % 32768))
+        team = world.team_world.subteam(ranks, tag=tag % 32768)
+    comm = Communicator(world if team is None else team)
     timeout_s = float(world.config.signal.timeout_s)
-    return ProcessGroupSymheap(comm, timeout_s, str(dist_opts.group_id))
+    return ProcessGroupSymheap(comm, timeout_s, str(dist_opts.group_id), team)
 
 
 def __getattr__(name: str) -> Any:

@@ -32,13 +32,18 @@ Call = Callable[[], Any]
 
 class _QueuedWork(dist.Work):
     """A call the worker runs: ``wait()`` raises what the call raised (torch's own
-    future-wrapping Work drops the exception)."""
+    future-wrapping Work drops the exception). Waited for on the worker's own thread (a
+    future's callback that issues a call and waits for it, as torch's PowerSGD hook does),
+    the waiter runs the queue's calls itself, in order, up to its own."""
 
-    def __init__(self, fut: torch.futures.Future[Any]) -> None:
+    def __init__(self, queue: ProgressQueue, fut: torch.futures.Future[Any]) -> None:
         super().__init__()
+        self._queue = queue
         self._fut = fut
 
     def wait(self, timeout: Any = None) -> bool:
+        if threading.current_thread() is self._queue.worker:
+            self._queue.run_until(self._fut)
         self._fut.wait()
         return True
 
@@ -61,23 +66,25 @@ class _QueuedWork(dist.Work):
         return self._fut
 
 
+Pending = tuple[Call, "torch.futures.Future[Any]"]
+
+
 class ProgressQueue:
-    """Runs one group's calls in issue order (see the module's docstring)."""
+    """Runs one group's calls in issue order, one at a time (see the module's docstring)."""
 
     def __init__(self, name: str) -> None:
         self.name = name
         self._lock = threading.Lock()
         self._ready = threading.Condition(self._lock)
-        self._pending: collections.deque[tuple[Call, torch.futures.Future[Any]]] = (
-            collections.deque()
-        )
-        self._busy = False  # a call is running (inline or on the worker)
-        self._worker: threading.Thread | None = None
+        self._pending: collections.deque[Pending] = collections.deque()
+        self._busy = False  # a call is running (inline, on the worker, or helped)
+        self.worker: threading.Thread | None = None
         self._closed = False
-        self.failure: BaseException | None = None  # the first call that raised
 
     def submit(self, call: Call, *, background: bool = False) -> Any:
-        """Run ``call`` in issue order; a Work whose future holds its result."""
+        """Run ``call`` in issue order; a Work whose future holds its result. Run inline
+        (on this thread, now) when the queue is idle and ``background`` is false: then an
+        error is raised here."""
         fut: torch.futures.Future[Any] = torch.futures.Future()
         with self._lock:
             if self._closed:
@@ -87,65 +94,71 @@ class ProgressQueue:
                 self._busy = True
             else:
                 self._pending.append((call, fut))
-                self._start_worker()
-                self._ready.notify()
+                if self.worker is None:
+                    self.worker = threading.Thread(
+                        target=self._serve, name=f"{self.name}-progress", daemon=True
+                    )
+                    self.worker.start()
+                self._ready.notify_all()
         if not inline:
-            return _QueuedWork(fut)
+            return _QueuedWork(self, fut)
         try:
             result = call()
-        except BaseException as exc:  # raised here, on the caller's thread
-            if self.failure is None:
-                self.failure = exc
-            raise
         finally:
-            with self._lock:
-                self._busy = False
-                self._ready.notify_all()
+            self._idle()
         fut.set_result(result)
         return _create_work_from_future(fut)
 
-    def _start_worker(self) -> None:
-        if self._worker is None:
-            self._worker = threading.Thread(
-                target=self._serve, name=f"{self.name}-progress", daemon=True
-            )
-            self._worker.start()
+    def _idle(self) -> None:
+        with self._lock:
+            self._busy = False
+            self._ready.notify_all()
+
+    def _run(self, item: Pending) -> None:
+        """Run a taken call; the queue is idle again before its future completes (so a
+        caller that learns of it can issue inline)."""
+        call, fut = item
+        error: BaseException | None = None
+        try:
+            result = call()
+        except BaseException as exc:  # the waiter's wait() raises it
+            error = exc
+        self._idle()
+        if error is None:
+            fut.set_result(result)
+        else:
+            fut.set_exception(error)
 
     def _serve(self) -> None:
         while True:
             with self._lock:
-                while not self._closed and (self._busy or not self._pending):
+                while self._busy or (not self._closed and not self._pending):
                     self._ready.wait()
                 if not self._pending:
                     return  # closed and drained
-                call, fut = self._pending.popleft()
+                item = self._pending.popleft()
                 self._busy = True
-            error: BaseException | None = None
-            try:
-                result = call()
-            except BaseException as exc:  # the caller's wait() raises it
-                error = exc
-                if self.failure is None:
-                    self.failure = exc
-            with self._lock:  # idle before the caller learns the call is done
-                self._busy = False
-                self._ready.notify_all()
-            if error is None:
-                fut.set_result(result)
-            else:
-                fut.set_exception(error)
+            self._run(item)
 
-    def drain(self) -> None:
-        """Wait until every call issued so far has run."""
-        with self._lock:
-            while self._busy or self._pending:
-                self._ready.wait()
+    def run_until(self, fut: torch.futures.Future[Any]) -> None:
+        """On the worker's thread (inside a future's callback): run the pending calls in
+        order until ``fut`` is done."""
+        while not fut.done():
+            with self._lock:
+                if self._busy or not self._pending:
+                    return  # not ours to run: wait for it
+                item = self._pending.popleft()
+                self._busy = True
+            self._run(item)
 
     def close(self) -> None:
-        """Run what is pending, then stop the worker."""
+        """Run what is pending, wait for a running call, then stop the worker."""
         with self._lock:
             self._closed = True
             self._ready.notify_all()
-            worker = self._worker
+            if threading.current_thread() is not self.worker:
+                while self._busy or self._pending:
+                    self._ready.wait()
+            worker = self.worker
         if worker is not None and worker is not threading.current_thread():
             worker.join()

@@ -29,7 +29,7 @@ __all__ = ["sequence_parallel_attention"]
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
-def _comm(group: Any, where: str) -> Any:
+def _group(group: Any, where: str) -> Any:
     from .group import ProcessGroupSymheap
 
     pg = dist.distributed_c10d._get_default_group() if group is None else group
@@ -38,7 +38,7 @@ def _comm(group: Any, where: str) -> Any:
             f"{where}: the group's backend is {pg.name()!r} (expected a 'symheap' group: "
             "dist.init_process_group('symheap') or dist.new_group(..., backend='symheap'))"
         )
-    return pg.comm
+    return pg
 
 
 def _array(t: torch.Tensor) -> Any:
@@ -60,15 +60,17 @@ def _tensor(a: Any, like: torch.Tensor) -> torch.Tensor:
 class _SequenceParallelAttention(torch.autograd.Function):
     @staticmethod
     def forward(
-        ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, comm: Any, opts: Any
+        ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pg: Any, opts: Any
     ) -> torch.Tensor:
         from collectives.mha import sequence_parallel_attention as forward
 
-        out, lse = forward(comm, _array(q), _array(k), _array(v), options=opts, return_lse=True)
+        args = (_array(q), _array(k), _array(v))
+        # in the group's order: DDP's bucket all-reduces may be queued on the same comm
+        out, lse = pg.run_in_order(lambda: forward(pg.comm, *args, options=opts, return_lse=True))
         o = _tensor(out, q)
         lse_t = lse if isinstance(lse, torch.Tensor) else torch.from_numpy(np.asarray(lse))
         ctx.save_for_backward(q, k, v, o, lse_t)
-        ctx.comm, ctx.opts = comm, opts
+        ctx.pg, ctx.opts = pg, opts
         return o
 
     @staticmethod
@@ -76,17 +78,10 @@ class _SequenceParallelAttention(torch.autograd.Function):
         from collectives.mha import sequence_parallel_attention_backward as backward
 
         q, k, v, o, lse = ctx.saved_tensors
+        pg = ctx.pg
+        args = (_array(dout.to(q.dtype)), _array(q), _array(k), _array(v), _array(o))
         lse_a = lse if lse.is_cuda else lse.numpy()
-        dq, dk, dv = backward(
-            ctx.comm,
-            _array(dout.to(q.dtype)),
-            _array(q),
-            _array(k),
-            _array(v),
-            _array(o),
-            lse_a,
-            options=ctx.opts,
-        )
+        dq, dk, dv = pg.run_in_order(lambda: backward(pg.comm, *args, lse_a, options=ctx.opts))
         return _tensor(dq, q), _tensor(dk, k), _tensor(dv, v), None, None
 
 
@@ -143,6 +138,6 @@ def sequence_parallel_attention(
     except TypeError as exc:
         raise CollectiveArgumentError(f"{where}: {exc}") from None
     out: torch.Tensor = _SequenceParallelAttention.apply(  # type: ignore[no-untyped-call]
-        q, k, v, _comm(group, where), opts
+        q, k, v, _group(group, where), opts
     )
     return out

@@ -13,6 +13,7 @@ and completed by ``Work.wait()``.
 from __future__ import annotations
 
 import math
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -30,6 +31,7 @@ from ._tensors import Staged, as_array, check_tensors, factor_of, op_name
 
 if TYPE_CHECKING:
     from collectives.communicator import Communicator
+    from shmem.team import Team
 
 __all__ = ["BACKGROUND_NBYTES", "ProcessGroupSymheap"]
 
@@ -44,32 +46,41 @@ def _nbytes(tensors: Sequence[torch.Tensor]) -> int:
 
 
 class _P2PWork(dist.Work):
-    """A send or receive: posted in issue order by the queue, completed by ``wait()``."""
+    """A send or receive: posted in issue order by the queue, completed by ``wait()`` (or,
+    once ``get_future()`` was asked for, by a thread that waits for it)."""
 
     def __init__(self, group: ProcessGroupSymheap, posted: Any, staged: Staged, where: str) -> None:
         super().__init__()
         self._group, self._posted, self._staged, self._where = group, posted, staged, where
         self._status = MPI.Status()
+        self._lock = threading.Lock()  # one thread tests the request at a time
         self._done = False
-        self._future: torch.futures.Future[Any] = torch.futures.Future()
+        self._future: torch.futures.Future[Any] | None = None
 
     def _request(self) -> MPI.Request:
         self._posted.wait()  # raises what posting raised
         req: MPI.Request = self._posted.get_future().value()
         return req
 
+    def _test(self, req: MPI.Request) -> bool:
+        with self._lock:
+            if not self._done and req.Test(self._status):
+                self._staged.writeback()
+                self._done = True
+            return self._done
+
     def is_completed(self) -> bool:
-        if not self._done and self._posted.is_completed() and self._request().Test(self._status):
-            self._finish()
-        return self._done
+        return self._done or (self._posted.is_completed() and self._test(self._request()))
 
     def wait(self, timeout: Any = None) -> bool:
         if self._done:
             return True
         req = self._request()
-        limit = self._group.timeout_s if timeout is None else timeout.total_seconds()
+        # c10d passes timedelta(0) for "no timeout of the call's own": the group's deadline
+        seconds = 0.0 if timeout is None else timeout.total_seconds()
+        limit = seconds if seconds > 0 else self._group.timeout_s
         progress = self._group.comm.world.heap.progress
-        if not poll_until(lambda: bool(req.Test(self._status)), time.monotonic() + limit, progress):
+        if not poll_until(lambda: self._test(req), time.monotonic() + limit, progress):
             raise SignalTimeoutError(
                 f"{self._where}: rank {self._group.rank()} timed out after {limit:g} s (the "
                 "peer did not post the matching call)",
@@ -79,13 +90,7 @@ class _P2PWork(dist.Work):
                 last_value=0,
                 peers=(),
             )
-        self._finish()
         return True
-
-    def _finish(self) -> None:
-        self._staged.writeback()
-        self._done = True
-        self._future.set_result([self._staged.tensor])
 
     def _source_rank(self) -> int:
         self.wait()
@@ -94,7 +99,22 @@ class _P2PWork(dist.Work):
     source_rank = _source_rank
 
     def get_future(self) -> torch.futures.Future[Any]:
-        return self._future
+        with self._lock:
+            if self._future is not None:
+                return self._future
+            fut: torch.futures.Future[Any] = torch.futures.Future()
+            self._future = fut
+
+        def complete() -> None:
+            try:
+                self.wait()
+            except BaseException as exc:
+                fut.set_exception(exc)
+                return
+            fut.set_result([self._staged.tensor])
+
+        threading.Thread(target=complete, name=f"{self._where}-future", daemon=True).start()
+        return fut
 
 
 class ProcessGroupSymheap(dist.ProcessGroup):
@@ -104,7 +124,9 @@ class ProcessGroupSymheap(dist.ProcessGroup):
     "symheap")`` (:func:`collectives.torch_backend.register`); users never construct it.
     """
 
-    def __init__(self, comm: Communicator, timeout_s: float, name: str) -> None:
+    def __init__(
+        self, comm: Communicator, timeout_s: float, name: str, team: Team | None = None
+    ) -> None:
         super().__init__(comm.rank, comm.world_size)  # type: ignore[call-arg]
         self.comm = comm
         self.timeout_s = timeout_s
@@ -115,6 +137,8 @@ class ProcessGroupSymheap(dist.ProcessGroup):
         # the nvshmem backend takes CUDA tensors (stream-ordered on torch's current stream),
         # the host backend CPU tensors
         self.device = "cuda" if comm.world.backend == "nvshmem" else "cpu"
+        self._call_stream: Any = None  # the running call's stream (see _submit)
+        self._team = team  # a subgroup's own team, destroyed with the group
 
     # -- identity (torch's functional collectives need the name) -------------------------------
 
@@ -139,12 +163,22 @@ class ProcessGroupSymheap(dist.ProcessGroup):
         self, where: str, tensors: Sequence[torch.Tensor], run: Callable[[], Any], result: Any
     ) -> Any:
         check_tensors(where, tensors, self.device)
+        stream = self._stream()  # at issue time: torch's current stream is per thread
 
         def call() -> Any:
+            self._call_stream = stream  # a group's calls never run at once
             run()
             return result
 
         return self._queue.submit(call, background=_nbytes(tensors) >= BACKGROUND_NBYTES)
+
+    def run_in_order(self, call: Callable[[], Any]) -> Any:
+        """Run ``call`` (which uses :attr:`comm`) as one of this group's calls, in issue order
+        after the pending ones, and return its result: what a caller outside the c10d calls
+        (sequence-parallel attention) uses the communicator through."""
+        work = self._queue.submit(call)
+        work.wait()
+        return work.get_future().value()
 
     def _stream(self) -> Any:
         """The stream GPU collectives are ordered on: torch's current one (None on the host)."""
@@ -171,7 +205,7 @@ class ProcessGroupSymheap(dist.ProcessGroup):
         name, factor = op_name(where, op), factor_of(op)
         st = Staged(t)
         src = st.array if factor is None else _premultiplied(t, factor).reshape(t.shape)
-        self.comm.all_reduce(src, name, out=st.array, stream=self._stream())
+        self.comm.all_reduce(src, name, out=st.array, stream=self._call_stream)
         st.writeback()
 
     def allreduce(self, tensors: list[torch.Tensor], opts: Any) -> Any:
@@ -227,15 +261,15 @@ class ProcessGroupSymheap(dist.ProcessGroup):
         def run() -> None:
             for t in tensors:
                 st = Staged(t, read=self.rank() == root)
-                self.comm.broadcast(st.array, root, out=st.array, stream=self._stream())
+                self.comm.broadcast(st.array, root, out=st.array, stream=self._call_stream)
                 st.writeback()
 
         return self._submit(where, tensors, run, tensors)
 
     def _gather_into(self, out: torch.Tensor, t: torch.Tensor) -> None:
         st = Staged(out, read=False)
-        x = Staged(t).array
-        self.comm.all_gather(x, out=st.array.reshape(-1), stream=self._stream())
+        x = Staged(_apart(t, out)).array  # in place (t a chunk of out, as FSDP does): a copy
+        self.comm.all_gather(x, out=st.array.reshape(-1), stream=self._call_stream)
         st.writeback()
 
     def all_gather_single(self, out: torch.Tensor, t: torch.Tensor, opts: Any) -> Any:
@@ -256,7 +290,7 @@ class ProcessGroupSymheap(dist.ProcessGroup):
                 self._gather_into(buf, t)
                 with torch.no_grad():
                     for r, o in enumerate(lst):
-                        o.copy_(buf[r])
+                        o.copy_(buf[r].reshape(o.shape))
 
         return self._submit(where, [*flat, *ins], run, outs)
 
@@ -274,9 +308,10 @@ class ProcessGroupSymheap(dist.ProcessGroup):
 
     def _scatter_reduce(self, out: torch.Tensor, t: torch.Tensor, op: Any, where: str) -> None:
         name, factor = op_name(where, op), factor_of(op)
+        t = _apart(t, out)
         x = Staged(t).array.reshape(-1) if factor is None else _premultiplied(t, factor)
         st = Staged(out, read=False)
-        self.comm.reduce_scatter(x, name, out=st.array.reshape(-1), stream=self._stream())
+        self.comm.reduce_scatter(x, name, out=st.array.reshape(-1), stream=self._call_stream)
         st.writeback()
 
     def reduce_scatter_single(self, out: torch.Tensor, t: torch.Tensor, opts: Any) -> Any:
@@ -321,11 +356,11 @@ class ProcessGroupSymheap(dist.ProcessGroup):
         root = self._root(where, opts.rootRank)
         me, size = self.rank(), self.size()
         flat = [o for lst in outs for o in lst]
+        if me == root:  # here, before the call: the other ranks meet it at their deadline
+            self._list_ok(where, outs[0], ins[0])
 
         def run() -> None:
             t = ins[0]
-            if me == root:
-                self._list_ok(where, outs[0], t)
             n = t.numel()
             sends = [n if r == root else 0 for r in range(size)]
             recvs = [n if me == root else 0] * size
@@ -334,7 +369,7 @@ class ProcessGroupSymheap(dist.ProcessGroup):
             if me == root:
                 with torch.no_grad():
                     for r, o in enumerate(outs[0]):
-                        o.copy_(buf[r])
+                        o.copy_(buf[r].reshape(o.shape))
 
         return self._submit(where, [*flat, *ins], run, outs)
 
@@ -344,12 +379,13 @@ class ProcessGroupSymheap(dist.ProcessGroup):
         root = self._root(where, opts.rootRank)
         me, size = self.rank(), self.size()
         flat = [i for lst in ins for i in lst]
+        if me == root:
+            self._list_ok(where, ins[0], outs[0])
 
         def run() -> None:
             out = outs[0]
             n = out.numel()
             if me == root:
-                self._list_ok(where, ins[0], out)
                 cat = torch.cat([i.detach().reshape(-1) for i in ins[0]])
             else:
                 cat = torch.empty(0, dtype=out.dtype)
@@ -375,18 +411,22 @@ class ProcessGroupSymheap(dist.ProcessGroup):
         size = self.size()
 
         def counts(tensor: torch.Tensor, splits: list[int], name: str) -> list[int]:
-            row = math.prod(tensor.shape[1:]) if tensor.dim() else 1
+            if tensor.dim() == 0:
+                raise CollectiveArgumentError(
+                    f"{where}: {name} is a 0-d tensor (expected rows to split among {size} ranks)"
+                )
+            rows, row = tensor.shape[0], math.prod(tensor.shape[1:])
             if not splits:
-                if tensor.dim() == 0 or tensor.shape[0] % size:
+                if rows % size:
                     raise CollectiveArgumentError(
-                        f"{where}: {name} has {tensor.shape[0] if tensor.dim() else 0} rows "
-                        f"(expected a multiple of {size}, or split sizes)"
+                        f"{where}: {name} has {rows} rows (expected a multiple of {size}, or "
+                        "split sizes)"
                     )
-                return [tensor.shape[0] // size * row] * size
-            if len(splits) != size or sum(splits) != tensor.shape[0]:
+                return [rows // size * row] * size
+            if len(splits) != size or sum(splits) != rows:
                 raise CollectiveArgumentError(
                     f"{where}: invalid {name} split sizes (got {list(splits)}; expected {size} "
-                    f"sizes adding up to {tensor.shape[0]} rows)"
+                    f"sizes adding up to {rows} rows)"
                 )
             return [s * row for s in splits]
 
@@ -395,9 +435,9 @@ class ProcessGroupSymheap(dist.ProcessGroup):
 
         def run() -> None:
             st = Staged(out, read=False)
-            x = Staged(t).array.reshape(-1)
+            x = Staged(_apart(t, out)).array.reshape(-1)
             if not in_splits and not out_splits:
-                self.comm.all_to_all(x, out=st.array.reshape(-1), stream=self._stream())
+                self.comm.all_to_all(x, out=st.array.reshape(-1), stream=self._call_stream)
             else:
                 self._host_only(where + " with split sizes")
                 self.comm.all_to_allv(x, sends, recvs, out=st.array.reshape(-1))
@@ -414,9 +454,10 @@ class ProcessGroupSymheap(dist.ProcessGroup):
                 f"{len(outs)})"
             )
 
+        for o in [*outs, *ins]:
+            self._same_dtype(where, o, ins[0], True)
+
         def run() -> None:
-            for o in outs:
-                self._same_dtype(where, o, ins[0], True)
             cat = torch.cat([i.detach().reshape(-1) for i in ins])
             res = torch.empty(sum(o.numel() for o in outs), dtype=ins[0].dtype)
             sends = [i.numel() for i in ins]
@@ -499,11 +540,21 @@ class ProcessGroupSymheap(dist.ProcessGroup):
         if not self.comm.world.finalized:
             self._p2p.Free()
             self.comm.close()
+            if self._team is not None:
+                self._team.destroy()
 
 
 def _premultiplied(t: torch.Tensor, factor: float | torch.Tensor) -> Any:
     """PREMUL_SUM's input: a flat copy of ``t`` times the factor (torch's arithmetic)."""
     return as_array(t.detach().reshape(-1).clone().mul_(factor))
+
+
+def _apart(t: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """``t``, or a copy of it when it shares memory with ``out`` (MPI and the symmetric-heap
+    algorithms read inputs while they write outputs)."""
+    if t.untyped_storage().data_ptr() == out.untyped_storage().data_ptr():
+        return t.detach().clone()
+    return t
 
 
 def _flat(t: torch.Tensor) -> Any:

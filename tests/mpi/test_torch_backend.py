@@ -612,3 +612,34 @@ def test_what_torch_refuses_for_a_python_group_is_said(pg: Any) -> None:
         dist.monitored_barrier()
     with pytest.raises(RuntimeError, match="not safe to split"):
         dist.split_group(split_ranks=[[r] for r in range(dist.get_world_size())])
+
+
+def test_in_place_calls_and_futures_of_point_to_point(pg: Any) -> None:
+    """Inputs that share memory with the output (FSDP's in-place all-gather), outputs of
+    another shape with the right size, and a point-to-point Work's future on its own."""
+    rank, size = dist.get_rank(), dist.get_world_size()
+    flat = torch.zeros(size * 4)
+    mine = flat[rank * 4 : (rank + 1) * 4]
+    mine.fill_(float(rank + 1))
+    dist.all_gather_into_tensor(flat, mine)  # the input is this rank's chunk of the output
+    assert torch.equal(flat, torch.arange(1, size + 1).repeat_interleave(4).float())
+    t = torch.arange(size * 2, dtype=torch.float64) + 10 * rank
+    dist.all_to_all_single(t, t)  # in place
+    want = torch.cat(
+        [torch.arange(2 * rank, 2 * rank + 2, dtype=torch.float64) + 10 * r for r in range(size)]
+    )
+    assert torch.equal(t, want)
+    rows = [torch.empty(2, 3) for _ in range(size)]
+    dist.all_gather(rows, torch.full((3, 2), float(rank)))  # same size, another shape
+    assert all(torch.equal(rows[r], torch.full((2, 3), float(r))) for r in range(size))
+    if size > 1:
+        nxt, prv = (rank + 1) % size, (rank - 1) % size
+        got = torch.empty(3)
+        recv = dist.irecv(got, prv)
+        send = dist.isend(torch.full((3,), float(rank)), nxt)
+        assert recv is not None and send is not None
+        futs = [recv.get_future(), send.get_future()]  # completed without wait()
+        torch.futures.wait_all(futs)
+        assert torch.equal(got, torch.full((3,), float(prv)))
+        assert recv.is_completed() and send.is_completed()
+    dist.barrier()

@@ -135,3 +135,65 @@ def test_rendezvous_variables(tmp_path: Path) -> None:
     hosts.write_text("n1 slots=4\n")
     assert rendezvous_environment(opts, {})["MASTER_ADDR"] == "n1"
     assert rendezvous_environment(opts, {"MASTER_ADDR": "a", "MASTER_PORT": "1"}) == {}
+
+
+def test_a_callback_that_waits_for_a_queued_call_does_not_deadlock() -> None:
+    """torch's PowerSGD hook waits, inside a future's callback (the worker's thread), for
+    a call it just issued: the waiter runs the queue's calls itself, in order."""
+    q = ProgressQueue("t")
+    seen: list[str] = []
+    gate = threading.Event()
+
+    def first() -> str:
+        gate.wait(5)
+        seen.append("first")
+        return "first"
+
+    def note(what: str) -> Any:
+        return lambda: seen.append(what) or what  # type: ignore[func-returns-value]
+
+    def then(fut: Any) -> str:
+        q.submit(note("queued-behind"), background=True)
+        inner = q.submit(note("inner"), background=True)
+        inner.wait()  # on the worker's thread
+        return str(inner.get_future().value())
+
+    chained = q.submit(first, background=True).get_future().then(then)
+    gate.set()
+    assert chained.wait() == "inner"
+    assert seen == ["first", "queued-behind", "inner"]
+    q.close()
+
+
+def test_close_waits_for_a_running_call_and_never_overlaps_two() -> None:
+    q = ProgressQueue("t")
+    running = threading.Event()
+    release = threading.Event()
+    active: list[int] = []
+    overlap: list[bool] = []
+
+    def call(i: int) -> Any:
+        def run() -> int:
+            overlap.append(bool(active))
+            active.append(i)
+            if i == 0:
+                running.set()
+                release.wait(5)
+            active.remove(i)
+            return i
+
+        return run
+
+    t = threading.Thread(target=lambda: q.submit(call(0)))  # inline, on another thread
+    t.start()
+    assert running.wait(5)
+    later = q.submit(call(1))  # queued behind it
+    closer = threading.Thread(target=q.close)
+    closer.start()
+    time.sleep(0.05)
+    assert closer.is_alive()  # close() waits for the running call
+    release.set()
+    closer.join(5)
+    t.join(5)
+    later.wait()
+    assert overlap == [False, False] and not closer.is_alive()
