@@ -148,15 +148,19 @@ RANK_CMD = r"\S*python\S* -m launch.rank job.py a$"
     [
         (
             ["--mpi", "mpich"],  # explicit: the suite runs on Open MPI too
-            r"/mpiexec -n 2 -genv SHMEM_CONFIG \S+/configs/ci.toml " + RANK_CMD,
+            # (MASTER_ADDR/PORT: what torch's env:// init reads, for the symheap backend)
+            r"/mpiexec -n 2 -genv MASTER_ADDR 127\.0\.0\.1 -genv MASTER_PORT \d+ "
+            r"-genv SHMEM_CONFIG \S+/configs/ci.toml " + RANK_CMD,
         ),
         (
             ["--mpi", "openmpi"],
-            r"OMPI_ALLOW_RUN_AS_ROOT=1 .*/mpiexec -n 2 -x SHMEM_CONFIG " + RANK_CMD,
+            r"OMPI_ALLOW_RUN_AS_ROOT=1 .*/mpiexec -n 2 -x MASTER_ADDR -x MASTER_PORT "
+            r"-x SHMEM_CONFIG " + RANK_CMD,
         ),
         (
             ["--launcher", "srun"],
-            r"^SHMEM_CONFIG=\S+ srun -n 2 --kill-on-bad-exit=1 --export=ALL " + RANK_CMD,
+            r"^MASTER_ADDR=\S+ MASTER_PORT=\d+ SHMEM_CONFIG=\S+ srun -n 2 --kill-on-bad-exit=1 "
+            r"--export=ALL " + RANK_CMD,
         ),
     ],
     ids=["mpich", "openmpi", "srun"],
