@@ -122,7 +122,7 @@ def test_torch_backend(tmp_path: Path) -> None:
     png = tmp_path / "torch.png"
     records = run(
         ["torch_backend.py", "--max-bytes", "16KiB", "--step", "4", "--blocks", "1",
-         "--ddp", "transformer", "--ddp-steps", "1", "--png", str(png)],
+         "--ddp", "transformer", "--ddp-steps", "1", "--attention", "256", "--png", str(png)],
         tmp_path / "out.jsonl",
     )  # fmt: skip
     got = {(r["collective"], r["nbytes"]) for r in records}
@@ -130,8 +130,11 @@ def test_torch_backend(tmp_path: Path) -> None:
     names = {r["collective"] for r in records}
     assert names == {
         "all_reduce", "broadcast", "all_gather_into_tensor", "reduce_scatter_tensor",
-        "all_to_all_single", "barrier", "ddp_step_transformer",
+        "all_to_all_single", "barrier", "ddp_step_transformer", "attention_fwd_bwd",
     }  # fmt: skip
+    attention = next(r for r in records if r["collective"] == "attention_fwd_bwd")
+    assert attention["tokens"] == 256 and positive(attention["parallel_efficiency"])
+    assert positive(attention["tokens_per_s"]) and positive(attention["sdpa_tokens_per_s"])
     assert all(positive(r["ratio"]) and r["peer"] == "gloo" for r in records), records
     assert all(
         isinstance(r["overhead_us"], float) for r in records if r["collective"] == "all_reduce"
