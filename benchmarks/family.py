@@ -25,7 +25,7 @@ from typing import Any
 
 import ml_dtypes
 import numpy as np
-from harness import append_jsonl, git_sha, stats_us, timed_max_over_ranks
+from harness import append_jsonl, git_sha, interleaved, size_steps, stats_us
 from mpi4py import MPI
 
 import collectives
@@ -91,28 +91,6 @@ def contenders(comm: Any, mpi: Any, world: Any, name: str, n: int, dt: np.dtype[
     )
 
 
-def _sizes(lo: int, hi: int, step: int) -> list[int]:
-    sizes, nbytes = [], max(lo, 4)
-    while nbytes < hi:
-        sizes.append(nbytes)
-        nbytes *= step
-    sizes.append(hi)
-    return sizes
-
-
-def _measure(
-    fns: dict[str, Callable[[], object]], blocks: int, iters: int, mpi: Any
-) -> dict[str, list[float]]:
-    samples: dict[str, list[float]] = {key: [] for key in fns}
-    for fn in fns.values():  # warm up (plans, scratch growth, caches)
-        fn()
-    order = list(fns)
-    for block in range(blocks):
-        for key in order[block % len(order) :] + order[: block % len(order)]:  # each leads
-            samples[key].append(timed_max_over_ranks(fns[key], iters, mpi))
-    return samples
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--min-bytes", default="8")
@@ -142,7 +120,7 @@ def main() -> None:
         for name in (n for n in names if n != "barrier"):
             for dname in args.dtypes.split(","):
                 dt = DTYPES[dname]
-                for nbytes in _sizes(lo, hi, args.step):
+                for nbytes in size_steps(max(lo, 4), hi, args.step):
                     # whole elements, and (reduce-scatter, all-to-all) a count that divides
                     per = dt.itemsize
                     even = name in ("reduce_scatter", "all_to_all")
@@ -150,7 +128,7 @@ def main() -> None:
                     ours_sym, ours_np, theirs, sym = contenders(comm, mpi, world, name, n, dt)
                     iters = int(max(3, min(2000, (32 << 20) / max(n * per * p, 1) / 4)))
                     fns = {"symmetric": ours_sym, "numpy": ours_np, "mpi": theirs}
-                    samples = _measure(fns, args.blocks, iters, mpi)
+                    samples = interleaved(fns, args.blocks, iters, mpi)
                     mpi_t = float(np.median(samples["mpi"]))
                     for kind in ("symmetric", "numpy"):
                         t = float(np.median(samples[kind]))
@@ -175,7 +153,9 @@ def main() -> None:
                     world.barrier()
                     sym.close()
         if "barrier" in names:
-            samples = _measure({"ours": world.barrier, "mpi": mpi.Barrier}, args.blocks, 500, mpi)
+            samples = interleaved(
+                {"ours": world.barrier, "mpi": mpi.Barrier}, args.blocks, 500, mpi
+            )
             mpi_t, ours_t = (float(np.median(samples[k])) for k in ("mpi", "ours"))
             rec = {
                 **common,

@@ -18,7 +18,15 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["append_jsonl", "git_sha", "median_seconds", "stats_us", "timed_max_over_ranks"]
+__all__ = [
+    "append_jsonl",
+    "git_sha",
+    "interleaved",
+    "median_seconds",
+    "size_steps",
+    "stats_us",
+    "timed_max_over_ranks",
+]
 
 
 @cache
@@ -86,6 +94,31 @@ def timed_max_over_ranks(fn: Callable[[], object], iters: int, comm: Any) -> flo
         fn()
     local = (time.perf_counter() - t0) / iters
     return float(comm.allreduce(local, op=MPI.MAX))
+
+
+def interleaved(
+    fns: Mapping[str, Callable[[], object]], blocks: int, iters: int, comm: Any
+) -> dict[str, list[float]]:
+    """Per contender, ``blocks`` samples of :func:`timed_max_over_ranks` (``iters`` calls),
+    the contenders taking turns block by block and each leading in turn, after one warm-up
+    call each (plans, scratch growth, caches)."""
+    samples: dict[str, list[float]] = {key: [] for key in fns}
+    for fn in fns.values():
+        fn()
+    order = list(fns)
+    for block in range(blocks):
+        for key in order[block % len(order) :] + order[: block % len(order)]:
+            samples[key].append(timed_max_over_ranks(fns[key], iters, comm))
+    return samples
+
+
+def size_steps(lo: int, hi: int, step: int) -> list[int]:
+    """``lo``, ``lo * step``, ... below ``hi``, then ``hi``."""
+    sizes, nbytes = [], lo
+    while nbytes < hi:
+        sizes.append(nbytes)
+        nbytes *= step
+    return [*sizes, hi]
 
 
 def append_jsonl(path: Path, records: Iterable[Mapping[str, Any]]) -> None:

@@ -25,7 +25,6 @@ the sharded time). One JSON line per measurement; ``--png`` draws the ratios (pl
 from __future__ import annotations
 
 import argparse
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -33,7 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
-from harness import append_jsonl, git_sha, stats_us
+from harness import append_jsonl, git_sha, interleaved, size_steps, stats_us
 
 import collectives.torch_backend  # noqa: F401  (registers "symheap")
 import shmem
@@ -46,30 +45,6 @@ COLLECTIVES = (
     "all_to_all_single",
     "barrier",
 )
-
-
-def _timed(fn: Callable[[], object], iters: int) -> float:
-    """Seconds per call over ``iters`` calls, the slowest rank's (ranks start together)."""
-    dist.barrier()
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    local = torch.tensor([(time.perf_counter() - t0) / iters], dtype=torch.float64)
-    dist.all_reduce(local, op=dist.ReduceOp.MAX)
-    return float(local)
-
-
-def _measure(
-    fns: dict[str, Callable[[], object]], blocks: int, iters: int
-) -> dict[str, list[float]]:
-    samples: dict[str, list[float]] = {k: [] for k in fns}
-    for fn in fns.values():  # warm up: plans, scratch, gloo's buffers
-        fn()
-    order = list(fns)
-    for block in range(blocks):
-        for key in order[block % len(order) :] + order[: block % len(order)]:  # each leads
-            samples[key].append(_timed(fns[key], iters))
-    return samples
 
 
 def _contenders(name: str, n: int, gloo: Any) -> dict[str, Callable[[], object]]:
@@ -171,14 +146,6 @@ def _attention(total: int, heads: int, dim: int) -> dict[str, Callable[[], objec
     return {"ours": sharded, "ours_1rank": alone, "sdpa_1rank": sdpa}
 
 
-def _sizes(lo: int, hi: int, step: int) -> list[int]:
-    sizes, nbytes = [], lo
-    while nbytes < hi:
-        sizes.append(nbytes)
-        nbytes *= step
-    return [*sizes, hi]
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--min-bytes", default="4KiB")
@@ -200,6 +167,7 @@ def main() -> None:
     gloo = dist.new_group(backend="gloo")
     p, rank = dist.get_world_size(), dist.get_rank()
     world = shmem.get_world()
+    mpi = world.comm  # the timings' barrier and max over ranks
     common = {
         "bench": "torch_backend",
         "git_sha": git_sha(),
@@ -222,11 +190,11 @@ def main() -> None:
             )
 
     for name in (c for c in args.collectives.split(",") if c):
-        for nbytes in [0] if name == "barrier" else _sizes(lo, hi, args.step):
+        for nbytes in [0] if name == "barrier" else size_steps(lo, hi, args.step):
             n = max(nbytes // 4 // p * p, p)
             fns = _contenders(name, n, gloo)
             iters = int(max(3, min(300, (16 << 20) / max(n * 4, 1) / 2)))
-            samples = _measure(fns, args.blocks, iters)
+            samples = interleaved(fns, args.blocks, iters, mpi)
             ours, theirs = (float(np.median(samples[k])) for k in ("ours", "gloo"))
             rec = {
                 **common,
@@ -244,7 +212,9 @@ def main() -> None:
     for kind in (k for k in args.ddp.split(",") if k):
         ours_step, nparams = _ddp_step(kind, None)
         gloo_step, _ = _ddp_step(kind, gloo)
-        samples = _measure({"ours": ours_step, "gloo": gloo_step}, args.blocks, args.ddp_steps)
+        samples = interleaved(
+            {"ours": ours_step, "gloo": gloo_step}, args.blocks, args.ddp_steps, mpi
+        )
         ours, theirs = (float(np.median(samples[k])) for k in ("ours", "gloo"))
         report(
             {
@@ -260,7 +230,7 @@ def main() -> None:
         )
     if args.attention:
         heads, dim = 4, 128
-        samples = _measure(_attention(args.attention, heads, dim), args.blocks, 1)
+        samples = interleaved(_attention(args.attention, heads, dim), args.blocks, 1, mpi)
         t = {k: float(np.median(v)) for k, v in samples.items()}
         report(
             {
