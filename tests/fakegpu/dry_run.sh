@@ -16,7 +16,8 @@ cd "$(dirname "$0")/../.."
 ROOT=$PWD
 LIB="$(mktemp -d /tmp/fake-libcuda.XXXXXX)"
 trap 'rm -rf "$LIB"' EXIT
-cc -shared -fPIC -O1 -o "$LIB/libcuda.so.1" tests/fakegpu/fake_libcuda.c -lm -lpthread
+python3 tests/fakegpu/kernel_signatures.py "$LIB"  # fake_kernel_params.h: the kernels' parameters
+cc -shared -fPIC -O1 -I "$LIB" -o "$LIB/libcuda.so.1" tests/fakegpu/fake_libcuda.c -lm -lpthread
 ln -sf libcuda.so.1 "$LIB/libcuda.so"
 export LD_LIBRARY_PATH="$LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export PYTHONPATH="$ROOT/tests/fakegpu:$ROOT"

@@ -18,7 +18,7 @@
  */
 #include <pthread.h>
 
-#define FA_SLOTS 48  /* kernel parameters copied (the project's kernels take at most 40) */
+#define FA_SLOTS 48  /* kernel parameters copied (at least FK_MAX_PARAMS: fake_libcuda.c) */
 
 typedef struct FQ FQ;
 typedef struct FOp {

@@ -1,7 +1,7 @@
 /* The attention kernels of collectives/kernels/attention.cu, emulated by name for the fake
- * driver: the same parameter lists, the same work-order stepping (modes, traces, the queued
- * counters, which must be zero at launch), the same masks; arithmetic in double, one CTA
- * after another. What it checks is the Python launcher (collectives/mha/gpu.py): argument
+ * driver: the same parameter lists (read by name, ARG: tests/fakegpu/kernel_signatures.py),
+ * the same work-order stepping (modes, traces, the queued counters, which must be zero at
+ * launch), the same masks; arithmetic in double, one CTA after another. What it checks is the Python launcher (collectives/mha/gpu.py): argument
  * order and types, strides, grids, buffers; not the CUDA code. */
 #include <math.h>
 
@@ -53,18 +53,20 @@ static void fa_kv_range(int causal, int left, int right, int delta, int q0, int 
 /* 1 when nm is an attention kernel (emulated), 0 otherwise */
 static int fake_attention(const char* nm, unsigned gx, unsigned gy, unsigned gz, void** params) {
     if (!strncmp(nm, "mha_fwd_", 8)) {
-        int dt = fa_dtype(nm + 8), k = 0;
-        const void *q = *(void**)params[k++], *kk = *(void**)params[k++], *v = *(void**)params[k++];
-        void* o = *(void**)params[k++]; float* lse = *(float**)params[k++];
-        const int* order = *(int**)params[k++]; int items = *(int*)params[k++], mode = *(int*)params[k++];
-        int* ctr = *(int**)params[k++]; const i64* ro = *(i64**)params[k++]; int seq = *(int*)params[k++];
-        int kvlen = *(int*)params[k++];
-        int* trace = *(int**)params[k++]; int cap = *(int*)params[k++];
-        i64 st[15]; for (int i = 0; i < 15; i++) st[i] = *(i64*)params[k++];
-        int causal = *(int*)params[k++], left = *(int*)params[k++], right = *(int*)params[k++], delta = *(int*)params[k++], group = *(int*)params[k++];
-        float sl2 = *(float*)params[k++];
+        int dt = fa_dtype(nm + 8);
+        const void *q = ARG(const void*, q), *kk = ARG(const void*, k), *v = ARG(const void*, v);
+        void* o = ARG(void*, o); float* lse = ARG(float*, lse);
+        const int* order = ARG(const int*, order); int items = ARG(int, num_items), mode = ARG(int, mode);
+        int* ctr = ARG(int*, counters); const i64* ro = ARG(const i64*, row_offsets); int seq = ARG(int, seq_len);
+        int kvlen = ARG(int, kv_len);
+        int* trace = ARG(int*, trace); int cap = ARG(int, trace_cap);
+        static const int strides[15] = {FKP_q_sb, FKP_q_ss, FKP_q_sh, FKP_k_sb, FKP_k_ss, FKP_k_sh, FKP_v_sb, FKP_v_ss,
+                                        FKP_v_sh, FKP_o_sb, FKP_o_ss, FKP_o_sh, FKP_l_sb, FKP_l_ss, FKP_l_sh};
+        i64 st[15]; for (int i = 0; i < 15; i++) st[i] = *(i64*)fk_arg(nm, params, strides[i], sizeof(i64));
+        int causal = ARG(int, causal), left = ARG(int, left), right = ARG(int, right), delta = ARG(int, delta), group = ARG(int, group);
+        float sl2 = ARG(float, scale_log2);
         const char* dpos = strstr(nm, "_d");
-        int d = strstr(nm, "general") ? *(int*)params[k++] : atoi(dpos ? dpos + 2 : "0");
+        int d = strstr(nm, "general") ? ARG(int, d) : atoi(dpos ? dpos + 2 : "0");
         LOG("  mha_fwd dt=%d d=%d items=%d mode=%d grid=%u causal=%d left=%d right=%d delta=%d kv=%d group=%d", dt, d, items, mode, gx, causal, left, right, delta, kvlen, group);
         if (ro && (kvlen || delta)) fprintf(stderr, "[fake] RAGGED with kv_len %d delta %d\n", kvlen, delta);
         if (mode == 2 && ctr && (ctr[0] || ctr[1])) fprintf(stderr, "[fake] COUNTERS not zero at launch: %d %d\n", ctr[0], ctr[1]);
@@ -118,9 +120,9 @@ static int fake_attention(const char* nm, unsigned gx, unsigned gy, unsigned gz,
     }
     if (!strncmp(nm, "mha_merge_", 10)) {  /* fold a unit's partial (O, LSE) by log-sum-exp */
         int dt = fa_dtype(nm + 10);
-        float* out = *(float**)params[0]; float* lse = *(float**)params[1];
-        const void* part = *(void**)params[2]; const float* pl = *(float**)params[3];
-        i64 rows = *(i64*)params[4]; int d = *(int*)params[5];
+        float* out = ARG(float*, out); float* lse = ARG(float*, lse);
+        const void* part = ARG(const void*, part); const float* pl = ARG(const float*, part_lse);
+        i64 rows = ARG(i64, rows); int d = ARG(int, d);
         LOG("  mha_merge dt=%d rows=%lld d=%d grid=%u", dt, rows, d, gx);
         if ((i64)gx * 4 < rows) fprintf(stderr, "[fake] MERGE grid too small\n");
         for (i64 r = 0; r < rows; r++) {
@@ -135,20 +137,20 @@ static int fake_attention(const char* nm, unsigned gx, unsigned gy, unsigned gz,
     }
     if (!strncmp(nm, "mha_accumulate_", 15)) {
         int dt = fa_dtype(nm + 15);
-        float* dst = *(float**)params[0]; const void* src = *(void**)params[1]; i64 n = *(i64*)params[2];
+        float* dst = ARG(float*, dst); const void* src = ARG(const void*, src); i64 n = ARG(i64, n);
         for (i64 i = 0; i < n; i++) dst[i] = (float)(dst[i] + fa_load(src, i, dt));
         return 1;
     }
     if (!strncmp(nm, "mha_cast_", 9)) {
         int dt = fa_dtype(nm + 9);
-        void* dst = *(void**)params[0]; const float* src = *(float**)params[1]; i64 n = *(i64*)params[2];
+        void* dst = ARG(void*, dst); const float* src = ARG(const float*, src); i64 n = ARG(i64, n);
         for (i64 i = 0; i < n; i++) fa_store(dst, i, src[i], dt);
         return 1;
     }
     if (!strncmp(nm, "mha_bwd_dvec_", 13)) {
         int dt = fa_dtype(nm + 13);
-        const void *o = *(void**)params[0], *dout = *(void**)params[1]; float* dvec = *(float**)params[2];
-        i64 rows = *(i64*)params[3]; int heads = *(int*)params[4], d = *(int*)params[5];
+        const void *o = ARG(const void*, o), *dout = ARG(const void*, dout); float* dvec = ARG(float*, dvec);
+        i64 rows = ARG(i64, rows); int heads = ARG(int, heads), d = ARG(int, d);
         LOG("  mha_bwd_dvec rows=%lld heads=%d d=%d grid=%u", rows, heads, d, gx);
         if ((i64)gx * 4 < rows * heads) fprintf(stderr, "[fake] DVEC grid too small\n");
         for (i64 w = 0; w < rows * heads; w++) { double s = 0; for (int c = 0; c < d; c++) s += fa_load(o, w*d + c, dt) * fa_load(dout, w*d + c, dt); dvec[w] = (float)s; }
@@ -156,14 +158,14 @@ static int fake_attention(const char* nm, unsigned gx, unsigned gy, unsigned gz,
     }
     int dkdv = !strncmp(nm, "mha_bwd_dkdv_", 13), dq = !strncmp(nm, "mha_bwd_dq_", 11);
     if (!dkdv && !dq) return 0;
-    int dt = fa_dtype(nm + (dkdv ? 13 : 11)), k = 0;
-    const void *q = *(void**)params[k++], *kk = *(void**)params[k++], *v = *(void**)params[k++], *dout = *(void**)params[k++];
-    const float* lse = *(float**)params[k++]; const float* dvec = *(float**)params[k++];
-    void *g1 = *(void**)params[k++], *g2 = dkdv ? *(void**)params[k++] : 0;
-    const i64* ro = *(i64**)params[k++]; int seq = *(int*)params[k++], kvlen = *(int*)params[k++];
-    int heads = *(int*)params[k++], kvh = *(int*)params[k++], d = *(int*)params[k++];
-    int causal = *(int*)params[k++], left = *(int*)params[k++], right = *(int*)params[k++], delta = *(int*)params[k++];
-    double scale = *(float*)params[k++];
+    int dt = fa_dtype(nm + (dkdv ? 13 : 11));
+    const void *q = ARG(const void*, q), *kk = ARG(const void*, k), *v = ARG(const void*, v), *dout = ARG(const void*, dout);
+    const float* lse = ARG(const float*, lse); const float* dvec = ARG(const float*, dvec);
+    void *g1 = dkdv ? ARG(void*, dk) : ARG(void*, dq), *g2 = dkdv ? ARG(void*, dv) : 0;
+    const i64* ro = ARG(const i64*, row_offsets); int seq = ARG(int, seq_len), kvlen = ARG(int, kv_len);
+    int heads = ARG(int, heads), kvh = ARG(int, kv_heads), d = ARG(int, d);
+    int causal = ARG(int, causal), left = ARG(int, left), right = ARG(int, right), delta = ARG(int, delta);
+    double scale = ARG(float, scale);
     int group = heads / kvh;
     LOG("  %s grid=(%u,%u,%u) heads=%d kv=%d d=%d", nm, gx, gy, gz, heads, kvh, d);
     if (gz != (unsigned)(dkdv ? kvh : heads)) fprintf(stderr, "[fake] BWD grid z %u, expected %d\n", gz, dkdv ? kvh : heads);

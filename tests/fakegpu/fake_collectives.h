@@ -55,20 +55,21 @@ static void fs_arrive(const FSync* s, int k) {
         __atomic_store_n(&s->flags[r][s->rank], s->stage0 + (uint64_t)k, __ATOMIC_RELEASE);
 }
 
-static FSync fs_params(void** params, int k, int has_sig) {
+/* the launch's stage parameters (SYNC_PARAMS), by name (kernel_signatures.py) */
+static FSync fs_params(const char* nm, void** params) {
     FSync s;
-    unsigned* arrive = *(unsigned**)params[k + 1];
-    unsigned base = *(unsigned*)params[k + 2];
+    unsigned* arrive = ARG(unsigned*, arrive);
+    unsigned base = ARG(unsigned, arrive_base);
     if (*arrive != 0 || base != 0)  /* as at one rank: the counter starts each launch at 0 */
         fprintf(stderr, "[fake] ARRIVE MISMATCH: counter %u, host base %u (both 0: device-side stages)\n", *arrive, base);
-    s.flags = *(uint64_t***)params[k];
-    s.arrive = *(unsigned**)params[k + 1];
-    s.stage0 = *(uint64_t*)params[k + 3];
-    s.timeout_ns = *(uint64_t*)params[k + 4];
-    s.status = *(int**)params[k + 5];
-    s.rank = *(int*)params[k + 6];
-    s.size = *(int*)params[k + 7];
-    s.sig = has_sig ? *(uint64_t*)params[k + 8] : 0;  /* allreduce_drain has none */
+    s.flags = ARG(uint64_t**, flags);
+    s.arrive = arrive;
+    s.stage0 = ARG(uint64_t, stage0);
+    s.timeout_ns = ARG(uint64_t, timeout_ns);
+    s.status = ARG(int*, status);
+    s.rank = ARG(int, rank);
+    s.size = ARG(int, size);
+    s.sig = fk_pos(nm, FKP_sig) >= 0 ? ARG(uint64_t, sig) : 0;  /* allreduce_drain has none */
     if (s.stage0 == 0) s.stage0 = *fs_epoch(&s) + 1;
     return s;
 }
@@ -199,8 +200,8 @@ static int fake_reduce_local(const char* nm, void** params) {
     const char* dt = nm + 13;
     FType t = ft_parse(dt);
     int op = fc_op(nm), acc64 = strstr(nm, "_acc64") != 0;
-    char* const* in = *(char* const**)params[0]; char* out = *(char**)params[1];
-    uint64_t n = *(uint64_t*)params[2]; int count = *(int*)params[3];
+    char* const* in = ARG(char* const*, inputs); char* out = ARG(char*, out);
+    uint64_t n = ARG(uint64_t, n); int count = ARG(int, count);
     if (t.kind == FK_NONE || op < 0) { fprintf(stderr, "[fake] UNEMULATED %s\n", nm); return 1; }
     int acc = (t.kind == FK_F64 || acc64) ? FA_DOUBLE : FA_FLOAT;
     fv_reduce(in, out, 0, n, 0, count, op, 1.0, t, t, acc);
@@ -213,17 +214,17 @@ static int fake_collective(const char* nm, void** params) {
     int rs = !strncmp(nm, "reduce_scatter_", 15);
     int fam = !strncmp(nm, "family_", 7);
     if (!strcmp(nm, "allreduce_drain")) {
-        FSync s = fs_params(params, 0, 0);
+        FSync s = fs_params(nm, params);
         fs_wait(&s, s.stage0 - 1);
         return 1;
     }
     if (!ar && !rs && !fam) return 0;
     if (fam) {
         int bc = !strcmp(nm, "family_broadcast"), a2a = !strcmp(nm, "family_all_to_all");
-        const char* in = *(char**)params[0]; char** scratch = *(char***)params[1]; char* out = *(char**)params[2];
-        uint64_t nb = *(uint64_t*)params[3], stride = 0; int root = 0;
-        if (bc) root = *(int*)params[4]; else stride = *(uint64_t*)params[4];
-        FSync s = fs_params(params, 5, 1);
+        const char* in = ARG(const char*, input); char** scratch = ARG(char**, scratch); char* out = ARG(char*, out);
+        uint64_t nb = ARG(uint64_t, nbytes), stride = 0; int root = 0;
+        if (bc) root = ARG(int, root); else stride = ARG(uint64_t, stride);
+        FSync s = fs_params(nm, params);
         if (!fs_wait(&s, s.stage0 - 1)) return 1;
         if (a2a) for (int j = 0; j < s.size; j++) memmove(scratch[s.rank] + (uint64_t)j * nb, in + (uint64_t)j * stride, nb);
         else if (!bc || s.rank == root) { if (in != scratch[s.rank]) memmove(scratch[s.rank], in, nb); }
@@ -241,15 +242,14 @@ static int fake_collective(const char* nm, void** params) {
     const char* dt = nm + (ar ? 19 : 15);
     int wide = strstr(nm, "_to_float32") != 0, acc64 = strstr(nm, "_acc64") != 0;
     FType t = ft_parse(dt), to = wide ? (FType){FK_F32, 4} : t;
-    int k = 0;
-    const char* in = *(char**)params[k++]; char** scratch = *(char***)params[k++];
-    char** results = two ? *(char***)params[k++] : 0;
-    char* out = *(char**)params[k++]; uint64_t n = *(uint64_t*)params[k++];
+    const char* in = ARG(const char*, input); char** scratch = ARG(char**, scratch);
+    char** results = two ? ARG(char**, results) : 0;
+    char* out = ARG(char*, out); uint64_t n = ARG(uint64_t, n);
     uint64_t lo = 0, hi = 0; double scale = 1.0;
-    if (rs) { lo = *(uint64_t*)params[k++]; hi = *(uint64_t*)params[k++]; }
-    else scale = *(double*)params[k++];
-    int op = rt ? *(int*)params[k++] : fc_op(nm);
-    FSync s = fs_params(params, k, 1);
+    if (rs) { lo = ARG(uint64_t, lo); hi = ARG(uint64_t, hi); }
+    else scale = ARG(double, scale);
+    int op = rt ? ARG(int, op) : fc_op(nm);
+    FSync s = fs_params(nm, params);
     int acc = t.kind == FK_INT || t.kind == FK_UINT ? FA_INT : (t.kind == FK_F64 || acc64) ? FA_DOUBLE : FA_FLOAT;
     if (t.kind == FK_NONE || op < 0 || op > 7 || (acc != FA_INT && op > 4)) {
         fprintf(stderr, "[fake] UNEMULATED %s at %d ranks (dtype or op)\n", nm, s.size);

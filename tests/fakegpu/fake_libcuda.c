@@ -15,6 +15,25 @@ static int streamdev(void* s);
 static int curdev(void);
 #define LOG(...) do{ if(getenv("FAKE_LOG")) {fprintf(stderr,"[fake] " __VA_ARGS__); fputc('\n',stderr);} }while(0)
 #include "fake_async.h"
+/* The kernels' launch parameters by name, never by position: the positions come from one
+   table, tests/fakegpu/kernel_signatures.py, which the fake's build writes as
+   fake_kernel_params.h into its build folder (cc -I that folder) and a unit test checks
+   against the .cu kernels. ARG(type, name) is the launch's parameter `name` read as `type`;
+   a kernel not in the table, a name its kernel has not, or a type of another size than the
+   table's stops the process with SIGNATURE. */
+#include "fake_kernel_params.h"
+_Static_assert(FK_MAX_PARAMS <= FA_SLOTS, "fake_async.h copies FA_SLOTS parameters a launch");
+static int fk_match(const char* pat,const char* nm){ const char* star=strchr(pat,'*'); if(!star) return !strcmp(pat,nm); /* '*': one or more characters */
+  size_t a=(size_t)(star-pat), b=strlen(star+1), n=strlen(nm); return n>a+b && !strncmp(nm,pat,a) && !strcmp(nm+n-b,star+1); }
+static const FKSig* fk_sig(const char* nm){ for(const FKSig* s=fk_sigs;s->pattern;s++) if(fk_match(s->pattern,nm)) return s; return 0; } /* the first row matching, as kernel_signatures.family_of */
+static int fk_pos(const char* nm,int id){ const FKSig* s=fk_sig(nm); for(int i=0;s && i<s->n;i++) if(s->param[i]==id) return i; return -1; }
+static void* fk_arg(const char* nm,void** params,int id,size_t size){
+  const FKSig* s=fk_sig(nm); int i=fk_pos(nm,id);
+  if(!s){ fprintf(stderr,"[fake] SIGNATURE: kernel %s is not in tests/fakegpu/kernel_signatures.py\n",nm); abort(); }
+  if(i<0){ fprintf(stderr,"[fake] SIGNATURE: kernel %s (family %s) has no parameter %s\n",nm,s->family,fkp_names[id]); abort(); }
+  if((size_t)s->size[i]!=size){ fprintf(stderr,"[fake] SIGNATURE: kernel %s: parameter %d (%s %s) has %d bytes, read as %zu\n",nm,i,s->type[i],fkp_names[id],s->size[i],size); abort(); }
+  return params[i]; }
+#define ARG(type,name) (*(type*)fk_arg(nm,params,FKP_##name,sizeof(type)))
 typedef struct { uintptr_t p; size_t n; int dev; } Alloc;
 static const Alloc* alloc_of(uintptr_t p);
 static void track(uintptr_t p,size_t n,int dev);
@@ -204,53 +223,53 @@ static CUresult run_kernel(const CUlaunchConfig* c,void* f,void** params){
   LOG("cuLaunchKernelEx %s grid=(%u,%u,%u) block=(%u,%u,%u) shm=%u nattrs=%u stream=%p dev=%d",nm,c->gx,c->gy,c->gz,c->bx,c->by,c->bz,c->shm,c->nattrs,c->hStream,streamdev(c->hStream));
   if(!params){LOG("  NO PARAMS");return 1;}
   if(!strcmp(nm,"shmem_strided_copy")){
-    char* dst=*(char**)params[0]; const char* src=*(const char**)params[1];
-    unsigned long long n=*(unsigned long long*)params[2]; int rank=*(int*)params[3]; int es=*(int*)params[4];
-    const long long* meta=*(const long long**)params[5];
+    char* dst=ARG(char*,dst); const char* src=ARG(const char*,src);
+    unsigned long long n=ARG(unsigned long long,n); int rank=ARG(int,rank); int es=ARG(int,elem_size);
+    const long long* meta=ARG(const long long*,meta);
     LOG("  strided_copy dst=%p src=%p n=%llu rank=%d elem=%d meta=%p",dst,src,n,rank,es,meta); { int dv=streamdev(c->hStream); chk_access("dst",(uintptr_t)dst,dv); chk_access("src",(uintptr_t)src,dv); chk_access("meta",(uintptr_t)meta,dv);} 
     for(int d=0; d<3*rank; d++) LOG("    meta[%d]=%lld",d,meta[d]);
     for(unsigned long long i=0;i<n;i++){ long long rem=(long long)i, doff=0, soff=0;
       for(int d=rank-1;d>=0;--d){ long long ext=meta[d], idx=rem%ext; rem/=ext; doff+=idx*meta[rank+d]; soff+=idx*meta[2*rank+d]; }
       memcpy(dst+doff, src+soff, es); }
   } else if(!strcmp(nm,"saxpy")){
-    float a=*(float*)params[0]; const float* x=*(const float**)params[1]; float* y=*(float**)params[2]; unsigned long long n=*(unsigned long long*)params[3];
+    float a=ARG(float,a); const float* x=ARG(const float*,x); float* y=ARG(float*,y); unsigned long long n=ARG(unsigned long long,n);
     LOG("  saxpy a=%g x=%p y=%p n=%llu",a,x,y,n);
     unsigned long long total=(unsigned long long)c->gx*c->gy*c->gz*c->bx*c->by*c->bz;
     for(unsigned long long i=0;i<n && i<total;i++) y[i]=a*x[i]+y[i];
   } else if(!strcmp(nm,"block_ids")){
-    int* out=*(int**)params[0];
+    int* out=ARG(int*,out);
     for(unsigned z=0;z<c->gz;z++)for(unsigned y=0;y<c->gy;y++)for(unsigned x=0;x<c->gx;x++){int b=x+c->gx*(y+c->gy*z); out[b]=b;}
   } else if(!strcmp(nm,"shmem_signal")){
-    uint64_t* f=*(uint64_t**)params[0]; uint64_t v=*(uint64_t*)params[1]; int op=*(int*)params[2];
+    uint64_t* f=ARG(uint64_t*,flag); uint64_t v=ARG(uint64_t,value); int op=ARG(int,op);
     LOG("  signal %p op=%d v=%llu",(void*)f,op,(unsigned long long)v); if(op==0)__atomic_store_n(f,v,__ATOMIC_RELEASE); else __atomic_fetch_add(f,v,__ATOMIC_ACQ_REL);
   } else if(!strcmp(nm,"shmem_wait_until")){
     /* as the kernel: spin (another process may raise the flag) until it holds or timeout_ns */
     /* signal words are uint64, compared unsigned (as the kernel) */
-    uint64_t* f=*(uint64_t**)params[0]; int cmp=*(int*)params[1]; uint64_t val=*(uint64_t*)params[2]; uint64_t tmo=*(uint64_t*)params[3]; long long* res=*(long long**)params[4];
+    uint64_t* f=ARG(uint64_t*,flag); int cmp=ARG(int,cmp); uint64_t val=ARG(uint64_t,value); uint64_t tmo=ARG(uint64_t,timeout_ns); long long* res=ARG(long long*,result);
     uint64_t t0=now_ns(); uint64_t v; int ok;
     for(;;){ v=__atomic_load_n(f,__ATOMIC_ACQUIRE); ok = cmp==0? v==val : cmp==1? v!=val : cmp==2? v>val : cmp==3? v>=val : cmp==4? v<val : v<=val;
       if(ok || now_ns()-t0>tmo) break; spin_pause(); }
     res[0]=(long long)v; res[1]=ok; LOG("  wait_until v=%llu cmp=%d val=%llu ok=%d",(unsigned long long)v,cmp,(unsigned long long)val,ok);
   } else if(!strcmp(nm,"shmem_barrier")){
-    uint64_t** pads=*(uint64_t***)params[0]; int rank=*(int*)params[1]; int size=*(int*)params[2]; uint64_t ep=*(uint64_t*)params[3]; uint64_t tmo=*(uint64_t*)params[4]; long long* res=*(long long**)params[5];
+    uint64_t** pads=ARG(uint64_t**,pads); int rank=ARG(int,rank); int size=ARG(int,size); uint64_t ep=ARG(uint64_t,epoch); uint64_t tmo=ARG(uint64_t,timeout_ns); long long* res=ARG(long long*,result);
     int round=0; res[0]=-1; res[1]=0;
     for(int d=1; d<size; d<<=1, ++round){ __atomic_store_n(&pads[(rank+d)%size][round],ep,__ATOMIC_RELEASE); uint64_t t0=now_ns(), v;
       while((v=__atomic_load_n(&pads[rank][round],__ATOMIC_ACQUIRE))<ep){ if(now_ns()-t0>tmo){res[0]=round;res[1]=(long long)v;break;} spin_pause(); }
       if(res[0]>=0) break; }
     LOG("  barrier rank=%d size=%d epoch=%llu -> %lld",rank,size,(unsigned long long)ep,res[0]);
   } else if(!strcmp(nm,"shmem_atomic")){
-    void* t=*(void**)params[0]; int w=*(int*)params[1]; int op=*(int*)params[2]; uint64_t v=*(uint64_t*)params[3], cmpv=*(uint64_t*)params[4]; uint64_t* old=*(uint64_t**)params[5];
+    void* t=ARG(void*,target); int w=ARG(int,width); int op=ARG(int,op); uint64_t v=ARG(uint64_t,value), cmpv=ARG(uint64_t,compare); uint64_t* old=ARG(uint64_t*,old);
     /* atomic across the processes that map the same heap */
     if(w==8){uint64_t* p=t; uint64_t prev; if(op==0)prev=__atomic_fetch_add(p,v,__ATOMIC_ACQ_REL); else if(op==1)prev=__atomic_exchange_n(p,v,__ATOMIC_ACQ_REL); else {prev=cmpv; __atomic_compare_exchange_n(p,&prev,v,0,__ATOMIC_ACQ_REL,__ATOMIC_ACQUIRE);} *old=prev;}
     else {uint32_t* p=t; uint32_t prev; if(op==0)prev=__atomic_fetch_add(p,(uint32_t)v,__ATOMIC_ACQ_REL); else if(op==1)prev=__atomic_exchange_n(p,(uint32_t)v,__ATOMIC_ACQ_REL); else {prev=(uint32_t)cmpv; __atomic_compare_exchange_n(p,&prev,(uint32_t)v,0,__ATOMIC_ACQ_REL,__ATOMIC_ACQUIRE);} *old=prev;}
     LOG("  atomic w=%d op=%d -> old=%llu",w,op,(unsigned long long)*old);
   } else if(!strncmp(nm,"allreduce_one_shot_",19) || !strncmp(nm,"allreduce_two_shot_",19)){
-    int two = nm[10]=='t'; int k=0;
-    char* in=*(char**)params[k++]; char** scratch=*(char***)params[k++]; char** results= two? *(char***)params[k++] : 0;
-    char* out=*(char**)params[k++]; unsigned long long n=*(unsigned long long*)params[k++]; double scale=*(double*)params[k++];
-    int opk = strlen(nm)>3 && !strcmp(nm+strlen(nm)-3,"_op"); int op = opk ? *(int*)params[k++] : -1;
-    uint64_t** flags=*(uint64_t***)params[k++]; unsigned* arrive=*(unsigned**)params[k++]; unsigned base=*(unsigned*)params[k++];
-    uint64_t stage0=*(uint64_t*)params[k++]; k++; int* status=*(int**)params[k++]; int rank=*(int*)params[k++]; int size=*(int*)params[k++];
+    int two = nm[10]=='t';
+    char* in=ARG(char*,input); char** scratch=ARG(char**,scratch); char** results= two? ARG(char**,results) : 0;
+    char* out=ARG(char*,out); unsigned long long n=ARG(unsigned long long,n); double scale=ARG(double,scale);
+    int opk = strlen(nm)>3 && !strcmp(nm+strlen(nm)-3,"_op"); int op = opk ? ARG(int,op) : -1;
+    uint64_t** flags=ARG(uint64_t**,flags); unsigned* arrive=ARG(unsigned*,arrive); unsigned base=ARG(unsigned,arrive_base);
+    uint64_t stage0=ARG(uint64_t,stage0); int* status=ARG(int*,status); int rank=ARG(int,rank); int size=ARG(int,size);
     const char* dt=nm+19; int wide = strstr(nm,"_to_float32")!=0;
     int es = fake_es(dt);
     unsigned stages = two?3:2;
@@ -270,12 +289,12 @@ static CUresult run_kernel(const CUlaunchConfig* c,void* f,void** params){
   } else if(!strncmp(nm,"family_",7) || !strncmp(nm,"reduce_scatter_",15)){
     /* one rank: every part is this rank's own; the stage bookkeeping as the real kernel */
     int rs = nm[0]=='r'; int bc = !strcmp(nm,"family_broadcast"); int a2a = !strcmp(nm,"family_all_to_all");
-    int k=0; char* in=*(char**)params[k++]; char** scratch=*(char***)params[k++]; char* out=*(char**)params[k++];
-    unsigned long long n=*(unsigned long long*)params[k++]; unsigned long long lo=0, hi=0, stride=0; int root=0;
-    if(rs){ lo=*(unsigned long long*)params[k++]; hi=*(unsigned long long*)params[k++]; if(!strcmp(nm+strlen(nm)-3,"_op")){ int op=*(int*)params[k++]; if(op<0||op>7) fprintf(stderr,"[fake] OPCODE %d out of range\n",op);} }
-    else if(bc) root=*(int*)params[k++]; else stride=*(unsigned long long*)params[k++];
-    uint64_t** flags=*(uint64_t***)params[k++]; unsigned* arrive=*(unsigned**)params[k++]; unsigned base=*(unsigned*)params[k++];
-    uint64_t stage0=*(uint64_t*)params[k++]; k++; int* status=*(int**)params[k++]; int rank=*(int*)params[k++]; int size=*(int*)params[k++];
+    char* in=ARG(char*,input); char** scratch=ARG(char**,scratch); char* out=ARG(char*,out);
+    unsigned long long n= rs ? ARG(unsigned long long,n) : ARG(unsigned long long,nbytes); unsigned long long lo=0, hi=0, stride=0; int root=0;
+    if(rs){ lo=ARG(unsigned long long,lo); hi=ARG(unsigned long long,hi); if(!strcmp(nm+strlen(nm)-3,"_op")){ int op=ARG(int,op); if(op<0||op>7) fprintf(stderr,"[fake] OPCODE %d out of range\n",op);} }
+    else if(bc) root=ARG(int,root); else stride=ARG(unsigned long long,stride);
+    uint64_t** flags=ARG(uint64_t**,flags); unsigned* arrive=ARG(unsigned*,arrive); unsigned base=ARG(unsigned,arrive_base);
+    uint64_t stage0=ARG(uint64_t,stage0); int* status=ARG(int*,status); int rank=ARG(int,rank); int size=ARG(int,size);
     uint64_t* epoch=(uint64_t*)(arrive+2); if(stage0==0) stage0=*epoch+1;
     LOG("  %s n=%llu lo=%llu hi=%llu stride=%llu root=%d rank=%d size=%d stage0=%llu",nm,n,lo,hi,stride,root,rank,size,(unsigned long long)stage0);
     if(size!=1){ fake_collective(nm,params); return 0; } /* fake_collectives.h */
@@ -285,9 +304,9 @@ static CUresult run_kernel(const CUlaunchConfig* c,void* f,void** params){
       memcpy(scratch[0],in,n*es); if(hi>lo) memcpy(out,scratch[0]+lo*es,(hi-lo)*es); }
     else { memcpy(scratch[0],in,n); memcpy(out,scratch[0],n); (void)a2a; }
     flags[0][0]=stage0+1; *epoch=stage0+1;
-  } else if(!strcmp(nm,"allreduce_drain") && *(int*)params[7]!=1){ fake_collective(nm,params);
+  } else if(!strcmp(nm,"allreduce_drain") && ARG(int,size)!=1){ fake_collective(nm,params);
   } else if(!strcmp(nm,"allreduce_drain")){
-    uint64_t** flags=*(uint64_t***)params[0]; unsigned* arrive=*(unsigned**)params[1]; uint64_t stage0=*(uint64_t*)params[3]; int* status=*(int**)params[5];
+    uint64_t** flags=ARG(uint64_t**,flags); unsigned* arrive=ARG(unsigned*,arrive); uint64_t stage0=ARG(uint64_t,stage0); int* status=ARG(int*,status);
     if(stage0==0) stage0=*(uint64_t*)(arrive+2)+1;
     if(flags[0][0] < stage0-1){*status=1; fprintf(stderr,"[fake] DRAIN: flag %llu < %llu\n",(unsigned long long)flags[0][0],(unsigned long long)(stage0-1));}
   } else if(fake_reduce_local(nm,params)){

@@ -2,7 +2,9 @@
 (arguments, shapes, references, tolerances) before a lent GPU's time is spent on them. Not a
 check of the kernels: the fake emulates them (tests/fakegpu/README.md).
 
-    cc -shared -fPIC -O1 -o /tmp/fake/libcuda.so.1 tests/fakegpu/fake_libcuda.c -lm -lpthread
+    mkdir -p /tmp/fake && python3 tests/fakegpu/kernel_signatures.py /tmp/fake
+    cc -shared -fPIC -O1 -I /tmp/fake -o /tmp/fake/libcuda.so.1 tests/fakegpu/fake_libcuda.c \\
+        -lm -lpthread
     ln -sf libcuda.so.1 /tmp/fake/libcuda.so
     LD_LIBRARY_PATH=/tmp/fake PYTHONPATH=tests/fakegpu:. SHMEM_BACKEND=nvshmem \\
         python -m launch -n 1 tests/fakegpu/run_gpu_tests.py --only-mpi \\

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.fakegpu import kernel_signatures
+
 pytestmark = pytest.mark.fakegpu
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -45,7 +47,10 @@ def fake_env(tmp_path: Path) -> dict[str, str]:
 
 def _build(cc: str, lib: Path) -> None:
     source = str(FAKE / "fake_libcuda.c")
-    cmd = [cc, "-shared", "-fPIC", "-O1", "-o", str(lib), source, "-lm", "-lpthread"]
+    # the kernels' parameter positions: fake_kernel_params.h, from kernel_signatures.py
+    kernel_signatures.write_header(lib.parent)
+    include = ["-I", str(lib.parent)]
+    cmd = [cc, "-shared", "-fPIC", "-O1", *include, "-o", str(lib), source, "-lm", "-lpthread"]
     subprocess.run(cmd, check=True, timeout=120)
     (lib.parent / "libcuda.so").symlink_to(lib.name)
 
