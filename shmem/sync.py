@@ -284,13 +284,13 @@ def clear_lock(buf: SHMEMBuffer, index: int) -> None:
             f"SHMEMBuffer.clear_lock: rank {world.rank} does not hold lock element {index} "
             "(only the rank that set it may clear it; the lock is unchanged)"
         )
-    buf._locks_held.discard(index)
-    world.quiet()
+    world.quiet()  # may time out: the lock is then still ours, and clear_lock may be retried
     heap = world.heap
     word = heap.atomic_fetch_op(0, off, 0, buf.dtype, "fetch")
     while True:  # bump the low half without carrying into the tickets
         new = _word(buf, (word & ~_LOW) | ((word + 1) & _LOW))
         old = heap.atomic_compare_swap(0, off, word, new, buf.dtype)
         if old == word:
+            buf._locks_held.discard(index)  # passed on: no longer ours
             return
         word = old  # a ticket was drawn meanwhile: retry

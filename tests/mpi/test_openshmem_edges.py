@@ -13,7 +13,7 @@ import pytest
 
 import collectives
 import shmem
-from shmem.errors import ArgumentError, ShmemStateError
+from shmem.errors import ArgumentError, RemoteTimeoutError, ShmemStateError
 
 pytestmark = pytest.mark.mpi
 
@@ -264,6 +264,33 @@ def test_locks_refuse_misuse_and_stay_usable(world: Any) -> None:
     assert lock.test_lock(0) == 0 or w.world_size > 1  # alone, it is free now
     if lock._locks_held:
         lock.clear_lock(0)
+    w.barrier()
+    lock.close()
+
+
+def test_a_clear_lock_whose_quiet_times_out_keeps_the_lock_and_can_be_retried(
+    world: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    w = world
+    lock = w.zeros(1, "int64")
+    w.barrier()
+    for turn in range(w.world_size):
+        if turn == w.rank:
+            lock.set_lock(0, timeout=10.0)
+
+            def stuck(*args: Any, **kwargs: Any) -> None:
+                raise RemoteTimeoutError("quiet: a put did not complete (test)", peer=0)
+
+            monkeypatch.setattr(w, "quiet", stuck)
+            with pytest.raises(RemoteTimeoutError):
+                lock.clear_lock(0)
+            monkeypatch.undo()
+            assert 0 in lock._locks_held  # still ours: the lock word was not passed on
+            lock.clear_lock(0)  # the retry passes it on
+            assert not lock._locks_held
+        w.barrier()
+    if w.world_size == 1:
+        assert lock.test_lock(0) == 0
     w.barrier()
     lock.close()
 
