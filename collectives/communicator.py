@@ -1,49 +1,37 @@
-"""Communicator: the collectives' facade (validation, algorithm choice, stats) over a channel.
+"""Communicator: the collectives' facade (validation, algorithm choice, stats) over one engine.
 
-A :class:`Communicator` owns one :class:`~collectives.channel.Channel` (flags, scratch and
-sequence numbers in the symmetric heap) on a host World, or the GPU all-reduce kernels on the
-nvshmem backend. Each collective lives in its own module (``allreduce``, ``broadcast``, ...)
-and drives the channel; this module only checks liveness, picks the path and keeps the
-communicator's state consistent when a call fails.
+A :class:`Communicator` checks its construction, picks one engine for its life (the host
+backend's channel, the nvshmem backend's GPU kernels, or a proper team's communicator:
+:mod:`collectives.engines`) and hands each call to it whole: liveness, the choice of path
+and the call itself are the engine's. Each collective lives in its own module
+(``allreduce``, ``broadcast``, ...); the engines drive them.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
-from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar, cast, overload
+from collections.abc import Sequence
+from typing import Any, TypeVar, overload
 
 import numpy as np
 
 from shmem import Buffer, SHMEMBuffer, World
 from shmem.config import parse_size
-from shmem.dtypes import dtype_name
 from shmem.errors import CollectiveArgumentError, ShmemStateError
 from shmem.team import Team
 
-from .all_gather import all_gather as _all_gather
-from .all_to_all import all_to_all as _all_to_all
-from .allreduce import NodesPlan, TinyPlan
-from .allreduce import all_reduce as _all_reduce
-from .allreduce import choose as _choose
-from .broadcast import broadcast as _broadcast
 from .channel import Channel, CommStats
-from .operand import Array, Operand
-from .ops import ReduceOp, accumulate_dtype, check_op, fused_out_dtype
-from .reduce_scatter import reduce_scatter as _reduce_scatter
+from .engines.base import Engine, Input, Output
+from .engines.host import HostEngine
+from .engines.team import TeamEngine
+from .operand import Array
+from .ops import ReduceOp, accumulate_dtype, check_op
 from .schedule import Algorithm, AlgorithmTable
-from .team import TeamCollectives
-
-if TYPE_CHECKING:
-    from .gpu import GpuAllReduce
 
 __all__ = ["CommStats", "Communicator"]
 
 log = logging.getLogger(__name__)
 
-Input = SHMEMBuffer | Array
-Output = SHMEMBuffer | Array | None
 _O = TypeVar("_O", bound=SHMEMBuffer | Array | Buffer)
 _X = TypeVar("_X", bound=SHMEMBuffer | Array)
 
@@ -63,10 +51,25 @@ class Communicator:
     team : shmem.team.Team, optional
         The team, when ``world`` is the World.
 
+    Raises
+    ------
+    CollectiveArgumentError
+        ``world`` is not a World or a Team, or ``team`` is not a Team.
+    ShmemStateError
+        ``team`` is destroyed.
+
     Notes
     -----
     On the host backend every collective is host-blocking: it returns when this rank's
     output is complete and its input may be reused.
+
+    Besides its own argument errors (raised on every rank), every collective raises
+    ``ShmemStateError`` once the communicator is closed, its World finalized, or a previous
+    call failed mid-way (the ranks are out of step); ``CollectiveMismatchError`` when ranks
+    call different collectives or (``[collectives] check_args``) pass different arguments;
+    ``SignalTimeoutError`` when a peer misses ``[signal] timeout_s``; ``PeerFailedError``
+    when a peer failed mid-call. On the nvshmem backend the GPU collectives' argument errors
+    are ``GpuCollectiveError``.
     """
 
     def __init__(self, world: World | Team, *, team: Team | None = None) -> None:
@@ -83,47 +86,33 @@ class Communicator:
                 f"Communicator: invalid team (got {team!r}; expected a Team that is not destroyed)"
             )
         self.world = world
-        cfg = world.config.collectives
         self.rank, self.world_size = world.rank, world.world_size
         self.num_nodes = world.num_nodes
-        self._closed = False
         self.stats = CommStats()
-        self._acc32 = np.dtype(cfg.float32_accumulate)
+        self._acc32 = np.dtype(world.config.collectives.float32_accumulate)
         self.team: Team = world.team_world if team is None else team
-        self._tc: TeamCollectives | None = None  # collect/alltoalls (and everything on a team)
-        self._gpu: GpuAllReduce | None = None
-        self._ch: Channel | None = None
-        self._last_plan: TinyPlan | NodesPlan | None = None  # the all-reduce fast path's
-        self._last_out: Array | None = None
-        # (out, zero-copy input, whether out overlaps it): the fast path's last such pair
-        self._alias: tuple[object, object, bool] | None = None
-        self._last_family: dict[str, Any] = {}  # kind -> the last family plan replayed
         self.table = AlgorithmTable()
+        self._engine: Engine = self._make_engine(world)
+
+    def _make_engine(self, world: World) -> Engine:
+        """This communicator's engine, made once (collective)."""
         if self.team.members != world.team_world.members:
             self.rank, self.world_size = self.team.my_pe, self.team.n_pes
-            self._tc = self._team_collectives()
-            return
+            return TeamEngine(self.team, self._acc32)
+        cfg = world.config.collectives
         rows = AlgorithmTable().rows
         if cfg.one_shot_max_nbytes != "auto":
             limit = parse_size(cfg.one_shot_max_nbytes)
             rows = tuple((w, limit) for w, _ in rows)
         self.table = AlgorithmTable(rows=rows, forced=cfg.algorithm)
-        if world.backend == "nvshmem":  # GPU kernels over the nvshmem heap (collectives/gpu.py)
-            from .gpu import GpuAllReduce  # loads CUDA: only on the nvshmem backend
+        if world.backend == "nvshmem":  # GPU kernels over the nvshmem heap
+            from .engines.gpu import GpuEngine  # loads CUDA: only on the nvshmem backend
 
-            self._gpu = GpuAllReduce(self)
-            world.barrier()
-            return
-        ch = self._ch = Channel(world, self.stats)
-        ch.table = self.table
-        # collect and alltoalls: made now, while every rank is here (it duplicates an MPI
-        # communicator: made lazily, a rank in collect against peers in another call
-        # blocked in MPI with no deadline), and run in step with the channel's calls
-        self._team_collectives().board = ch
-        self.local_peers = ch.local_peers
-        self.local_index = ch.local_index
-        self.uniform_nodes = ch.uniform_nodes
-        world.barrier()
+            return GpuEngine(world, self.stats, self._acc32)
+        host = HostEngine(world, self.stats, self.table, self._acc32)
+        self.local_peers = host.ch.local_peers
+        self.local_index = host.ch.local_index
+        self.uniform_nodes = host.ch.uniform_nodes
         log.debug(
             "Communicator: %d ranks, %d node(s), local peers %s, table %s",
             self.world_size,
@@ -131,88 +120,39 @@ class Communicator:
             self.local_peers,
             self.table,
         )
+        return host
 
     # -- state ---------------------------------------------------------------------------------
 
-    def _live(self, where: str) -> None:
-        if self._closed:
-            raise ShmemStateError(f"Communicator.{where}: the communicator is closed")
-        self.world.check_open(f"Communicator.{where}")
+    @property
+    def _closed(self) -> bool:
+        """Whether the communicator is closed (settable: a test that breaks one on purpose
+        marks it closed, so that ``close()`` frees nothing)."""
+        return self._engine.closed
 
-    def _team_collectives(self) -> TeamCollectives:
-        if self._tc is None:  # collective: every member makes it on the same call
-            cfg = self.world.config
-            self._tc = TeamCollectives(
-                self.team, cfg.collectives.check_args, cfg.signal.timeout_s, self._acc32
-            )
-        return self._tc
+    @_closed.setter
+    def _closed(self, value: bool) -> None:
+        self._engine.closed = value
 
-    def _on_team(self, where: str) -> TeamCollectives | None:
-        """The team engine when this communicator is a proper team's, else None."""
-        if self._ch is None and self._gpu is None:
-            self._live(where)
-            return self._team_collectives()
-        return None
+    @property
+    def _ch(self) -> Channel | None:
+        """The host engine's channel (None on the other engines); for introspection."""
+        return self._engine.ch if isinstance(self._engine, HostEngine) else None
 
-    def _channel(self, where: str) -> Channel:
-        self._live(where)
-        if self._ch is None:
-            raise ShmemStateError(
-                f"Communicator.{where}: not available on the nvshmem backend yet (its GPU "
-                "kernels cover all_reduce, reduce_scatter, all_gather, broadcast and "
-                "all_to_all); use a host World (backend='host') for it"
-            )
-        return self._ch
-
-    @contextlib.contextmanager
-    def _call(self, ch: Channel) -> Iterator[Channel]:
-        """Run one collective: if it raises after exchanging flags, peers may be mid-call, so
-        the channel is no longer in step: it retracts its flags and warns the peers
-        (``Channel.fail``), and the communicator refuses later calls."""
-        if ch.broken:
-            raise ShmemStateError(
-                "Communicator: a previous call failed, so the ranks are out of step; close "
-                "this communicator and make a new one"
-            )
-        seq = ch.seq
-        try:
-            yield ch
-        except BaseException as exc:
-            # an error every rank raised at the same point of a finished call (``agreed``,
-            # e.g. collect's out size, checked against the exchanged counts) leaves them in step
-            if ch.seq != seq and not getattr(exc, "agreed", False):
-                ch.fail()
-            raise
+    @property
+    def _gpu(self) -> Any:
+        """The GPU engine's kernels (:class:`collectives.gpu_family.GpuCollectives`; None
+        on the other engines); for introspection."""
+        return getattr(self._engine, "gpu", None)
 
     @property
     def cross(self) -> object:
         """Ranks of other nodes this rank exchanges with (hierarchical algorithms)."""
-        if self._ch is None or self._ch.cross is None:
-            raise ShmemStateError("Communicator.cross: the job has a single node")
-        return self._ch.cross
+        return self._engine.cross
 
     def close(self) -> None:
         """Release scratch, flags and pad (collective)."""
-        if self._closed:
-            return
-        # the remembered plan and out view scratch and flags: drop them before those close
-        # (a view kept across close() would keep its block held, shmem.quarantine)
-        self._last_plan = None
-        self._last_out = None
-        self._alias = None
-        self._last_family.clear()
-        if self.world.finalized:  # the heap is gone with the World: nothing left to free
-            self._closed = True
-            return
-        if self._gpu is not None:
-            self._closed = True
-            self._gpu.close()
-        elif self._ch is not None:
-            self._ch.close()  # waits for the peers' last DONE first
-            self._closed = True
-        if self._tc is not None:
-            self._closed = True
-            self._tc.close()
+        self._engine.close()
 
     def __enter__(self) -> Communicator:
         return self
@@ -225,26 +165,59 @@ class Communicator:
     def scratch_capacity(self) -> int:
         """Bytes the scratch may grow to (``[collectives] scratch_max_nbytes``, or its current
         size if larger); larger messages are processed in pieces or through MPI."""
-        if self._ch is None:
-            return max(int(self.world.config.collectives.scratch_nbytes), 1 << 20)
-        return self._ch.scratch_capacity
+        return self._engine.scratch_capacity
 
     @property
     def scratch_nbytes(self) -> int:
         """Bytes of scratch this communicator holds now (host backend; 0 on nvshmem)."""
-        return 0 if self._ch is None else self._ch.scratch_buf.nbytes
+        return self._engine.scratch_nbytes
 
     def check_op(self, op: ReduceOp | str, dtype: np.dtype[np.generic], where: str) -> None:
-        """Raise :class:`~shmem.errors.OpError` unless ``op`` applies to ``dtype``."""
+        """Raise :class:`~shmem.errors.OpError` unless ``op`` applies to ``dtype``.
+
+        Parameters
+        ----------
+        op, dtype, where : ReduceOp or str, numpy.dtype, str
+            The op, the dtype it reduces, and the caller's name (the message's prefix).
+
+        Raises
+        ------
+        OpError
+            ``op`` is unknown or does not apply to ``dtype``.
+        """
         check_op(op, dtype, where)
 
     def choose(self, algorithm: Algorithm | str, nbytes: int, where: str) -> str:
-        """The all-reduce algorithm a call of ``nbytes`` would run (counted in ``stats``)."""
-        return _choose(self._channel(where), algorithm, nbytes, where)
+        """The all-reduce algorithm a call of ``nbytes`` would run (counted in ``stats``).
+
+        Parameters
+        ----------
+        algorithm, nbytes, where : Algorithm or str, int, str
+            ``"auto"`` or a forced algorithm, the message's bytes, and the caller's name.
+
+        Returns
+        -------
+        str
+
+        Raises
+        ------
+        CollectiveArgumentError, ShmemStateError
+            An unknown ``algorithm``; a closed communicator, or one off the host backend.
+        """
+        return self._engine.choose(algorithm, nbytes, where)
 
     def accumulate_dtype(self, dtype: np.dtype[np.generic]) -> np.dtype[np.generic]:
         """The dtype reductions of ``dtype`` accumulate in (float32 for 16- and 8-bit floats;
-        ``[collectives] float32_accumulate`` for float32)."""
+        ``[collectives] float32_accumulate`` for float32).
+
+        Parameters
+        ----------
+        dtype : numpy.dtype
+
+        Returns
+        -------
+        numpy.dtype
+        """
         return accumulate_dtype(dtype, self._acc32)
 
     # -- the collectives -----------------------------------------------------------------------
@@ -343,134 +316,13 @@ class Communicator:
         SHMEMBuffer, numpy.ndarray or Buffer
             ``out`` when given; else a new numpy array shaped like ``x`` (a device Buffer on
             the nvshmem backend).
+
+        Raises
+        ------
+        CollectiveArgumentError, OpError, GpuCollectiveError
+            An invalid ``x``, ``op``, ``out``, ``algorithm``, ``out_dtype`` or ``scale``.
         """
-        if out_dtype is not None or scale is not None:
-            return self._fused_all_reduce(x, op, out, algorithm, stream, out_dtype, scale)
-        ch = self._ch
-        if ch is None or self._closed:
-            tc = self._on_team("all_reduce")
-            if tc is not None and not isinstance(x, Buffer) and not isinstance(out, Buffer):
-                return tc.all_reduce(x, op, out)
-            return self._gpu_all_reduce(x, op, out, algorithm, stream)
-        if algorithm == "auto" and (out is None or type(out) is np.ndarray):
-            # replay a cached small one-shot call (only where the table picks one-shot, so
-            # every rank runs the same protocol whatever kind of argument it passed)
-            shm: SHMEMBuffer | None = None
-            src: Array | None = None
-            plan = self._last_plan  # the last shape replayed: no key to build or hash
-            if type(x) is np.ndarray:
-                src, count, dtype = x, x.size, x.dtype  # any layout: the plan copies it
-            elif type(x) is SHMEMBuffer and not x.closed:
-                shm = x
-                if plan is not None and x is plan.shm:  # its shape and dtype are known
-                    count, dtype = plan.count, plan.dtype
-                else:
-                    count, dtype = x.count, x.dtype
-            if shm is not None or src is not None:
-                if plan is None or plan.count != count or plan.dtype is not dtype or plan.op != op:
-                    plan = ch.plans.get((count, dtype, op))
-                    self._last_plan = plan
-                if (
-                    plan is not None
-                    and plan.auto
-                    and plan.scratch is ch.scratch_buf
-                    and not ch.broken
-                    and (out is None or out is self._last_out or _fits(out, dtype, count))
-                ):
-                    if self.world.finalized:
-                        self._live("all_reduce")
-                    if out is None:
-                        res = np.empty(x.shape, dtype)
-                    else:
-                        # checked once per out array (a later writeable=False on it would
-                        # fail mid-call: the peers then stop with PeerFailedError)
-                        res = self._last_out = out
-                    flat = res if res.ndim == 1 else res.reshape(-1)
-                    if src is None:
-                        src = flat
-                    elif src.ndim != 1:
-                        src = src.reshape(-1)
-                    self._run_plan(ch, plan, src, shm, flat, out, plan.algorithm)
-                    return res
-        if isinstance(x, Buffer) or isinstance(out, Buffer):
-            return self._gpu_all_reduce(x, op, out, algorithm, stream)  # refuses them
-        self._live("all_reduce")
-        with self._call(ch):
-            return _all_reduce(ch, x, op, out, algorithm)
-
-    def _fused_all_reduce(
-        self,
-        x: SHMEMBuffer | Array | Buffer,
-        op: ReduceOp | str,
-        out: SHMEMBuffer | Array | Buffer | None,
-        algorithm: Algorithm | str,
-        stream: object,
-        out_dtype: Any,
-        scale: float | None,
-    ) -> SHMEMBuffer | Array | Buffer:
-        """``all_reduce`` with ``out_dtype``/``scale``. On the GPU both are fused into the
-        kernel. On the host the input is widened to its accumulation dtype first (the
-        reduction that dtype's all-reduce runs is the same rank-order reduction, without the
-        final rounding), scaled there, and rounded once to ``out_dtype``."""
-        where = "Communicator.all_reduce"
-        self._live("all_reduce")
-        if self._gpu is not None:
-            return cast(
-                "Buffer",
-                self._gpu.all_reduce(
-                    x, str(op), out, str(algorithm), stream=stream, out_dtype=out_dtype,
-                    scale=scale,
-                ),
-            )  # fmt: skip
-        if isinstance(x, Buffer) or isinstance(out, Buffer):
-            return self._gpu_all_reduce(x, op, out, algorithm, stream)  # refuses them
-        src = Operand(x, where, "x").array  # the normal path's checks and errors
-        odt = fused_out_dtype(src.dtype, out_dtype, scale, where)
-        check_op(op, src.dtype, where)
-        target: Array | None = None
-        if out is not None:
-            target = out.local() if isinstance(out, SHMEMBuffer) else out
-            if (
-                not isinstance(target, np.ndarray)
-                or target.dtype != odt
-                or target.size != src.size
-                or not target.flags.writeable
-            ):
-                kind = getattr(target, "dtype", type(target).__name__)
-                got = f"{kind} {getattr(target, 'size', '?')}"
-                raise CollectiveArgumentError(
-                    f"{where}: invalid out (got {got} elements; expected a writeable "
-                    f"{dtype_name(odt)} array of {src.size})"
-                )
-        # the final accumulation dtype (a float32 all-reduce may accumulate in float64):
-        # the inner call then rounds nothing, and the cast below is the one rounding
-        acc = accumulate_dtype(accumulate_dtype(src.dtype, self._acc32), self._acc32)
-        wide = self.all_reduce(np.ascontiguousarray(src, dtype=acc), op, algorithm=algorithm)
-        if scale is not None:
-            np.multiply(wide, acc.type(scale), out=wide)
-        if target is None:
-            return wide.astype(odt, copy=False).reshape(src.shape)
-        np.copyto(target, wide.reshape(target.shape), casting="unsafe")  # any layout of out
-        return out  # type: ignore[return-value]
-
-    def _gpu_all_reduce(
-        self,
-        x: SHMEMBuffer | Array | Buffer,
-        op: ReduceOp | str,
-        out: SHMEMBuffer | Array | Buffer | None,
-        algorithm: Algorithm | str,
-        stream: object,
-    ) -> SHMEMBuffer | Array | Buffer:
-        self._live("all_reduce")  # raises when closed
-        if self._gpu is None:  # a device Buffer on the host backend
-            raise CollectiveArgumentError(
-                "Communicator.all_reduce: device Buffers need the nvshmem backend (got "
-                f"{type(x).__name__} and {type(out).__name__}; expected SHMEMBuffer or numpy "
-                "arrays on the host backend)"
-            )
-        if stream is None:
-            return cast("Buffer", self._gpu.all_reduce(x, str(op), out, str(algorithm)))
-        return cast("Buffer", self._gpu.all_reduce(x, str(op), out, str(algorithm), stream=stream))
+        return self._engine.all_reduce(x, op, out, algorithm, stream, out_dtype, scale)
 
     @overload
     def reduce_scatter(
@@ -499,22 +351,24 @@ class Communicator:
     ) -> Input:
         """Shard ``rank`` (``schedule.shard_bounds(count, world_size)``) of the all-reduce.
 
-        ``stream``: the GPU stream the call is ordered on (nvshmem backend; default the
-        World's context); ignored on the host backend, whose collectives are host-blocking."""
-        if self._ch is not None and type(op) is str:
-            done = self._replay_family("reduce_scatter", x, out, op)
-            if done is not None:
-                return cast("Input", done)
-        tc = self._on_team("reduce_scatter")
-        if tc is not None:
-            return tc.reduce_scatter(x, op, out)
-        if self._gpu is not None:  # the nvshmem backend: GPU kernels (collectives/gpu.py)
-            self._live("reduce_scatter")
-            return cast(
-                "Input", self._gpu.family("reduce_scatter", x, out, op=str(op), stream=stream)
-            )
-        with self._call(self._channel("reduce_scatter")) as ch:
-            return _reduce_scatter(ch, x, op, out)
+        Parameters
+        ----------
+        x, op, out
+            As :meth:`all_reduce`'s (``out`` takes this rank's shard; default a new array).
+        stream : optional
+            The GPU stream the call is ordered on (nvshmem backend; default the World's
+            context); ignored on the host backend, whose collectives are host-blocking.
+
+        Returns
+        -------
+        SHMEMBuffer or numpy.ndarray
+
+        Raises
+        ------
+        CollectiveArgumentError, OpError
+            An invalid ``x``, ``op`` or ``out``.
+        """
+        return self._engine.reduce_scatter(x, op, out, stream)
 
     @overload
     def all_gather(self, x: Input, out: None = ..., *, stream: object = ...) -> Array: ...
@@ -524,20 +378,24 @@ class Communicator:
         """Every rank's ``x`` (same count everywhere) concatenated in rank order
         (``shmem_fcollect``).
 
-        ``stream``: the GPU stream the call is ordered on (nvshmem backend; default the
-        World's context); ignored on the host backend, whose collectives are host-blocking."""
-        if self._ch is not None:
-            done = self._replay_family("all_gather", x, out, 0)
-            if done is not None:
-                return cast("Input", done)
-        tc = self._on_team("all_gather")
-        if tc is not None:
-            return tc.all_gather(x, out)
-        if self._gpu is not None:
-            self._live("all_gather")
-            return cast("Input", self._gpu.family("all_gather", x, out, stream=stream))
-        with self._call(self._channel("all_gather")) as ch:
-            return _all_gather(ch, x, out)
+        Parameters
+        ----------
+        x, out : SHMEMBuffer or numpy.ndarray
+            This rank's input, and where the result goes (default a new array).
+        stream : optional
+            The GPU stream the call is ordered on (nvshmem backend; default the World's
+            context); ignored on the host backend, whose collectives are host-blocking.
+
+        Returns
+        -------
+        SHMEMBuffer or numpy.ndarray
+
+        Raises
+        ------
+        CollectiveArgumentError
+            An invalid ``x`` or ``out``.
+        """
+        return self._engine.all_gather(x, out, stream)
 
     @overload
     def broadcast(self, x: _X, root: int = ..., out: None = ..., *, stream: object = ...) -> _X: ...
@@ -555,106 +413,25 @@ class Communicator:
     ) -> Input:
         """Root's ``x`` on every rank (into ``out``, by default ``x`` itself).
 
-        ``stream``: the GPU stream the call is ordered on (nvshmem backend; default the
-        World's context); ignored on the host backend, whose collectives are host-blocking."""
-        if self._ch is not None and type(root) is int:
-            done = self._replay_family("broadcast", x, out, root)
-            if done is not None:
-                return cast("Input", done)
-        tc = self._on_team("broadcast")
-        if tc is not None:
-            return tc.broadcast(x, root, out)
-        if self._gpu is not None:
-            self._live("broadcast")
-            return cast("Input", self._gpu.family("broadcast", x, out, root=root, stream=stream))
-        with self._call(self._channel("broadcast")) as ch:
-            return _broadcast(ch, x, root, out)
+        Parameters
+        ----------
+        x, out : SHMEMBuffer or numpy.ndarray
+            The root's input, and where it goes on every rank (default ``x``).
+        root : int
+        stream : optional
+            The GPU stream the call is ordered on (nvshmem backend; default the World's
+            context); ignored on the host backend, whose collectives are host-blocking.
 
-    def _run_plan(
-        self,
-        ch: Channel,
-        plan: Any,
-        src: Any,
-        shm: SHMEMBuffer | None,
-        flat: Array,
-        out: object,
-        name: str,
-    ) -> None:
-        """Replay ``plan`` (input ``src`` or ``shm``, result into ``flat``, the flat view of
-        ``out`` or of a new array) and count it under ``name``."""
-        in_place = shm is not None and out is not None and self._over(out, flat, shm)
-        try:
-            plan.run(ch, src, shm, flat, in_place)
-        except BaseException:
-            ch.fail()  # flags moved: peers must not complete this call
-            raise
-        algos = ch.stats.algorithms
-        if algos is not None:
-            algos[name] += 1
-        else:
-            ch.stats.count(name)
+        Returns
+        -------
+        SHMEMBuffer or numpy.ndarray
 
-    def _over(self, out: object, flat: Array, shm: SHMEMBuffer) -> bool:
-        """Whether ``out`` (flat view ``flat``) overlaps my zero-copy input ``shm``, which
-        peers read until their ``DONE``: a cached replay then combines aside and copies the
-        result in after (checked once per pair of objects)."""
-        alias = self._alias
-        if alias is None or alias[0] is not out or alias[1] is not shm:
-            alias = self._alias = (out, shm, bool(np.may_share_memory(flat, shm.local())))
-        return alias[2]
-
-    def _replay_family(self, kind: str, x: object, out: object, extra: object) -> Any:
-        """Replay the cached plan of a small broadcast, all-gather, reduce-scatter or
-        all-to-all of this shape (node-local: :class:`collectives.family.FamilyPlan`, a
-        sharded :class:`collectives.allreduce.TinyPlan`; across nodes:
-        :class:`collectives.cross_plan.CrossPlan`; ``extra``: the root or the op): the result,
-        or None when there is none yet or an argument needs the general path (which
-        validates it)."""
-        ch = self._ch
-        if ch is None or self._closed or ch.broken:
-            return None
-        shm: SHMEMBuffer | None = None
-        flags: Any = None
-        if type(x) is np.ndarray:
-            flags = x.flags
-            if not flags.c_contiguous:
-                return None
-            count, dtype = x.size, x.dtype
-        elif type(x) is SHMEMBuffer and not x.closed:
-            shm, count, dtype = x, x.count, x.dtype
-        else:
-            return None
-        plan = self._last_family.get(kind)  # the last shape replayed: no key to build
-        if plan is None or plan.count != count or plan.dtype is not dtype or plan.extra != extra:
-            plan = ch.plans.get((kind, count, dtype, extra))
-            if plan is None:
-                return None
-            self._last_family[kind] = plan
-        if plan.scratch is not ch.scratch_buf:
-            return None
-        total = plan.out_count
-        res: Any
-        flat: Any
-        if out is None and kind == "broadcast":  # into x itself
-            if shm is None:
-                if not flags.writeable:
-                    return None
-                res, flat = x, x if x.ndim == 1 else x.reshape(-1)  # type: ignore[union-attr]
-            else:
-                res, flat = shm, shm.local().reshape(-1)
-        elif out is None:
-            shape = x.shape if total == count else (total,)
-            res = np.empty(shape, dtype)
-            flat = res.reshape(-1)
-        elif type(out) is np.ndarray and _fits(out, dtype, total):
-            res, flat = out, out.reshape(-1)
-        else:
-            return None
-        if self.world.finalized:
-            self._live(kind)
-        src = flat if shm is not None else x if x.ndim == 1 else x.reshape(-1)  # type: ignore[union-attr]
-        self._run_plan(ch, plan, src, shm, flat, out, kind)
-        return res
+        Raises
+        ------
+        CollectiveArgumentError
+            An invalid ``x``, ``root`` or ``out``.
+        """
+        return self._engine.broadcast(x, root, out, stream)
 
     @overload
     def all_to_all(self, x: Input, out: None = ..., *, stream: object = ...) -> Array: ...
@@ -664,20 +441,24 @@ class Communicator:
         """Chunk ``j`` of rank ``i``'s ``x`` becomes chunk ``i`` of rank ``j``'s output
         (``shmem_alltoall``).
 
-        ``stream``: the GPU stream the call is ordered on (nvshmem backend; default the
-        World's context); ignored on the host backend, whose collectives are host-blocking."""
-        if self._ch is not None:  # (cached plans of all_to_all: small calls across nodes)
-            done = self._replay_family("all_to_all", x, out, 0)
-            if done is not None:
-                return cast("Input", done)
-        tc = self._on_team("all_to_all")
-        if tc is not None:
-            return tc.all_to_all(x, out)
-        if self._gpu is not None:
-            self._live("all_to_all")
-            return cast("Input", self._gpu.family("all_to_all", x, out, stream=stream))
-        with self._call(self._channel("all_to_all")) as ch:
-            return _all_to_all(ch, x, out)
+        Parameters
+        ----------
+        x, out : SHMEMBuffer or numpy.ndarray
+            This rank's input, and where the result goes (default a new array).
+        stream : optional
+            The GPU stream the call is ordered on (nvshmem backend; default the World's
+            context); ignored on the host backend, whose collectives are host-blocking.
+
+        Returns
+        -------
+        SHMEMBuffer or numpy.ndarray
+
+        Raises
+        ------
+        CollectiveArgumentError
+            An invalid ``x`` or ``out``, or a count not a multiple of ``world_size``.
+        """
+        return self._engine.all_to_all(x, out, stream)
 
     fcollect = all_gather
     alltoall = all_to_all
@@ -689,12 +470,23 @@ class Communicator:
     def collect(self, x: Input, out: Output = None) -> Input:
         """Every rank's ``x`` (counts may differ between ranks) concatenated in rank order
         (``shmem_collect``; MPI's allgatherv), into ``out`` (x's dtype, the counts' sum of
-        elements; a wrong size raises on every rank) or a new flat array."""
-        self._live("collect")
-        if self._ch is None:
-            return self._team_collectives().collect(x, out)
-        with self._call(self._ch):
-            return self._team_collectives().collect(x, out)
+        elements; a wrong size raises on every rank) or a new flat array.
+
+        Parameters
+        ----------
+        x, out : SHMEMBuffer or numpy.ndarray
+            This rank's input, and where the result goes (default a new array).
+
+        Returns
+        -------
+        SHMEMBuffer or numpy.ndarray
+
+        Raises
+        ------
+        CollectiveArgumentError
+            An invalid ``x`` or ``out``.
+        """
+        return self._engine.collect(x, out)
 
     @overload
     def alltoalls(
@@ -721,13 +513,24 @@ class Communicator:
     ) -> Input:
         """Strided all-to-all (``shmem_alltoalls``): rank ``i`` sends ``x[(j * nelems + k) *
         src_stride]`` (``k < nelems``) to rank ``j``, which stores it at ``out[(i * nelems +
-        k) * dst_stride]`` (a new zeroed array by default)."""
-        self._live("alltoalls")
-        tc = self._team_collectives()
-        if self._ch is None:
-            return tc.alltoalls(x, nelems, dst_stride=dst_stride, src_stride=src_stride, out=out)
-        with self._call(self._ch):
-            return tc.alltoalls(x, nelems, dst_stride=dst_stride, src_stride=src_stride, out=out)
+        k) * dst_stride]`` (a new zeroed array by default).
+
+        Parameters
+        ----------
+        x, out : SHMEMBuffer or numpy.ndarray
+            This rank's input, and where the result goes (default a new array).
+        nelems, dst_stride, src_stride : int
+
+        Returns
+        -------
+        SHMEMBuffer or numpy.ndarray
+
+        Raises
+        ------
+        CollectiveArgumentError
+            An invalid count or stride, or ``x`` or ``out`` too small.
+        """
+        return self._engine.alltoalls(x, nelems, dst_stride, src_stride, out)
 
     @overload
     def all_to_allv(
@@ -748,27 +551,38 @@ class Communicator:
         ``send_counts[j]`` elements of ``x`` after ``sum(send_counts[:j])`` to rank ``j``,
         which stores them in ``out`` after ``sum(recv_counts[:i])`` (a new flat array of
         ``sum(recv_counts)`` elements by default). Counts that do not pair up between two
-        ranks raise on every rank before any data moves (:mod:`collectives.team`)."""
-        self._live("all_to_allv")
-        tc = self._team_collectives()
-        if self._ch is None:
-            return tc.all_to_allv(x, send_counts, recv_counts, out)
-        with self._call(self._ch):
-            return tc.all_to_allv(x, send_counts, recv_counts, out)
+        ranks raise on every rank before any data moves (:mod:`collectives.team`).
+
+        Parameters
+        ----------
+        x, out : SHMEMBuffer or numpy.ndarray
+            This rank's input, and where the result goes (default a new array).
+        send_counts, recv_counts : sequence of int
+            Elements to each rank, and from each rank.
+
+        Returns
+        -------
+        SHMEMBuffer or numpy.ndarray
+
+        Raises
+        ------
+        CollectiveArgumentError
+            Invalid counts or ``out``, or counts that do not pair up.
+        """
+        return self._engine.all_to_allv(x, send_counts, recv_counts, out)
 
     def barrier(self, timeout: float | None = None) -> None:
-        """Every rank of the communicator has arrived (flag barrier on the comm's pad)."""
-        tc = self._on_team("barrier")
-        if tc is not None:
-            tc.barrier(timeout)
-            return
-        if self._ch is None:
-            self.world.barrier(timeout)
-            return
-        self._ch.pad.barrier(timeout)
+        """Every rank of the communicator has arrived (flag barrier on the comm's pad).
 
+        Parameters
+        ----------
+        timeout : float, optional
+            Seconds; by default ``[signal] timeout_s``.
 
-def _fits(out: Array | None, dtype: np.dtype[np.generic], count: int) -> bool:
-    return out is None or (
-        out.dtype == dtype and out.size == count and out.flags.c_contiguous and out.flags.writeable
-    )
+        Raises
+        ------
+        SignalTimeoutError, ShmemStateError, ArgumentError
+            A peer did not arrive in time; the World (or team communicator) is closed; an
+            invalid ``timeout``.
+        """
+        self._engine.barrier(timeout)

@@ -26,9 +26,9 @@ import numpy as np
 from shmem import SHMEMBuffer
 from shmem.errors import CollectiveMismatchError, PeerFailedError
 
-from .allreduce import cached_plan
 from .channel import Flag
 from .ops import reduce_into
+from .replay import cached_plan
 from .schedule import shard_bounds
 from .signed import SMALL_BLOCK, PersistentGather
 

@@ -19,9 +19,9 @@ from mpi4py import MPI
 from shmem import SHMEMBuffer
 from shmem.errors import CollectiveMismatchError, PeerFailedError, ShmemError
 
-from .allreduce import TINY_NBYTES, ReplayPlan, cached_plan
 from .channel import Channel, Flag
 from .operand import Array, Operand
+from .replay import TINY_NBYTES, ReplayPlan, cached_plan
 
 __all__ = ["FamilyPlan", "exchange", "family_plan", "over_mpi"]
 
@@ -76,7 +76,7 @@ def over_mpi(ch: Channel, where: str, run: Callable[[], None]) -> None:
 
 class FamilyPlan(ReplayPlan):
     """A cached small broadcast or all-gather on one node, replayed like the all-reduce's
-    :class:`~collectives.allreduce.TinyPlan` (in C where the extension is built): every
+    :class:`~collectives.allreduce_plans.TinyPlan` (in C where the extension is built): every
     rank publishes its input with the call's tag in ``SRC`` and raises ``READY``, waits for
     every node-local rank's ``READY`` (a broadcast's non-roots too, so every rank checks
     every other rank's call at once, where :func:`exchange` waits for the root only and

@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import numpy as np
 
-from shmem import Buffer, SHMEMBuffer
+from shmem import Buffer
 from shmem import cuda as shmem_cuda
 from shmem.agreement import allgather_within, compare_across_ranks
 from shmem.dtypes import dtype_name
@@ -54,12 +54,14 @@ from shmem.errors import (
 )
 from shmem.heap import DeviceSymmetricHeap
 
-from .ops import OPS, check_op, fused_out_dtype
-from .schedule import shard_of
+from .interop import to_device_buffer
+from .ops import OPS, accumulate_dtype, check_op, fused_out_dtype
 from .signature import describe, signature
 
 if TYPE_CHECKING:
-    from .communicator import Communicator
+    from shmem import World
+
+    from .channel import CommStats
 
 __all__ = ["GPU_DTYPES", "GPU_OPS", "GpuAllReduce", "check_reducible", "grid_blocks"]
 
@@ -112,12 +114,12 @@ def grid_blocks(count: int, multiprocessors: int) -> int:
 
 
 class GpuAllReduce:
-    """The GPU collectives of one Communicator (collective construction and close): the
-    all-reduce, and the rest of the family on its stages and scratch."""
+    """The GPU all-reduce of one Communicator, and the stages and scratch it runs on
+    (collective construction and close); the rest of the family runs on them too
+    (:class:`collectives.gpu_family.GpuCollectives`)."""
 
-    def __init__(self, comm: Communicator) -> None:
-        world = comm.world
-        self.comm = comm
+    def __init__(self, world: World, stats: CommStats, acc32: np.dtype[Any]) -> None:
+        self.stats = stats
         self.world = world
         self.heap = cast(DeviceSymmetricHeap, world.heap)
         self.rank, self.size = world.rank, world.world_size
@@ -154,7 +156,7 @@ class GpuAllReduce:
         stream.sync()
         self._status = np.zeros(1, np.int32)
         self._sms = int(self.heap.gpu.attributes.multiprocessor_count or 1)
-        self._acc64 = comm.accumulate_dtype(np.dtype(np.float32)) == np.dtype(np.float64)
+        self._acc64 = accumulate_dtype(np.dtype(np.float32), acc32) == np.dtype(np.float64)
         self.broken = False
         # compile (or load from the kernel cache) now, before the peers start waiting
         shmem_cuda.compile_module(self.heap.device.id, KERNELS)
@@ -199,7 +201,7 @@ class GpuAllReduce:
                 f"{where}: ranks {self._unreachable} are not load/store reachable from rank "
                 f"{self.rank} (other nodes); the GPU collectives need every peer on this node"
             )
-        return _as_device_buffer(x, self.heap.device, where)
+        return to_device_buffer(x, self.heap.device, where)
 
     def _check(self, x: Any, op: str, where: str) -> Buffer:
         buf = self._source(x, where)
@@ -235,7 +237,7 @@ class GpuAllReduce:
         for lo in range(0, n, step):
             count = min(step, n - lo)
             self._launch(algo, src, dst, lo, count, op, factor, cu_stream)
-        self.comm.stats.count(algo)
+        self.stats.count(algo)
         if isinstance(out, np.ndarray):
             np.copyto(out, dst.to_numpy().reshape(out.shape))  # any layout of out
             return out
@@ -280,160 +282,6 @@ class GpuAllReduce:
             raise error if error is not None else GpuCollectiveError(f"{where}: invalid arguments")
         return checked
 
-    def family(
-        self,
-        name: str,
-        x: Any,
-        out: Any = None,
-        *,
-        root: int = 0,
-        op: str = "sum",
-        stream: object = None,
-    ) -> object:
-        """``all_gather``, ``broadcast``, ``all_to_all`` or ``reduce_scatter`` on the GPU,
-        over the all-reduce's stages and scratch (pieces of at most the scratch), ordered on
-        ``stream`` (default the World's context), as :meth:`all_reduce`. Inputs and outputs
-        as :meth:`all_reduce`'s (numpy is copied to and from the GPU); ``broadcast`` writes
-        into ``x`` by default."""
-        where = f"Communicator.{name}"
-        extra = (op,) if name == "reduce_scatter" else (root,) if name == "broadcast" else ()
-        src, dst, cu_stream = self._agreed(
-            where,
-            lambda: self._family_args(name, x, out, root, op, where, stream),
-            lambda c: (c[0], extra),
-        )
-        self._family_run(name, src, dst, root, op, cu_stream)
-        self.comm.stats.count(f"gpu_{name}")
-        target = x if (name == "broadcast" and out is None) else out
-        if isinstance(target, np.ndarray):
-            np.copyto(target, dst.to_numpy().reshape(target.shape))
-            return target
-        if target is None:
-            return dst.to_numpy() if isinstance(x, np.ndarray) else dst
-        if name == "broadcast" and out is None and isinstance(x, SHMEMBuffer):
-            return x
-        return target
-
-    def _family_args(
-        self,
-        name: str,
-        x: Any,
-        out: Any,
-        root: int,
-        op: str,
-        where: str,
-        stream: object,
-    ) -> tuple[Buffer, Buffer, shmem_cuda.CudaStream]:
-        """``(source, destination, stream)`` after the checks every rank makes alike."""
-        cu_stream = self._check_stream(stream, where)
-        src = self._source(x, where)
-        n, size = src.num_elements, self.size
-        if name == "reduce_scatter":
-            check_reducible(src.dtype, op, where)
-            lo, hi = shard_of(n, size, self.rank)
-            count = hi - lo
-        elif name == "all_gather":
-            count = n * size
-        elif name == "all_to_all":
-            if n % size:
-                raise GpuCollectiveError(
-                    f"{where}: invalid count (got {n}; expected a multiple of the world size "
-                    f"{size})"
-                )
-            count = n
-        else:  # broadcast
-            if isinstance(root, bool) or not isinstance(root, int | np.integer):
-                raise GpuCollectiveError(f"{where}: invalid root (got {root!r})")
-            if not 0 <= root < size:
-                raise GpuCollectiveError(
-                    f"{where}: invalid root (got {root}; expected 0 <= root < {size})"
-                )
-            count = n
-        target = x if (name == "broadcast" and out is None) else out
-        if target is None or isinstance(target, np.ndarray):
-            if isinstance(target, np.ndarray) and (
-                target.dtype != src.dtype or target.size != count or not target.flags.writeable
-            ):
-                raise GpuCollectiveError(
-                    f"{where}: out does not match (got {target.dtype} {target.size} elements, "
-                    f"writeable {target.flags.writeable}; expected a writeable "
-                    f"{dtype_name(src.dtype)} array of {count})"
-                )
-            dst = Buffer(src.dtype, (count,), device=self.heap.device, stream=self.world.ctx)
-        else:
-            dst = _as_device_buffer(target, self.heap.device, where, output=True)
-            if dst.dtype != src.dtype or dst.num_elements != count:
-                raise GpuCollectiveError(
-                    f"{where}: out does not match (got {dtype_name(dst.dtype)} "
-                    f"{dst.num_elements} elements; expected {dtype_name(src.dtype)} {count})"
-                )
-        return src, dst, cu_stream
-
-    def _family_run(
-        self, name: str, src: Buffer, dst: Buffer, root: int, op: str, stream: Any
-    ) -> None:
-        """The launches of one family call, in pieces of at most the scratch."""
-        scratch_t = np.uint64(int(self._tables.handle))
-        isz, n, cap, size = src.element_size, src.num_elements, self.capacity, self.size
-        s_ptr, d_ptr = src.unsafe_ptr(), dst.unsafe_ptr()
-        device = self.heap.device.id
-        if name == "reduce_scatter":
-            key = dtype_name(src.dtype)
-            if key == "float32" and self._acc64:
-                key = "float32_acc64"
-            op_arg = key in GPU_OP_ARG_DTYPES
-            kname = f"reduce_scatter_{key}_op" if op_arg else f"reduce_scatter_{key}_{op}"
-            fn = shmem_cuda.load_kernel(device, KERNELS, kname)
-            lo, hi = shard_of(n, size, self.rank)
-            step = max(1, cap // isz)
-            for a in range(0, max(n, 1), step):
-                b = min(a + step, n)
-                plo, phi = max(lo, a), min(hi, b)
-                if phi < plo:
-                    plo = phi = a  # my shard is not in this piece: take part in its stages
-                data: list[Any] = [
-                    np.uint64(s_ptr + a * isz),
-                    scratch_t,
-                    np.uint64(d_ptr + (plo - lo) * isz if phi > plo else d_ptr),
-                    np.uint64(b - a),
-                    np.uint64(plo - a),
-                    np.uint64(phi - a),
-                ]
-                if op_arg:
-                    data.append(np.int32(OP_CODES[op]))
-                blocks = grid_blocks(max(b - a, 1), self._sms)
-                self._staged(name, "one_shot", fn, blocks, data, 2, stream)
-            return
-        fn = shmem_cuda.load_kernel(device, KERNELS, f"family_{name}")
-        nbytes = n * isz
-        if name == "all_to_all":
-            part = nbytes // size
-            step = max(1, cap // size)
-            for a in range(0, max(part, 1), step):
-                piece = min(step, part - a)
-                data = [
-                    np.uint64(s_ptr + a),
-                    scratch_t,
-                    np.uint64(d_ptr + a),
-                    np.uint64(max(piece, 0)),
-                    np.uint64(part),
-                ]
-                blocks = grid_blocks(max(piece * size // 4, 1), self._sms)
-                self._staged(name, "one_shot", fn, blocks, data, 2, stream)
-            return
-        for a in range(0, max(nbytes, 1), cap):
-            piece = min(cap, nbytes - a)
-            tail: Any = np.int32(root) if name == "broadcast" else np.uint64(nbytes)
-            data = [
-                np.uint64(s_ptr + a),
-                scratch_t,
-                np.uint64(d_ptr + a),
-                np.uint64(max(piece, 0)),
-                tail,
-            ]
-            blocks = grid_blocks(max(piece // 4, 1), self._sms)
-            self._staged(name, "one_shot", fn, blocks, data, 2, stream)
-
     def _validate(
         self,
         x: Any,
@@ -467,7 +315,7 @@ class GpuAllReduce:
                     f"{dtype_name(odt)} array of {src.num_elements})"
                 )
         else:
-            dst = _as_device_buffer(out, self.heap.device, where, output=True)
+            dst = to_device_buffer(out, self.heap.device, where, output=True)
             if dst.dtype != odt or dst.num_elements != src.num_elements:
                 raise GpuCollectiveError(
                     f"{where}: out does not match x (got {dtype_name(dst.dtype)} "
@@ -643,40 +491,3 @@ class GpuAllReduce:
             self.scratch.nbytes + self.results.nbytes + self.flags.nbytes,
             why,
         )
-
-
-def _as_device_buffer(x: Any, device: Any, where: str, output: bool = False) -> Buffer:
-    """``x`` as a contiguous Buffer on ``device``: a Buffer, an SHMEMBuffer (its local copy),
-    a DLPack producer on the GPU (cupy, torch), or (inputs only) a numpy array or host Buffer,
-    copied to the GPU. An output must already be a contiguous GPU array."""
-    if isinstance(x, SHMEMBuffer):
-        x = x.local()
-    if isinstance(x, np.ndarray):
-        dev = Buffer(x.dtype, x.shape, device=device)
-        dev.inplace_copy_from(Buffer.from_numpy(np.ascontiguousarray(x)))
-        return dev
-    if not isinstance(x, Buffer):
-        try:
-            x = Buffer.from_dlpack(x)
-        except Exception as exc:
-            raise GpuCollectiveError(
-                f"{where}: expected a GPU Buffer, SHMEMBuffer, DLPack GPU array or numpy array "
-                f"(got {type(x).__name__}: {exc})"
-            ) from None
-    if output and (x.is_host or not x.is_contiguous):
-        raise GpuCollectiveError(
-            f"{where}: out must be a contiguous array on this rank's GPU or a numpy array (got "
-            f"a {'host' if x.is_host else 'non-contiguous'} Buffer)"
-        )
-    if x.is_host:
-        host = x.to_numpy()
-        dev = Buffer(host.dtype, host.shape, device=device)
-        dev.inplace_copy_from(x)
-        return dev
-    if x.device != device:
-        raise GpuCollectiveError(
-            f"{where}: the array is on {x.device.label}, expected this rank's {device.label}"
-        )
-    if not x.is_contiguous:
-        x = x.contiguous()
-    return cast(Buffer, x)

@@ -7,7 +7,8 @@ import numpy as np
 
 from shmem import SHMEMBuffer
 
-from .allreduce import all_reduce, shard_plan
+from .allreduce import all_reduce
+from .allreduce_plans import shard_plan
 from .channel import Channel
 from .cross import reduce_scatter_across
 from .cross_plan import cross_plan

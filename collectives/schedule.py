@@ -27,7 +27,25 @@ ALGORITHMS: tuple[str, ...] = ("one_shot", "two_shot", "hierarchical")
 
 
 def shard_bounds(n: int, parts: int) -> list[tuple[int, int]]:
-    """``[(start, stop), ...]`` of the ``parts`` shards of ``n`` elements, in order."""
+    """``[(start, stop), ...]`` of the ``parts`` shards of ``n`` elements, in order.
+
+    Parameters
+    ----------
+    n : int
+        The number of elements.
+    parts : int
+        The number of shards; the first ``n % parts`` shards get one element more.
+
+    Returns
+    -------
+    list of tuple of int
+        ``parts`` half-open ``(start, stop)`` ranges covering ``range(n)`` in order.
+
+    Raises
+    ------
+    ValueError
+        ``parts`` is less than 1.
+    """
     if parts < 1:
         raise ValueError(f"shard_bounds: parts must be >= 1 (got {parts})")
     base, extra = divmod(n, parts)
@@ -54,6 +72,13 @@ class AlgorithmTable:
     Across nodes: ``hierarchical``. On one node: ``one_shot`` up to the row's
     ``one_shot_max_nbytes`` (the first row whose ``max_world_size`` covers the world), else
     ``two_shot``. ``forced`` (from the config) overrides everything.
+
+    Parameters
+    ----------
+    rows : tuple of (int, int)
+        ``(max_world_size, one_shot_max_nbytes)`` rows, by increasing ``max_world_size``.
+    forced : str
+        ``"auto"`` (use the rows) or an algorithm's name, which every call then runs.
     """
 
     # Measured on the 2-core development machine (benchmarks/allreduce.py, forced algorithms):
@@ -68,6 +93,23 @@ class AlgorithmTable:
     forced: str = "auto"
 
     def choose(self, nbytes: int, world_size: int, num_nodes: int) -> str:
+        """The algorithm for one all-reduce, by the rules above.
+
+        Parameters
+        ----------
+        nbytes : int
+            The message's size in bytes.
+        world_size : int
+            The number of ranks taking part.
+        num_nodes : int
+            The number of nodes they span.
+
+        Returns
+        -------
+        str
+            ``"one_shot"``, ``"two_shot"``, ``"hierarchical"``, or ``forced`` when it is not
+            ``"auto"``.
+        """
         if self.forced != "auto":
             return self.forced
         if num_nodes > 1:

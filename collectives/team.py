@@ -295,37 +295,7 @@ class TeamCollectives:
         member before any data moves."""
         where = "Communicator.all_to_allv"
         size = self.size
-        error: Exception | None = None
-        xin: Operand | None = None
-        oin: Operand | None = None
-        record: tuple[object, ...] = (where, "invalid")
-        sends = recvs = np.zeros(size, np.int64)
-        try:
-            sends = _counts(where, "send_counts", send_counts, size)
-            recvs = _counts(where, "recv_counts", recv_counts, size)
-            xin = Operand(x, where, "x")
-            if xin.count < int(sends.sum()):
-                raise CollectiveArgumentError(
-                    f"{where}: x too small (got {xin.count} elements; expected >= "
-                    f"{int(sends.sum())}, the sum of send_counts)"
-                )
-            if out is not None:
-                oin = Operand(out, where, "out")
-                if (
-                    oin.dtype != xin.dtype
-                    or not oin.array.flags.writeable
-                    or oin.count < int(recvs.sum())
-                ):
-                    raise CollectiveArgumentError(
-                        f"{where}: invalid out (got {oin.count} {dtype_name(oin.dtype)} "
-                        f"elements; expected a writeable array of x's dtype "
-                        f"{dtype_name(xin.dtype)} with >= {int(recvs.sum())} elements)"
-                    )
-            record = (where, dtype_name(xin.dtype))
-        except (ValueError, TypeError, ShmemError) as exc:
-            error = exc
-        agree(self, where, record, error)
-        xin = cast("Operand", xin)
+        sends, recvs, xin, oin = self._alltoallv_args(where, x, send_counts, recv_counts, out)
         self.signature = signature((where, 0, dtype_name(xin.dtype)))
         with self.in_step(where):
             # every member's counts travel with the signatures: one exchange checks the
@@ -371,6 +341,49 @@ class TeamCollectives:
             error.agreed = True  # type: ignore[attr-defined]
             raise error
         return dest if out is None else out
+
+    def _alltoallv_args(
+        self,
+        where: str,
+        x: SHMEMBuffer | Array,
+        send_counts: Sequence[int],
+        recv_counts: Sequence[int],
+        out: SHMEMBuffer | Array | None,
+    ) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any], Operand, Operand | None]:
+        """:meth:`all_to_allv`'s counts, ``x`` and ``out``, checked, once the members agreed
+        on the call (an invalid argument raises on every member)."""
+        size = self.size
+        error: Exception | None = None
+        xin: Operand | None = None
+        oin: Operand | None = None
+        record: tuple[object, ...] = (where, "invalid")
+        sends = recvs = np.zeros(size, np.int64)
+        try:
+            sends = _counts(where, "send_counts", send_counts, size)
+            recvs = _counts(where, "recv_counts", recv_counts, size)
+            xin = Operand(x, where, "x")
+            if xin.count < int(sends.sum()):
+                raise CollectiveArgumentError(
+                    f"{where}: x too small (got {xin.count} elements; expected >= "
+                    f"{int(sends.sum())}, the sum of send_counts)"
+                )
+            if out is not None:
+                oin = Operand(out, where, "out")
+                if (
+                    oin.dtype != xin.dtype
+                    or not oin.array.flags.writeable
+                    or oin.count < int(recvs.sum())
+                ):
+                    raise CollectiveArgumentError(
+                        f"{where}: invalid out (got {oin.count} {dtype_name(oin.dtype)} "
+                        f"elements; expected a writeable array of x's dtype "
+                        f"{dtype_name(xin.dtype)} with >= {int(recvs.sum())} elements)"
+                    )
+            record = (where, dtype_name(xin.dtype))
+        except (ValueError, TypeError, ShmemError) as exc:
+            error = exc
+        agree(self, where, record, error)
+        return sends, recvs, cast("Operand", xin), oin
 
     def alltoalls(
         self,

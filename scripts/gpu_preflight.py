@@ -281,7 +281,7 @@ def sources(dirs: Iterable[str]) -> list[str]:
 
 def _compile_one(relative: str, arch: str) -> tuple[str, float, list[str]]:
     sys.path.insert(0, str(ROOT))
-    from shmem import _nvrtc
+    from shmem.device.cuda import nvrtc as _nvrtc
 
     t0 = time.perf_counter()
     obj = _nvrtc.compile_cubin(_nvrtc.source_of(relative), name=Path(relative).name, arch=arch)

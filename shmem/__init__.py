@@ -13,14 +13,29 @@
 
 from __future__ import annotations
 
-from . import errors
+from . import (
+    errors,
+    ipc,  # on import, IPC lends itself to the device layer below it
+)
 from ._version import __version__
 from .arena import Arena, ArenaStats
 from .backends import Backend
 from .buffer import SHMEMBuffer
 from .config import Config, load_config, parse_size
-from .context import Block, DeviceContext, Dim3, DriverVersion, Event, Function
-from .device import CPU, Accelerator, Device, DeviceAttributes, MemoryInfo
+from .device import (
+    CPU,
+    Accelerator,
+    Block,
+    Buffer,
+    Device,
+    DeviceAttributes,
+    DeviceContext,
+    Dim3,
+    DriverVersion,
+    Event,
+    Function,
+    MemoryInfo,
+)
 from .dtypes import SUPPORTED_DTYPES, as_dtype
 from .errors import (
     ArgumentError,
@@ -57,7 +72,6 @@ from .errors import (
     ViewError,
 )
 from .job import global_exit, pcontrol
-from .memory import Buffer
 from .signals import Cmp, SignalOp, SignalPad
 from .threads import ThreadLevel
 from .world import World, finalize, get_world, init
@@ -125,6 +139,7 @@ __all__ = [
     "get_world",
     "global_exit",
     "init",
+    "ipc",
     "load_config",
     "parse_size",
     "pcontrol",

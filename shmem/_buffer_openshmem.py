@@ -11,12 +11,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from . import sync
+from .dtypes import Casting
 from .errors import ArgumentError
 from .rma import AtomicOp, Context, Fetched, host_heap, signal_offset
 from .signals import Cmp
 
 if TYPE_CHECKING:
-    from .buffer import Casting
     from .world import World
 
 __all__ = ["OpenShmemMethods"]
@@ -56,7 +56,32 @@ class OpenShmemMethods:
     ) -> None:
         """Start writing ``src`` into ``rank``'s copy at byte ``offset``
         (``shmem_put_nbi``); complete after ``quiet()`` (``world.quiet()`` or ``ctx.quiet()``).
-        ``src`` must not change until then."""
+        ``src`` must not change until then.
+
+        Parameters
+        ----------
+        rank : int
+            The peer, a rank of ``ctx``'s team (the world's by default).
+        src : array-like
+            The data, at most the buffer's bytes from ``offset``.
+        offset : int, optional
+            Byte offset into ``rank``'s copy (a multiple of the item size).
+        casting : {"no", "equiv", "safe", "same_kind", "unsafe"}, optional
+            How a source of another dtype may be cast (numpy's rules; ``"same_kind"`` refuses values
+            the buffer's dtype cannot hold).
+        ctx : Context, optional
+            The communication context (default: the World's).
+
+        Raises
+        ------
+        ArgumentError
+            An invalid ``ctx``, rank or offset, a source that does not fit, or a cast ``casting``
+            refuses.
+        ShmemStateError
+            This buffer or ``ctx`` is closed (or ``ctx``'s team destroyed), or the World finalized.
+        NvshmemUnsupportedError
+            On the nvshmem backend (host backend only).
+        """
         self._ctx(ctx).put_nbi(self._me(), rank, src, offset, casting=casting)
 
     def get_nbi(
@@ -68,7 +93,34 @@ class OpenShmemMethods:
         ctx: Context | None = None,
     ) -> np.ndarray[Any, Any]:
         """Start reading ``rank``'s copy from byte ``offset`` into ``dst``
-        (``shmem_get_nbi``); ``dst`` holds the data after ``quiet()``. Returns ``dst``."""
+        (``shmem_get_nbi``); ``dst`` holds the data after ``quiet()``. Returns ``dst``.
+
+        Parameters
+        ----------
+        rank : int
+            The peer, a rank of ``ctx``'s team (the world's by default).
+        dst : numpy.ndarray
+            Where to read into (writeable, C-contiguous, this dtype; ``dst.nbytes`` bytes are read).
+        offset : int, optional
+            Byte offset into ``rank``'s copy.
+        ctx : Context, optional
+            The communication context (default: the World's).
+
+        Returns
+        -------
+        numpy.ndarray
+            ``dst``, holding the data after ``quiet()``.
+
+        Raises
+        ------
+        ArgumentError
+            An invalid ``ctx``, rank or offset, or a ``dst`` of another dtype, not contiguous or
+            writeable, or larger than the bytes from ``offset``.
+        ShmemStateError
+            This buffer or ``ctx`` is closed (or ``ctx``'s team destroyed), or the World finalized.
+        NvshmemUnsupportedError
+            On the nvshmem backend (host backend only).
+        """
         return self._ctx(ctx).get_nbi(self._me(), rank, dst, offset)
 
     def put_signal(
@@ -85,7 +137,41 @@ class OpenShmemMethods:
     ) -> None:
         """Write ``src`` into ``rank``'s copy, then set or add ``value`` to ``rank``'s signal
         word ``sig[sig_index]`` (any uint64 SHMEMBuffer; ``shmem_put_signal``). A rank that
-        sees the signal (``sig.signal_wait_until``) sees the data."""
+        sees the signal (``sig.signal_wait_until``) sees the data.
+
+        Parameters
+        ----------
+        rank : int
+            The peer, a rank of ``ctx``'s team (the world's by default).
+        src : array-like
+            The data (cast ``"same_kind"``), at most the buffer's bytes from ``offset``.
+        sig : SHMEMBuffer
+            The signal buffer (uint64).
+        value : int
+            The signal operand (uint64 range).
+        op : {"set", "add"}, optional
+            How ``value`` updates the signal word.
+        sig_index : int, optional
+            The signal word's element in ``sig``.
+        offset : int, optional
+            Byte offset into ``rank``'s copy.
+        ctx : Context, optional
+            The communication context (default: the World's).
+
+        Raises
+        ------
+        ArgumentError
+            An invalid ``ctx``, rank, offset, ``op`` or signal value, a ``sig`` that is not a uint64
+            SHMEMBuffer or a ``sig_index`` out of its range, or a source that does not fit or cast.
+        ShmemStateError
+            This buffer, ``sig`` or ``ctx`` is closed (or ``ctx``'s team destroyed), or the World
+            finalized.
+        NvshmemUnsupportedError
+            On the nvshmem backend (host backend only).
+        RemoteTimeoutError
+            The signal update did not complete within ``[signal] timeout_s`` (``rank`` made no MPI
+            progress).
+        """
         self._ctx(ctx).put_signal(
             self._me(), rank, src, sig, value, op, sig_index=sig_index, offset=offset
         )
@@ -103,7 +189,41 @@ class OpenShmemMethods:
         ctx: Context | None = None,
     ) -> None:
         """:meth:`put_signal`, non-blocking (``shmem_put_signal_nbi``): complete after
-        ``quiet()``; the signal never arrives before the data."""
+        ``quiet()``; the signal never arrives before the data.
+
+        Parameters
+        ----------
+        rank : int
+            The peer, a rank of ``ctx``'s team (the world's by default).
+        src : array-like
+            The data (cast ``"same_kind"``), at most the buffer's bytes from ``offset``.
+        sig : SHMEMBuffer
+            The signal buffer (uint64).
+        value : int
+            The signal operand (uint64 range).
+        op : {"set", "add"}, optional
+            How ``value`` updates the signal word.
+        sig_index : int, optional
+            The signal word's element in ``sig``.
+        offset : int, optional
+            Byte offset into ``rank``'s copy.
+        ctx : Context, optional
+            The communication context (default: the World's).
+
+        Raises
+        ------
+        ArgumentError
+            An invalid ``ctx``, rank, offset, ``op`` or signal value, a ``sig`` that is not a uint64
+            SHMEMBuffer or a ``sig_index`` out of its range, or a source that does not fit or cast.
+        ShmemStateError
+            This buffer, ``sig`` or ``ctx`` is closed (or ``ctx``'s team destroyed), or the World
+            finalized.
+        NvshmemUnsupportedError
+            On the nvshmem backend (host backend only).
+        RemoteTimeoutError
+            A signal sent at once (its data already complete) did not complete within ``[signal]
+            timeout_s``; a deferred one is delivered, and can time out, at ``quiet()``.
+        """
         self._ctx(ctx).put_signal_nbi(
             self._me(), rank, src, sig, value, op, sig_index=sig_index, offset=offset
         )
@@ -123,7 +243,35 @@ class OpenShmemMethods:
     ) -> None:
         """Write ``src[::src_stride]`` (``count`` elements, default all) to elements
         ``index, index + stride, ...`` of ``rank``'s copy (``shmem_iput``, on ``ctx``:
-        ``shmem_ctx_iput``)."""
+        ``shmem_ctx_iput``).
+
+        Parameters
+        ----------
+        rank : int
+            The peer, a rank of ``ctx``'s team (the world's by default).
+        src : array-like
+            The data, flat (cast ``"same_kind"``).
+        stride : int, optional
+            Elements between the targets in ``rank``'s copy (>= 1).
+        src_stride : int, optional
+            Elements between the elements read from ``src`` (>= 1).
+        count : int, optional
+            Elements to write (default: as many as ``src[::src_stride]`` holds).
+        index : int, optional
+            The first target element (flat).
+        ctx : Context, optional
+            The communication context (default: the World's).
+
+        Raises
+        ------
+        ArgumentError
+            An invalid ``ctx``, rank, stride, ``count`` or ``index``, a source that does not cast or
+            is too small, or targets past the buffer's end.
+        ShmemStateError
+            This buffer or ``ctx`` is closed (or ``ctx``'s team destroyed), or the World finalized.
+        NvshmemUnsupportedError
+            On the nvshmem backend (host backend only).
+        """
         self._ctx(ctx)._strided_put(
             "iput", self._me(), rank, src, 1, stride, src_stride, count, index
         )
@@ -141,7 +289,42 @@ class OpenShmemMethods:
     ) -> np.ndarray[Any, Any]:
         """Read elements ``index, index + stride, ...`` (``count`` of them) of ``rank``'s
         copy into ``dst[::dst_stride]`` or a new array (``shmem_iget``, on ``ctx``:
-        ``shmem_ctx_iget``); returns it."""
+        ``shmem_ctx_iget``); returns it.
+
+        Parameters
+        ----------
+        rank : int
+            The peer, a rank of ``ctx``'s team (the world's by default).
+        count : int
+            Elements to read (>= 0).
+        stride : int, optional
+            Elements between the sources in ``rank``'s copy (>= 1).
+        index : int, optional
+            The first source element (flat).
+        dst : numpy.ndarray, optional
+            Where to write (writeable, C-contiguous, this dtype), else a new array.
+        dst_stride : int, optional
+            Elements between the elements written in ``dst`` (>= 1).
+        ctx : Context, optional
+            The communication context (default: the World's).
+
+        Returns
+        -------
+        numpy.ndarray
+            ``dst``, or the new array of ``count`` elements.
+
+        Raises
+        ------
+        ArgumentError
+            An invalid ``ctx``, rank, ``count``, stride or ``index``, sources past the buffer's end,
+            or a ``dst`` of another dtype, not contiguous or writeable, or too small.
+        ShmemStateError
+            This buffer or ``ctx`` is closed (or ``ctx``'s team destroyed), or the World finalized.
+        NvshmemUnsupportedError
+            On the nvshmem backend (host backend only).
+        RemoteTimeoutError
+            An off-node read did not complete within the deadline (``rank`` made no MPI progress).
+        """
         return self._ctx(ctx)._strided_get(
             "iget", self._me(), rank, 1, stride, count, index, dst, dst_stride
         )
@@ -159,7 +342,37 @@ class OpenShmemMethods:
         ctx: Context | None = None,
     ) -> None:
         """Block-strided put (``shmem_ibput``): ``nblocks`` blocks of ``block`` elements,
-        starts ``src_stride`` apart in ``src`` and ``stride`` apart in ``rank``'s copy."""
+        starts ``src_stride`` apart in ``src`` and ``stride`` apart in ``rank``'s copy.
+
+        Parameters
+        ----------
+        rank : int
+            The peer, a rank of ``ctx``'s team (the world's by default).
+        src : array-like
+            The data, flat (cast ``"same_kind"``).
+        block : int
+            Elements per block (>= 1).
+        stride : int
+            Elements between block starts in ``rank``'s copy (>= ``block``).
+        src_stride : int, optional
+            Elements between block starts in ``src`` (>= ``block``; default ``block``).
+        nblocks : int, optional
+            Blocks to write (default: as many as ``src`` holds).
+        index : int, optional
+            The first target element (flat).
+        ctx : Context, optional
+            The communication context (default: the World's).
+
+        Raises
+        ------
+        ArgumentError
+            An invalid ``ctx``, rank, ``block``, stride, ``nblocks`` or ``index``, overlapping
+            blocks, a source that does not cast or is too small, or targets past the buffer's end.
+        ShmemStateError
+            This buffer or ``ctx`` is closed (or ``ctx``'s team destroyed), or the World finalized.
+        NvshmemUnsupportedError
+            On the nvshmem backend (host backend only).
+        """
         self._ctx(ctx).ibput(
             self._me(),
             rank,
@@ -183,7 +396,45 @@ class OpenShmemMethods:
         dst_stride: int | None = None,
         ctx: Context | None = None,
     ) -> np.ndarray[Any, Any]:
-        """Block-strided get (``shmem_ibget``), the converse of :meth:`ibput`."""
+        """Block-strided get (``shmem_ibget``), the converse of :meth:`ibput`.
+
+        Parameters
+        ----------
+        rank : int
+            The peer, a rank of ``ctx``'s team (the world's by default).
+        nblocks : int
+            Blocks to read (>= 0).
+        block : int
+            Elements per block (>= 1).
+        stride : int
+            Elements between block starts in ``rank``'s copy (>= ``block``).
+        index : int, optional
+            The first source element (flat).
+        dst : numpy.ndarray, optional
+            Where to write (writeable, C-contiguous, this dtype), else a new contiguous array.
+        dst_stride : int, optional
+            Elements between block starts in ``dst`` (>= ``block``; default ``block``).
+        ctx : Context, optional
+            The communication context (default: the World's).
+
+        Returns
+        -------
+        numpy.ndarray
+            ``dst``, or the new array of ``nblocks * block`` elements.
+
+        Raises
+        ------
+        ArgumentError
+            An invalid ``ctx``, rank, ``block``, stride, ``nblocks`` or ``index``, overlapping
+            blocks, sources past the buffer's end, or a ``dst`` of another dtype, not contiguous
+            or writeable, or too small.
+        ShmemStateError
+            This buffer or ``ctx`` is closed (or ``ctx``'s team destroyed), or the World finalized.
+        NvshmemUnsupportedError
+            On the nvshmem backend (host backend only).
+        RemoteTimeoutError
+            An off-node read did not complete within the deadline (``rank`` made no MPI progress).
+        """
         return self._ctx(ctx).ibget(
             self._me(),
             rank,
@@ -209,14 +460,69 @@ class OpenShmemMethods:
     ) -> Fetched:
         """Start a fetching atomic (``shmem_atomic_fetch_nbi``, ``..._fetch_add_nbi``,
         ``..._swap_nbi``, ``..._compare_swap_nbi``...): ``.value`` of the result after
-        ``quiet()``. ``op`` is an :class:`~shmem.rma.AtomicOp`."""
+        ``quiet()``. ``op`` is an :class:`~shmem.rma.AtomicOp`.
+
+        Parameters
+        ----------
+        rank : int
+            The peer, a rank of ``ctx``'s team (the world's by default).
+        index : int
+            The element of ``rank``'s copy.
+        op : AtomicOp or str
+            The atomic (``"fetch_add"``, ``"compare_swap"``...; float32/float64 buffers take
+            ``"fetch"`` and ``"swap"`` only).
+        value : float, optional
+            The operand (unused by ``"fetch"`` and ``"fetch_inc"``).
+        compare : int, optional
+            The expected old value (``"compare_swap"`` only, and required there).
+        ctx : Context, optional
+            The communication context (default: the World's).
+
+        Returns
+        -------
+        Fetched
+            The old value, as ``.value`` once complete (at once for ``"compare_swap"``).
+
+        Raises
+        ------
+        ArgumentError
+            An invalid ``ctx``, rank, ``op``, ``index`` or operand, a dtype ``op`` does not apply
+            to, or ``"compare_swap"`` without ``compare``.
+        ShmemStateError
+            This buffer or ``ctx`` is closed (or ``ctx``'s team destroyed), or the World finalized.
+        NvshmemUnsupportedError
+            On the nvshmem backend (host backend only).
+        """
         return self._ctx(ctx).atomic_nbi(self._me(), rank, index, op, value, compare=compare)
 
     # -- signals on symmetric words ---------------------------------------------------------
 
     def signal(self, rank: int, value: int, op: str = "set", *, index: int = 0) -> None:
         """Set or add ``value`` to ``rank``'s signal word ``self[index]`` (a uint64 buffer;
-        ``shmem_signal_set`` / ``shmem_signal_add``), after a release fence."""
+        ``shmem_signal_set`` / ``shmem_signal_add``), after a release fence.
+
+        Parameters
+        ----------
+        rank : int
+            The peer (a world rank).
+        value : int
+            The operand (uint64 range).
+        op : {"set", "add"}, optional
+            How ``value`` updates the signal word.
+        index : int, optional
+            The signal word's element.
+
+        Raises
+        ------
+        ArgumentError
+            An invalid rank, ``value``, ``op`` or ``index``, or a buffer that is not uint64.
+        ShmemStateError
+            The buffer is closed or the World finalized.
+        NvshmemUnsupportedError
+            On the nvshmem backend (host backend only).
+        RemoteTimeoutError
+            The update did not complete within the deadline (``rank`` made no MPI progress).
+        """
         from .dtypes import int_operand
         from .rma import SIGNAL_DTYPE, check_signal_op, signal_word
 
@@ -227,7 +533,27 @@ class OpenShmemMethods:
         signal_word(heap, target, off, v, check_signal_op("SHMEMBuffer.signal", op))
 
     def signal_fetch(self, index: int = 0) -> int:
-        """Atomically read this rank's signal word ``self[index]`` (``shmem_signal_fetch``)."""
+        """Atomically read this rank's signal word ``self[index]`` (``shmem_signal_fetch``).
+
+        Parameters
+        ----------
+        index : int, optional
+            The signal word's element.
+
+        Returns
+        -------
+        int
+            The word's value.
+
+        Raises
+        ------
+        ArgumentError
+            An invalid ``index``, or a buffer that is not uint64.
+        ShmemStateError
+            The buffer is closed or the World finalized.
+        NvshmemUnsupportedError
+            On the nvshmem backend (host backend only).
+        """
         off = signal_offset(self._me(), index, "SHMEMBuffer.signal_fetch")
         heap = host_heap(self._world, "SHMEMBuffer.signal_fetch")
         return heap.atomic_fetch_op(heap.rank, off, 0, np.dtype(np.uint64), "fetch")
@@ -236,7 +562,35 @@ class OpenShmemMethods:
         self, cmp: Cmp | str, value: int, *, index: int = 0, timeout: float | None = None
     ) -> int:
         """Wait until this rank's signal word ``self[index]`` compares true against ``value``
-        (``shmem_signal_wait_until``); return the value seen."""
+        (``shmem_signal_wait_until``); return the value seen.
+
+        Parameters
+        ----------
+        cmp : Cmp or str
+            The comparison (``Cmp.GE`` or ``"ge"``...).
+        value : int
+            The value compared against.
+        index : int, optional
+            The signal word's element.
+        timeout : float, optional
+            Seconds to wait (default: ``[signal] timeout_s``).
+
+        Returns
+        -------
+        int
+            The word's value once the comparison held.
+
+        Raises
+        ------
+        ArgumentError
+            An invalid ``cmp``, ``value``, ``index`` or ``timeout``, or a buffer that is not uint64.
+        ShmemStateError
+            The buffer is closed or the World finalized.
+        NvshmemUnsupportedError
+            On the nvshmem backend (host backend only).
+        SignalTimeoutError
+            The condition did not hold within the deadline.
+        """
         signal_offset(self._me(), index, "SHMEMBuffer.signal_wait_until")
         sync.wait_elements(
             self._me(), "signal_wait_until", "one", cmp, value, [index], None, timeout
@@ -249,7 +603,36 @@ class OpenShmemMethods:
         self, cmp: Cmp | str, value: int, *, index: int = 0, timeout: float | None = None
     ) -> int:
         """Wait until element ``index`` of this rank's copy compares true against ``value``
-        (``shmem_wait_until``); return the value seen."""
+        (``shmem_wait_until``); return the value seen.
+
+        Parameters
+        ----------
+        cmp : Cmp or str
+            The comparison (``Cmp.GE`` or ``"ge"``...).
+        value : int
+            The value compared against (in the buffer's dtype range).
+        index : int, optional
+            The element watched (flat).
+        timeout : float, optional
+            Seconds to wait (default: ``[signal] timeout_s``).
+
+        Returns
+        -------
+        int
+            The element's value once the comparison held.
+
+        Raises
+        ------
+        ArgumentError
+            An invalid ``cmp``, ``value``, ``index`` or ``timeout``, or a buffer of a non-integer
+            dtype.
+        ShmemStateError
+            The buffer is closed or the World finalized.
+        NvshmemUnsupportedError
+            On the nvshmem backend (host backend only).
+        SignalTimeoutError
+            The condition did not hold within the deadline.
+        """
         sync.wait_elements(self._me(), "wait_until", "one", cmp, value, [index], None, timeout)
         return int(self._me().local().reshape(-1)[index])
 
@@ -264,7 +647,33 @@ class OpenShmemMethods:
     ) -> None:
         """Wait until every element in ``indices`` (default all) whose ``status`` entry is 0
         compares true (``shmem_wait_until_all``; a sequence ``value`` is the ``_vector``
-        form, one value per element)."""
+        form, one value per element).
+
+        Parameters
+        ----------
+        cmp : Cmp or str
+            The comparison (``Cmp.GE`` or ``"ge"``...).
+        value : int or sequence of int
+            The value compared against, or one per watched element (the ``_vector`` form).
+        indices : sequence of int, optional
+            The elements watched (flat; default: all).
+        status : sequence of int, optional
+            One flag per watched element: nonzero leaves it out.
+        timeout : float, optional
+            Seconds to wait (default: ``[signal] timeout_s``).
+
+        Raises
+        ------
+        ArgumentError
+            An invalid ``cmp``, value, index, ``status`` or ``timeout`` (or a ``value`` or
+            ``status`` of another length than the watched elements), or a non-integer buffer.
+        ShmemStateError
+            The buffer is closed or the World finalized.
+        NvshmemUnsupportedError
+            On the nvshmem backend (host backend only).
+        SignalTimeoutError
+            The condition did not hold within the deadline.
+        """
         sync.wait_elements(
             self._me(), "wait_until_all", "all", cmp, value, indices, status, timeout
         )
@@ -279,7 +688,38 @@ class OpenShmemMethods:
         timeout: float | None = None,
     ) -> int | None:
         """Wait until one element compares true; return its index (the lowest satisfied), or
-        None when ``status`` excludes every element (``shmem_wait_until_any[_vector]``)."""
+        None when ``status`` excludes every element (``shmem_wait_until_any[_vector]``).
+
+        Parameters
+        ----------
+        cmp : Cmp or str
+            The comparison (``Cmp.GE`` or ``"ge"``...).
+        value : int or sequence of int
+            The value compared against, or one per watched element (the ``_vector`` form).
+        indices : sequence of int, optional
+            The elements watched (flat; default: all).
+        status : sequence of int, optional
+            One flag per watched element: nonzero leaves it out.
+        timeout : float, optional
+            Seconds to wait (default: ``[signal] timeout_s``).
+
+        Returns
+        -------
+        int or None
+            The lowest satisfied index; None when ``status`` leaves out every element.
+
+        Raises
+        ------
+        ArgumentError
+            An invalid ``cmp``, value, index, ``status`` or ``timeout`` (or a ``value`` or
+            ``status`` of another length than the watched elements), or a non-integer buffer.
+        ShmemStateError
+            The buffer is closed or the World finalized.
+        NvshmemUnsupportedError
+            On the nvshmem backend (host backend only).
+        SignalTimeoutError
+            The condition did not hold within the deadline.
+        """
         hits = sync.wait_elements(
             self._me(), "wait_until_any", "any", cmp, value, indices, status, timeout
         )
@@ -295,13 +735,68 @@ class OpenShmemMethods:
         timeout: float | None = None,
     ) -> list[int]:
         """Wait until at least one element compares true; return every satisfied index
-        (``shmem_wait_until_some[_vector]``)."""
+        (``shmem_wait_until_some[_vector]``).
+
+        Parameters
+        ----------
+        cmp : Cmp or str
+            The comparison (``Cmp.GE`` or ``"ge"``...).
+        value : int or sequence of int
+            The value compared against, or one per watched element (the ``_vector`` form).
+        indices : sequence of int, optional
+            The elements watched (flat; default: all).
+        status : sequence of int, optional
+            One flag per watched element: nonzero leaves it out.
+        timeout : float, optional
+            Seconds to wait (default: ``[signal] timeout_s``).
+
+        Returns
+        -------
+        list of int
+            Every satisfied index (``[]`` when ``status`` leaves out every element).
+
+        Raises
+        ------
+        ArgumentError
+            An invalid ``cmp``, value, index, ``status`` or ``timeout`` (or a ``value`` or
+            ``status`` of another length than the watched elements), or a non-integer buffer.
+        ShmemStateError
+            The buffer is closed or the World finalized.
+        NvshmemUnsupportedError
+            On the nvshmem backend (host backend only).
+        SignalTimeoutError
+            The condition did not hold within the deadline.
+        """
         return sync.wait_elements(
             self._me(), "wait_until_some", "some", cmp, value, indices, status, timeout
         )
 
     def test(self, cmp: Cmp | str, value: int, *, index: int = 0) -> bool:
-        """Whether element ``index`` compares true now (``shmem_test``; no waiting)."""
+        """Whether element ``index`` compares true now (``shmem_test``; no waiting).
+
+        Parameters
+        ----------
+        cmp : Cmp or str
+            The comparison (``Cmp.GE`` or ``"ge"``...).
+        value : int
+            The value compared against (in the buffer's dtype range).
+        index : int, optional
+            The element tested (flat).
+
+        Returns
+        -------
+        bool
+            Whether the element compares true.
+
+        Raises
+        ------
+        ArgumentError
+            An invalid ``cmp``, ``value`` or ``index``, or a buffer of a non-integer dtype.
+        ShmemStateError
+            The buffer is closed or the World finalized.
+        NvshmemUnsupportedError
+            On the nvshmem backend (host backend only).
+        """
         return sync.test_elements(self._me(), "test", "one", cmp, value, [index], None) is not None
 
     def test_all(
@@ -312,7 +807,34 @@ class OpenShmemMethods:
         indices: Sequence[int] | None = None,
         status: Sequence[int] | None = None,
     ) -> bool:
-        """Whether every unmasked element compares true now (``shmem_test_all[_vector]``)."""
+        """Whether every unmasked element compares true now (``shmem_test_all[_vector]``).
+
+        Parameters
+        ----------
+        cmp : Cmp or str
+            The comparison (``Cmp.GE`` or ``"ge"``...).
+        value : int or sequence of int
+            The value compared against, or one per watched element (the ``_vector`` form).
+        indices : sequence of int, optional
+            The elements watched (flat; default: all).
+        status : sequence of int, optional
+            One flag per watched element: nonzero leaves it out.
+
+        Returns
+        -------
+        bool
+            Whether every unmasked element compares true (True when none is).
+
+        Raises
+        ------
+        ArgumentError
+            An invalid ``cmp``, value, index or ``status`` (or a ``value`` or ``status`` of another
+            length than the watched elements), or a buffer of a non-integer dtype.
+        ShmemStateError
+            The buffer is closed or the World finalized.
+        NvshmemUnsupportedError
+            On the nvshmem backend (host backend only).
+        """
         return (
             sync.test_elements(self._me(), "test_all", "all", cmp, value, indices, status)
             is not None
@@ -326,7 +848,34 @@ class OpenShmemMethods:
         indices: Sequence[int] | None = None,
         status: Sequence[int] | None = None,
     ) -> int | None:
-        """The lowest unmasked index comparing true now, else None (``shmem_test_any``)."""
+        """The lowest unmasked index comparing true now, else None (``shmem_test_any``).
+
+        Parameters
+        ----------
+        cmp : Cmp or str
+            The comparison (``Cmp.GE`` or ``"ge"``...).
+        value : int or sequence of int
+            The value compared against, or one per watched element (the ``_vector`` form).
+        indices : sequence of int, optional
+            The elements watched (flat; default: all).
+        status : sequence of int, optional
+            One flag per watched element: nonzero leaves it out.
+
+        Returns
+        -------
+        int or None
+            The lowest unmasked index comparing true, else None.
+
+        Raises
+        ------
+        ArgumentError
+            An invalid ``cmp``, value, index or ``status`` (or a ``value`` or ``status`` of another
+            length than the watched elements), or a buffer of a non-integer dtype.
+        ShmemStateError
+            The buffer is closed or the World finalized.
+        NvshmemUnsupportedError
+            On the nvshmem backend (host backend only).
+        """
         hits = sync.test_elements(self._me(), "test_any", "any", cmp, value, indices, status)
         return hits[0] if hits else None
 
@@ -338,7 +887,34 @@ class OpenShmemMethods:
         indices: Sequence[int] | None = None,
         status: Sequence[int] | None = None,
     ) -> list[int]:
-        """Every unmasked index comparing true now (``shmem_test_some[_vector]``; may be [])."""
+        """Every unmasked index comparing true now (``shmem_test_some[_vector]``; may be []).
+
+        Parameters
+        ----------
+        cmp : Cmp or str
+            The comparison (``Cmp.GE`` or ``"ge"``...).
+        value : int or sequence of int
+            The value compared against, or one per watched element (the ``_vector`` form).
+        indices : sequence of int, optional
+            The elements watched (flat; default: all).
+        status : sequence of int, optional
+            One flag per watched element: nonzero leaves it out.
+
+        Returns
+        -------
+        list of int
+            Every unmasked index comparing true.
+
+        Raises
+        ------
+        ArgumentError
+            An invalid ``cmp``, value, index or ``status`` (or a ``value`` or ``status`` of another
+            length than the watched elements), or a buffer of a non-integer dtype.
+        ShmemStateError
+            The buffer is closed or the World finalized.
+        NvshmemUnsupportedError
+            On the nvshmem backend (host backend only).
+        """
         hits = sync.test_elements(self._me(), "test_some", "some", cmp, value, indices, status)
         return hits or []
 
@@ -347,27 +923,116 @@ class OpenShmemMethods:
     def set_lock(self, index: int = 0, *, timeout: float | None = None) -> None:
         """Acquire the lock word ``self[index]`` (int64/uint64, zeroed; ``shmem_set_lock``):
         fair (first come, first served), raising :class:`~shmem.errors.LockTimeoutError`
-        past the deadline."""
+        past the deadline.
+
+        Parameters
+        ----------
+        index : int, optional
+            The lock word's element (the word on rank 0's copy serves every rank).
+        timeout : float, optional
+            Seconds to wait (default: ``[signal] timeout_s``).
+
+        Raises
+        ------
+        ArgumentError
+            An invalid ``index`` or ``timeout`` (refused before a ticket is drawn), or a buffer that
+            is not int64/uint64.
+        ShmemStateError
+            This rank holds the lock already, the buffer is closed or the World finalized.
+        LockTimeoutError
+            The lock was not acquired within the deadline (it is unusable from then on).
+        RemoteTimeoutError
+            Rank 0, which holds the lock word, made no MPI progress within the deadline.
+        """
         sync.set_lock(self._me(), index, timeout)
 
     def try_lock(self, index: int = 0) -> bool:
         """Acquire the lock if it is free now, without waiting: True when this call acquired
-        it (the Python spelling of :meth:`test_lock`, which returns OpenSHMEM's int)."""
+        it (the Python spelling of :meth:`test_lock`, which returns OpenSHMEM's int).
+
+        Parameters
+        ----------
+        index : int, optional
+            The lock word's element.
+
+        Returns
+        -------
+        bool
+            True when this call acquired the lock.
+
+        Raises
+        ------
+        ArgumentError
+            An invalid ``index``, or a buffer that is not int64/uint64.
+        ShmemStateError
+            The buffer is closed or the World finalized.
+        RemoteTimeoutError
+            Rank 0, which holds the lock word, made no MPI progress within the deadline.
+        """
         return sync.try_lock(self._me(), index)
 
     def test_lock(self, index: int = 0) -> int:
         """``shmem_test_lock``, with its C return value: **0 when this call acquired the
         lock**, 1 when the lock was set (by another rank, or queued for). ``if
         buf.test_lock():`` therefore means "not acquired"; :meth:`try_lock` returns True
-        when acquired."""
+        when acquired.
+
+        Parameters
+        ----------
+        index : int, optional
+            The lock word's element.
+
+        Returns
+        -------
+        int
+            0 when this call acquired the lock, else 1.
+
+        Raises
+        ------
+        ArgumentError
+            An invalid ``index``, or a buffer that is not int64/uint64.
+        ShmemStateError
+            The buffer is closed or the World finalized.
+        RemoteTimeoutError
+            Rank 0, which holds the lock word, made no MPI progress within the deadline.
+        """
         return 0 if sync.try_lock(self._me(), index, "test_lock") else 1
 
     def clear_lock(self, index: int = 0) -> None:
-        """Complete outstanding puts (``quiet``), then release (``shmem_clear_lock``)."""
+        """Complete outstanding puts (``quiet``), then release (``shmem_clear_lock``).
+
+        Parameters
+        ----------
+        index : int, optional
+            The lock word's element.
+
+        Raises
+        ------
+        ArgumentError
+            An invalid ``index``, or a buffer that is not int64/uint64.
+        ShmemStateError
+            This rank does not hold the lock (left unchanged), the buffer is closed or the World
+            finalized.
+        RemoteTimeoutError
+            The quiet, or the update of rank 0's lock word, did not complete within the deadline.
+        """
         sync.clear_lock(self._me(), index)
 
     def lock(self, index: int = 0, *, timeout: float | None = None) -> _Held:
-        """``with buf.lock(): ...``: :meth:`set_lock` on entry, :meth:`clear_lock` on exit."""
+        """``with buf.lock(): ...``: :meth:`set_lock` on entry, :meth:`clear_lock` on exit.
+
+        Parameters
+        ----------
+        index : int, optional
+            The lock word's element.
+        timeout : float, optional
+            Seconds to wait (default: ``[signal] timeout_s``).
+
+        Returns
+        -------
+        context manager
+            Acquires on entry (raising what :meth:`set_lock` raises), releases on exit.
+        """
         return _Held(self, index, timeout)
 
 

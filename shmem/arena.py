@@ -19,7 +19,25 @@ __all__ = ["Arena", "ArenaStats"]
 class ArenaStats:
     """A snapshot: capacity, bytes in use, free bytes, the largest free block, block counts;
     ``held``: bytes of closed buffers kept for views still alive (counted in ``used``, freed
-    at the first heap call after the last view is gone; see :mod:`shmem.quarantine`)."""
+    at the first heap call after the last view is gone; see :mod:`shmem.quarantine`).
+
+    Parameters
+    ----------
+    capacity : int
+        Bytes managed.
+    used : int
+        Bytes in allocated blocks (``held`` included).
+    free_total : int
+        Bytes in free blocks.
+    largest_free : int
+        The largest free block's bytes: the largest request that can succeed now.
+    num_allocated : int
+        Allocated blocks.
+    num_free_blocks : int
+        Free blocks (after coalescing).
+    held : int
+        Bytes of closed buffers kept for views still alive.
+    """
 
     capacity: int
     used: int
@@ -43,6 +61,11 @@ class Arena:
         Bytes managed (rounded down to ``alignment``).
     alignment : int
         Every offset and every block size is a multiple of this power of two.
+
+    Raises
+    ------
+    ValueError
+        ``alignment`` is not a power of two, or ``capacity`` is negative.
     """
 
     def __init__(self, capacity: int, alignment: int = 256) -> None:
@@ -60,7 +83,18 @@ class Arena:
         self._allocated: dict[int, int] = {}
 
     def block_nbytes(self, nbytes: int) -> int:
-        """The bytes a request of ``nbytes`` occupies (at least one aligned unit)."""
+        """The bytes a request of ``nbytes`` occupies (at least one aligned unit).
+
+        Parameters
+        ----------
+        nbytes : int
+            The requested bytes.
+
+        Returns
+        -------
+        int
+            ``nbytes`` rounded up to the arena's alignment, at least one alignment unit.
+        """
         return _round_up(max(nbytes, 1), self.alignment)
 
     def alloc(self, nbytes: int, alignment: int | None = None) -> int:
@@ -68,10 +102,24 @@ class Arena:
         it, at a multiple of ``alignment`` (a power of two; the arena's own by default). The
         bytes skipped to align stay free.
 
+        Parameters
+        ----------
+        nbytes : int
+            Bytes to reserve (0 reserves one aligned unit).
+        alignment : int, optional
+            The offset's alignment, a power of two (default: the arena's).
+
+        Returns
+        -------
+        int
+            The block's offset from the arena's start.
+
         Raises
         ------
         HeapExhaustedError
             No free block is large enough; the arena is unchanged.
+        ValueError
+            ``nbytes`` is negative, or ``alignment`` is not a power of two.
         """
         if nbytes < 0:
             raise ValueError(f"Arena.alloc: nbytes cannot be negative (got {nbytes})")
@@ -104,7 +152,18 @@ class Arena:
         )
 
     def free(self, offset: int) -> None:
-        """Release the block at ``offset`` and coalesce it with free neighbours."""
+        """Release the block at ``offset`` and coalesce it with free neighbours.
+
+        Parameters
+        ----------
+        offset : int
+            An offset :meth:`alloc` returned and not freed since.
+
+        Raises
+        ------
+        ArgumentError
+            ``offset`` is not the start of an allocated block (never allocated, or freed twice).
+        """
         size = self._allocated.pop(offset, None)
         if size is None:
             raise ArgumentError(
@@ -125,15 +184,33 @@ class Arena:
             self._free_sizes.insert(i, size)
 
     def allocated(self) -> dict[int, int]:
-        """A copy of the allocated blocks, offset -> bytes."""
+        """A copy of the allocated blocks, offset -> bytes.
+
+        Returns
+        -------
+        dict of int to int
+            Offset to bytes of every allocated block.
+        """
         return dict(self._allocated)
 
     def free_blocks(self) -> list[tuple[int, int]]:
-        """The free blocks as ``(offset, nbytes)``, sorted by offset."""
+        """The free blocks as ``(offset, nbytes)``, sorted by offset.
+
+        Returns
+        -------
+        list of tuple of int
+            ``(offset, nbytes)`` of every free block, by offset.
+        """
         return list(zip(self._free_offsets, self._free_sizes, strict=True))
 
     def stats(self) -> ArenaStats:
-        """Current usage figures."""
+        """Current usage figures.
+
+        Returns
+        -------
+        ArenaStats
+            A snapshot of the figures now.
+        """
         free_total = sum(self._free_sizes)
         return ArenaStats(
             capacity=self.capacity,

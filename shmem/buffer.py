@@ -5,22 +5,23 @@ from __future__ import annotations
 import math
 import warnings
 import weakref
-from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast, overload
+from typing import TYPE_CHECKING, Any, TypeVar, cast, overload
 
 import ml_dtypes
 import numpy as np
 import numpy.typing as npt
 
 from ._buffer_openshmem import OpenShmemMethods
-from .dtypes import DTypeLike, as_dtype, dtype_name, float_operand, int_operand
+from .device.memory import Buffer
+from .dtypes import Casting, DTypeLike, as_dtype, dtype_name, float_operand, int_operand
 from .errors import ArgumentError, ShmemStateError
 from .heap import ATOMIC_DTYPES, FLOAT_ATOMIC_DTYPES
-from .memory import Buffer
 from .quarantine import ViewRef, anchored
+from .rma import host_heap, register_buffer_type
 from .signals import signal_value
 
 if TYPE_CHECKING:
-    from .context import DeviceContext
+    from .device.context import DeviceContext
     from .heap import DeviceSymmetricHeap
     from .world import World
 
@@ -29,7 +30,6 @@ __all__ = ["SHMEMBuffer"]
 _KDLCPU = 1
 
 
-Casting = Literal["no", "equiv", "safe", "same_kind", "unsafe"]
 _LOW_FLOATS = frozenset(
     np.dtype(t) for t in (ml_dtypes.bfloat16, ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2)
 )
@@ -45,6 +45,21 @@ class SHMEMBuffer(OpenShmemMethods):
 
     Every rank has its own copy; :meth:`local` is this rank's, :meth:`peer` another rank's
     (zero-copy where load/store reachable), and :meth:`put` / :meth:`get` move data one-sided.
+
+    Not constructed directly: :meth:`World.empty` and :meth:`World.zeros` make them.
+
+    Parameters
+    ----------
+    world : World
+        The World whose heap holds the buffer.
+    offset : int
+        The byte offset in every rank's heap slab (the same on every rank).
+    shape : tuple of int
+        The array shape.
+    dtype : numpy.dtype
+        The element type.
+    root : SHMEMBuffer, optional
+        The allocation a view is made from (None for an allocation).
     """
 
     def __init__(
@@ -169,13 +184,25 @@ class SHMEMBuffer(OpenShmemMethods):
     # -- views --------------------------------------------------------------------------------
 
     def unsafe_ptr(self) -> int:
-        """Address of this rank's copy (valid until :meth:`close`)."""
+        """Address of this rank's copy (valid until :meth:`close`).
+
+        Returns
+        -------
+        int
+            The address (a device pointer on the nvshmem backend).
+        """
         self._live("unsafe_ptr")
         return self._world.heap.address(self._offset)
 
     def local(self) -> Any:
         """This rank's copy, zero-copy: a numpy array of ``shape`` and ``dtype`` on the host
-        backend; a GPU :class:`~shmem.Buffer` on the nvshmem backend (DLPack: cupy, torch)."""
+        backend; a GPU :class:`~shmem.Buffer` on the nvshmem backend (DLPack: cupy, torch).
+
+        Returns
+        -------
+        numpy.ndarray or Buffer
+            This rank's copy.
+        """
         self._live("local")
         heap: Any = self._world.heap
         if heap.device_memory:
@@ -185,7 +212,18 @@ class SHMEMBuffer(OpenShmemMethods):
     def peer(self, rank: int) -> Any:
         """Rank ``rank``'s copy, zero-copy (a numpy array; a GPU Buffer on the nvshmem
         backend), or None when not load/store reachable (a peer on another node): use
-        :meth:`put` / :meth:`get` then."""
+        :meth:`put` / :meth:`get` then.
+
+        Parameters
+        ----------
+        rank : int
+            The peer (may be this rank).
+
+        Returns
+        -------
+        numpy.ndarray or Buffer or None
+            The peer's copy, or None off the node.
+        """
         return self._peer("peer", rank)
 
     def _peer(self, where: str, rank: int) -> Any:
@@ -239,6 +277,16 @@ class SHMEMBuffer(OpenShmemMethods):
         the last axis rescaled). Everything works on it as on an allocation: put/get and
         their non-blocking and strided forms, atomics, waits and tests, signals, locks; it
         lives as long as the allocation (closing that closes it; it is not closed itself).
+
+        Parameters
+        ----------
+        dtype : dtype-like
+            A supported dtype.
+
+        Returns
+        -------
+        SHMEMBuffer
+            The view (not closed by itself).
 
         Raises
         ------
@@ -310,8 +358,8 @@ class SHMEMBuffer(OpenShmemMethods):
         return child
 
     def _device_buffer(self, ptr: int) -> Buffer:
-        from ._cuda_memory import _DeviceMemory
-        from .views import contiguous_strides
+        from .device.cuda.memory import _DeviceMemory
+        from .device.views import contiguous_strides
 
         heap = self._world.heap
         return Buffer._device_view(
@@ -400,6 +448,26 @@ class SHMEMBuffer(OpenShmemMethods):
         A source of another dtype is cast (``casting`` as numpy's); the default
         ``"same_kind"`` refuses values the buffer's dtype cannot hold instead of wrapping
         them, ``"unsafe"`` allows any cast with numpy's C semantics.
+
+        Parameters
+        ----------
+        rank : int
+            The peer (may be this rank).
+        src : array-like or Buffer
+            The data, at most the buffer's bytes from ``offset``.
+        offset : int, optional
+            Byte offset into ``rank``'s copy.
+        signal : tuple, optional
+            ``(slot, value)`` or ``(slot, value, op)``: a world signal raised on ``rank`` after the
+            data.
+        casting : {"no", "equiv", "safe", "same_kind", "unsafe"}, optional
+            How a source of another dtype may be cast (numpy's rules).
+
+        Raises
+        ------
+        ArgumentError
+            An invalid rank, offset or signal, a source that does not fit, or a cast ``casting``
+            refuses.
         """
         fast = self._fast
         if fast is not None:
@@ -506,6 +574,26 @@ class SHMEMBuffer(OpenShmemMethods):
         Into ``dst`` (a C-contiguous writable array of this dtype; ``dst.nbytes`` bytes are
         read) when given, else into a new array: of ``shape`` when ``offset == 0``, else the
         flat remainder. Returns the array.
+
+        Parameters
+        ----------
+        rank : int
+            The peer (may be this rank).
+        dst : numpy.ndarray or Buffer, optional
+            Where to read into (C-contiguous, writable, this dtype).
+        offset : int, optional
+            Byte offset into ``rank``'s copy.
+
+        Returns
+        -------
+        numpy.ndarray or Buffer
+            ``dst``, or the new array.
+
+        Raises
+        ------
+        ArgumentError
+            An invalid rank or offset, or a ``dst`` of another dtype, not contiguous or writable,
+            or larger than the bytes from ``offset``.
         """
         self._live("get")
         rank = self._check_rank("get", rank)
@@ -549,7 +637,13 @@ class SHMEMBuffer(OpenShmemMethods):
 
     def get_type_name(self) -> str:
         """The element type's name (``"float32"``, ``"bfloat16"``...; the seed's
-        ``SHMEMBuffer.get_type_name``)."""
+        ``SHMEMBuffer.get_type_name``).
+
+        Returns
+        -------
+        str
+            The dtype's canonical name.
+        """
         return dtype_name(self._dtype)
 
     def _from_pointer(self, where: str, ptr: Any) -> Any:
@@ -566,7 +660,15 @@ class SHMEMBuffer(OpenShmemMethods):
         """Copy this rank's copy into ``host_array`` (a numpy array or host Buffer of the same
         dtype and element count, or the address of ``nbytes`` of host memory as an ``int``),
         stream-ordered on ``ctx`` (default: the World's context): synchronize it before
-        reading ``host_array``."""
+        reading ``host_array``.
+
+        Parameters
+        ----------
+        host_array : numpy.ndarray or Buffer or int
+            The destination (an ``int`` is a host address).
+        ctx : DeviceContext, optional
+            The stream; the World's context when None.
+        """
         self._live("enqueue_copy_to")
         host_array = self._from_pointer("enqueue_copy_to", host_array)
         self._check_host_array("enqueue_copy_to", host_array)
@@ -577,7 +679,20 @@ class SHMEMBuffer(OpenShmemMethods):
     ) -> None:
         """Copy ``host_array`` (same dtype and element count, or the address of ``nbytes``
         of host memory as an ``int``) into this rank's copy, stream-ordered on ``ctx``
-        (default: the World's context)."""
+        (default: the World's context).
+
+        Parameters
+        ----------
+        host_array : array-like or Buffer or int
+            The source (an ``int`` is a host address).
+        ctx : DeviceContext, optional
+            The stream; the World's context when None.
+
+        Raises
+        ------
+        ArgumentError
+            A source of another dtype or element count.
+        """
         self._live("enqueue_copy_from")
         src = self._from_pointer("enqueue_copy_from", host_array)
         if not isinstance(src, np.ndarray | Buffer):
@@ -637,8 +752,6 @@ class SHMEMBuffer(OpenShmemMethods):
 
     def _float_atomic(self, where: str, rank: int, index: int, op: str, value: object) -> float:
         """fetch/set/swap on a float32/float64 buffer (host backend)."""
-        from .rma import host_heap
-
         rank, off = self._atomic_args(where, rank, index, float_ok=True)
         v = float_operand(f"SHMEMBuffer.{where}", "value", value, self._dtype)
         heap = host_heap(self._world, f"SHMEMBuffer.{where}")
@@ -646,7 +759,22 @@ class SHMEMBuffer(OpenShmemMethods):
 
     def atomic_fetch_add(self, rank: int, index: int, value: int) -> int:
         """Atomically add ``value`` to element ``index`` (flat) of ``rank``'s copy; return
-        the old value."""
+        the old value.
+
+        Parameters
+        ----------
+        rank : int
+            The peer (may be this rank).
+        index : int
+            The element's flat index.
+        value : int
+            The operand.
+
+        Returns
+        -------
+        int
+            The element's value before the add.
+        """
         rank, off = self._atomic_args("atomic_fetch_add", rank, index)
         v = int_operand(
             "SHMEMBuffer.atomic_fetch_add", "value", value, self._dtype, wrap_negative=True
@@ -659,7 +787,22 @@ class SHMEMBuffer(OpenShmemMethods):
     def atomic_swap(self, rank: int, index: int, value: float) -> int | float: ...
     def atomic_swap(self, rank: int, index: int, value: float) -> int | float:
         """Atomically store ``value`` in element ``index`` of ``rank``'s copy; return the old
-        (integer dtypes, and float32/float64 as OpenSHMEM's ``shmem_atomic_swap``)."""
+        (integer dtypes, and float32/float64 as OpenSHMEM's ``shmem_atomic_swap``).
+
+        Parameters
+        ----------
+        rank : int
+            The peer (may be this rank).
+        index : int
+            The element's flat index.
+        value : int or float
+            The value stored.
+
+        Returns
+        -------
+        int or float
+            The element's value before the swap.
+        """
         if self._dtype in FLOAT_ATOMIC_DTYPES:
             return self._float_atomic("atomic_swap", rank, index, "set", value)
         rank, off = self._atomic_args("atomic_swap", rank, index)
@@ -668,7 +811,24 @@ class SHMEMBuffer(OpenShmemMethods):
 
     def atomic_compare_swap(self, rank: int, index: int, compare: int, value: int) -> int:
         """Atomically store ``value`` in element ``index`` of ``rank``'s copy if it equals
-        ``compare``; return the old value (equal to ``compare`` when the swap happened)."""
+        ``compare``; return the old value (equal to ``compare`` when the swap happened).
+
+        Parameters
+        ----------
+        rank : int
+            The peer (may be this rank).
+        index : int
+            The element's flat index.
+        compare : int
+            The value the element must hold for the swap.
+        value : int
+            The value stored.
+
+        Returns
+        -------
+        int
+            The element's value before the call.
+        """
         rank, off = self._atomic_args("atomic_compare_swap", rank, index)
         where = "SHMEMBuffer.atomic_compare_swap"
         c = int_operand(where, "compare", compare, self._dtype)
@@ -682,57 +842,196 @@ class SHMEMBuffer(OpenShmemMethods):
 
     def atomic_fetch(self, rank: int, index: int) -> Any:
         """Atomically read element ``index`` of ``rank``'s copy (``shmem_atomic_fetch``; an
-        int, or a float for float32/float64)."""
+        int, or a float for float32/float64).
+
+        Parameters
+        ----------
+        rank : int
+            The peer (may be this rank).
+        index : int
+            The element's flat index.
+
+        Returns
+        -------
+        int or float
+            The element's value.
+        """
         if self._dtype in FLOAT_ATOMIC_DTYPES:
             return self._float_atomic("atomic_fetch", rank, index, "fetch", 0.0)
         rank, off = self._atomic_args("atomic_fetch", rank, index)
         return self._world.heap.atomic_fetch_op(rank, off, 0, self._dtype, "fetch")
 
     def atomic_set(self, rank: int, index: int, value: float) -> None:
-        """Atomically store ``value`` (``shmem_atomic_set``; integer or float32/float64)."""
+        """Atomically store ``value`` (``shmem_atomic_set``; integer or float32/float64).
+
+        Parameters
+        ----------
+        rank : int
+            The peer (may be this rank).
+        index : int
+            The element's flat index.
+        value : int or float
+            The value stored.
+        """
         self.atomic_swap(rank, index, value)
 
     def atomic_add(self, rank: int, index: int, value: int) -> None:
-        """Atomically add ``value`` (``shmem_atomic_add``; unsigned: negative wraps, as C)."""
+        """Atomically add ``value`` (``shmem_atomic_add``; unsigned: negative wraps, as C).
+
+        Parameters
+        ----------
+        rank : int
+            The peer (may be this rank).
+        index : int
+            The element's flat index.
+        value : int
+            The operand.
+        """
         self._atomic_op("atomic_add", rank, index, "add", value)
 
     def atomic_inc(self, rank: int, index: int) -> None:
-        """Atomically add one (``shmem_atomic_inc``)."""
+        """Atomically add one (``shmem_atomic_inc``).
+
+        Parameters
+        ----------
+        rank : int
+            The peer (may be this rank).
+        index : int
+            The element's flat index.
+        """
         self._atomic_op("atomic_inc", rank, index, "add", 1)
 
     def atomic_fetch_inc(self, rank: int, index: int) -> int:
-        """Atomically add one; return the old value (``shmem_atomic_fetch_inc``)."""
+        """Atomically add one; return the old value (``shmem_atomic_fetch_inc``).
+
+        Parameters
+        ----------
+        rank : int
+            The peer (may be this rank).
+        index : int
+            The element's flat index.
+
+        Returns
+        -------
+        int
+            The element's value before the increment.
+        """
         return self._atomic_op("atomic_fetch_inc", rank, index, "add", 1)
 
     def atomic_fetch_and(self, rank: int, index: int, value: int) -> int:
-        """Atomically ``x &= value``; return the old ``x`` (``shmem_atomic_fetch_and``)."""
+        """Atomically ``x &= value``; return the old ``x`` (``shmem_atomic_fetch_and``).
+
+        Parameters
+        ----------
+        rank : int
+            The peer (may be this rank).
+        index : int
+            The element's flat index.
+        value : int
+            The operand.
+
+        Returns
+        -------
+        int
+            The element's value before the operation.
+        """
         return self._atomic_op("atomic_fetch_and", rank, index, "and", value)
 
     def atomic_fetch_or(self, rank: int, index: int, value: int) -> int:
-        """Atomically ``x |= value``; return the old ``x`` (``shmem_atomic_fetch_or``)."""
+        """Atomically ``x |= value``; return the old ``x`` (``shmem_atomic_fetch_or``).
+
+        Parameters
+        ----------
+        rank : int
+            The peer (may be this rank).
+        index : int
+            The element's flat index.
+        value : int
+            The operand.
+
+        Returns
+        -------
+        int
+            The element's value before the operation.
+        """
         return self._atomic_op("atomic_fetch_or", rank, index, "or", value)
 
     def atomic_fetch_xor(self, rank: int, index: int, value: int) -> int:
-        """Atomically ``x ^= value``; return the old ``x`` (``shmem_atomic_fetch_xor``)."""
+        """Atomically ``x ^= value``; return the old ``x`` (``shmem_atomic_fetch_xor``).
+
+        Parameters
+        ----------
+        rank : int
+            The peer (may be this rank).
+        index : int
+            The element's flat index.
+        value : int
+            The operand.
+
+        Returns
+        -------
+        int
+            The element's value before the operation.
+        """
         return self._atomic_op("atomic_fetch_xor", rank, index, "xor", value)
 
     def atomic_and(self, rank: int, index: int, value: int) -> None:
-        """Atomically ``x &= value`` (``shmem_atomic_and``)."""
+        """Atomically ``x &= value`` (``shmem_atomic_and``).
+
+        Parameters
+        ----------
+        rank : int
+            The peer (may be this rank).
+        index : int
+            The element's flat index.
+        value : int
+            The operand.
+        """
         self._atomic_op("atomic_and", rank, index, "and", value)
 
     def atomic_or(self, rank: int, index: int, value: int) -> None:
-        """Atomically ``x |= value`` (``shmem_atomic_or``)."""
+        """Atomically ``x |= value`` (``shmem_atomic_or``).
+
+        Parameters
+        ----------
+        rank : int
+            The peer (may be this rank).
+        index : int
+            The element's flat index.
+        value : int
+            The operand.
+        """
         self._atomic_op("atomic_or", rank, index, "or", value)
 
     def atomic_xor(self, rank: int, index: int, value: int) -> None:
-        """Atomically ``x ^= value`` (``shmem_atomic_xor``)."""
+        """Atomically ``x ^= value`` (``shmem_atomic_xor``).
+
+        Parameters
+        ----------
+        rank : int
+            The peer (may be this rank).
+        index : int
+            The element's flat index.
+        value : int
+            The operand.
+        """
         self._atomic_op("atomic_xor", rank, index, "xor", value)
 
     # -- single elements --------------------------------------------------------------------
 
     def p(self, rank: int, index: int, value: complex | bool) -> None:
         """Write one element, ``value``, at flat ``index`` of ``rank``'s copy (``shmem_p``;
-        one-sided, host-blocking; lossy casts refused as for :meth:`put`)."""
+        one-sided, host-blocking; lossy casts refused as for :meth:`put`).
+
+        Parameters
+        ----------
+        rank : int
+            The peer (may be this rank).
+        index : int
+            The element's flat index.
+        value : int or float or complex or bool
+            The element's new value.
+        """
         self._check_index("p", index)
         if self._dtype.kind in "iu" and isinstance(value, int | np.integer):
             value = int_operand("SHMEMBuffer.p", "value", value, self._dtype)
@@ -743,7 +1042,20 @@ class SHMEMBuffer(OpenShmemMethods):
 
     def g(self, rank: int, index: int) -> Any:
         """Read one element at flat ``index`` of ``rank``'s copy as a Python scalar
-        (``shmem_g``; one-sided, host-blocking)."""
+        (``shmem_g``; one-sided, host-blocking).
+
+        Parameters
+        ----------
+        rank : int
+            The peer (may be this rank).
+        index : int
+            The element's flat index.
+
+        Returns
+        -------
+        int or float or complex or bool
+            The element's value.
+        """
         self._check_index("g", index)
         out = self.get(rank, np.empty(1, self._dtype), offset=int(index) * self._dtype.itemsize)
         return np.asarray(out).reshape(-1)[0].item()
@@ -761,13 +1073,25 @@ class SHMEMBuffer(OpenShmemMethods):
 
     def as_buffer(self) -> Buffer:
         """This rank's copy as a :class:`~shmem.Buffer` (zero-copy, host or device): every
-        Buffer operation, and the one DLPack producer every buffer kind exports through."""
+        Buffer operation, and the one DLPack producer every buffer kind exports through.
+
+        Returns
+        -------
+        Buffer
+            This rank's copy, zero-copy.
+        """
         arr = self.local()
         return arr if isinstance(arr, Buffer) else Buffer._host(arr, keepalive=self)
 
     def to_numpy(self) -> np.ndarray[Any, Any]:
         """This rank's copy as numpy: a zero-copy view on the host backend (the same as
-        :meth:`local`), a host copy of the GPU memory on the nvshmem backend."""
+        :meth:`local`), a host copy of the GPU memory on the nvshmem backend.
+
+        Returns
+        -------
+        numpy.ndarray
+            A view (host backend) or a copy (nvshmem backend).
+        """
         self._live("to_numpy")
         return self.as_buffer().to_numpy()
 
@@ -795,7 +1119,13 @@ class SHMEMBuffer(OpenShmemMethods):
         from one: slices, Buffers, DLPack tensors) keeps the memory on every rank, unchanged
         by later allocations; the block is freed at the first heap call after the last such
         view on every rank is gone (:mod:`shmem.quarantine`). Raw addresses
-        (:meth:`unsafe_ptr`) are not tracked: they are valid until ``close()``."""
+        (:meth:`unsafe_ptr`) are not tracked: they are valid until ``close()``.
+
+        Raises
+        ------
+        ShmemStateError
+            This is a view: close the allocation it came from.
+        """
         if self._closed:
             return
         if self._root is not None:
@@ -867,3 +1197,6 @@ def _check_lossless(
                 f"{src.dtype} source; expected finite values in range, or pass "
                 "casting='unsafe' to let them become inf)"
             )
+
+
+register_buffer_type(SHMEMBuffer)  # rma's and sync's checks know it without importing this

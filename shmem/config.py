@@ -82,7 +82,25 @@ _SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*$")
 
 
 def parse_size(value: object, where: str = "parse_size") -> int:
-    """Parse a byte count: an ``int`` or a string like ``"256MiB"``, ``"1.5 GiB"``, ``"64kB"``."""
+    """Parse a byte count: an ``int`` or a string like ``"256MiB"``, ``"1.5 GiB"``, ``"64kB"``.
+
+    Parameters
+    ----------
+    value : int or str
+        Bytes, or a number with a unit (``B``, ``kB``/``KiB``, ``MB``/``MiB``, ``GB``/``GiB``...).
+    where : str, optional
+        What is being parsed, to head the error message (a config key, a function's name).
+
+    Returns
+    -------
+    int
+        The number of bytes.
+
+    Raises
+    ------
+    ConfigError
+        A bool, a negative number, a fraction of a byte, or a string that is no size.
+    """
     if isinstance(value, bool):
         raise ConfigError(f"{where}: a size must be bytes or a string (got {value!r})")
     if isinstance(value, int):
@@ -197,7 +215,29 @@ class NvshmemConfig:
 
 @dataclass(frozen=True)
 class Config:
-    """The whole configuration; ``source`` says where the file part came from."""
+    """The whole configuration; ``source`` says where the file part came from.
+
+    Parameters
+    ----------
+    heap : HeapConfig
+        The ``[heap]`` section: heap size per rank, alignment, symmetry checks, node split.
+    signal : SignalConfig
+        The ``[signal]`` section: signal slots and the deadline of every wait.
+    collectives : CollectivesConfig
+        The ``[collectives]`` section: algorithm choice and its thresholds.
+    log : LogConfig
+        The ``[log]`` section.
+    device : DeviceConfig
+        The ``[device]`` section: the backend and device selection.
+    nvshmem : NvshmemConfig
+        The ``[nvshmem]`` section: the GPU backend's settings.
+    source : str
+        Where the file part came from (a path, or ``"<defaults>"``).
+
+    See Also
+    --------
+    load_config : reads a file, the environment and keyword overrides into a Config.
+    """
 
     heap: HeapConfig = field(default_factory=HeapConfig)
     signal: SignalConfig = field(default_factory=SignalConfig)
@@ -373,6 +413,11 @@ def load_config(
         The environment to read ``SHMEM_<SECTION>_<KEY>`` from (default ``os.environ``).
     **overrides
         ``<section>_<key>=value`` keywords, the highest precedence.
+
+    Returns
+    -------
+    Config
+        The frozen configuration, ``source`` naming the file (or ``"<defaults>"``).
 
     Raises
     ------

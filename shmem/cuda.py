@@ -13,8 +13,9 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from . import _cuda, _nvrtc
-from .device import Device
+from .device import cuda as _cuda
+from .device.cuda import nvrtc as _nvrtc
+from .device.devices import Device
 
 __all__ = [
     "CudaStream",
@@ -120,7 +121,7 @@ def as_stream(stream: object, device: Device, where: str) -> CudaStream | None:
     default), a GPU :class:`~shmem.DeviceContext`'s stream (it must be on ``device``), or a
     stream of another library (any object with ``__cuda_stream__``: torch, cupy).
     Anything else raises :class:`~shmem.errors.ArgumentError` naming ``where``."""
-    from .context import DeviceContext
+    from .device.context import DeviceContext
     from .errors import ArgumentError
 
     if stream is None:

@@ -6,14 +6,25 @@ numpy has no bfloat16 or float8: those come from ``ml_dtypes``.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Literal
 
 import ml_dtypes
 import numpy as np
 
 from .errors import ArgumentError
 
-__all__ = ["SUPPORTED_DTYPES", "DTypeLike", "ShapeLike", "as_dtype", "dtype_name", "int_operand"]
+__all__ = [
+    "SUPPORTED_DTYPES",
+    "Casting",
+    "DTypeLike",
+    "ShapeLike",
+    "as_dtype",
+    "dtype_name",
+    "int_operand",
+]
+
+Casting = Literal["no", "equiv", "safe", "same_kind", "unsafe"]
+"""numpy's casting rules, as ``put(..., casting=)`` takes them."""
 
 DTypeLike = np.dtype[Any] | type | str
 """A dtype: a numpy dtype, a scalar type (``np.float32``) or any spelling numpy accepts."""
@@ -64,11 +75,28 @@ _BY_DTYPE = {dt: name for name, dt in SUPPORTED_DTYPES.items()}
 
 def as_dtype(dtype: Any, where: str = "as_dtype") -> np.dtype[Any]:
     """Return the numpy dtype for ``dtype``: a numpy dtype, a scalar type, one of the names of
-    :data:`SUPPORTED_DTYPES` (and ``"bf16"``, ``"e4m3"``, ``"e5m2"``, C's ``"half"``,
+    ``shmem.SUPPORTED_DTYPES`` (and ``"bf16"``, ``"e4m3"``, ``"e5m2"``, C's ``"half"``,
     ``"float"`` = float32, ``"double"``), or any other spelling numpy accepts (``"i4"``,
     ``"f8"``, ``"l"``, ``"<u2"``, ``"?"``) for one of the supported dtypes.
 
     Raises :class:`~shmem.errors.ArgumentError` naming ``where`` when unsupported.
+
+    Parameters
+    ----------
+    dtype : dtype-like
+        The dtype, in any of the spellings above.
+    where : str, optional
+        The caller's name, which heads the error message.
+
+    Returns
+    -------
+    numpy.dtype
+        The supported numpy dtype (``ml_dtypes``' for bfloat16 and the float8 formats).
+
+    Raises
+    ------
+    ArgumentError
+        ``dtype`` is None, big-endian, or not one of the supported dtypes.
     """
     if dtype is None:  # numpy reads None as float64: a silent default is a bug here
         raise ArgumentError(

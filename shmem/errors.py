@@ -70,6 +70,17 @@ class CollectiveMismatchError(ShmemError, RuntimeError):
 class HeapExhaustedError(ShmemError, MemoryError):
     """The symmetric heap has no free block large enough.
 
+    Parameters
+    ----------
+    message : str
+        The explanation.
+    requested : int
+        Bytes asked for.
+    free_total : int
+        Bytes free in all.
+    largest_free : int
+        The largest free block's bytes.
+
     Attributes
     ----------
     requested, free_total, largest_free : int
@@ -85,6 +96,21 @@ class HeapExhaustedError(ShmemError, MemoryError):
 
 class SignalTimeoutError(ShmemError, TimeoutError):
     """A wait on a signal or barrier passed its deadline.
+
+    Parameters
+    ----------
+    message : str
+        The explanation.
+    operation : str
+        What was waiting.
+    slot : int
+        The slot waited on.
+    expected : str
+        The condition.
+    last_value : int
+        The slot's last value seen.
+    peers : tuple of int, optional
+        The ranks whose signal did not arrive.
 
     Attributes
     ----------
@@ -135,6 +161,13 @@ class RemoteTimeoutError(ShmemError, TimeoutError):
     On the host backend, operations aimed at a peer on another node are served by that
     peer's MPI progress engine, which runs while it waits, signals or calls MPI. ``peer``
     is the rank that made no progress.
+
+    Parameters
+    ----------
+    message : str
+        The explanation.
+    peer : int
+        The rank that made no progress.
     """
 
     def __init__(self, message: str, *, peer: int) -> None:
@@ -181,6 +214,13 @@ class PeerFailedError(ShmemError, RuntimeError):
     ``failed_rank`` names that rank (-1 when unknown). The launcher reports a rank that ends
     with this error as a consequence of ``failed_rank``'s failure, never as the root cause,
     and waits briefly for that rank's own error record before it aborts the job.
+
+    Parameters
+    ----------
+    message : str
+        The explanation.
+    failed_rank : int, optional
+        The rank that failed (-1 when unknown).
     """
 
     def __init__(self, message: str, *, failed_rank: int = -1) -> None:
@@ -227,7 +267,23 @@ class NvshmemUnsupportedError(NvshmemError, NotImplementedError):
 
 class LockTimeoutError(SignalTimeoutError):
     """``set_lock`` waited past its deadline. The ticket it drew stays taken, so the lock is
-    unusable afterwards (every later waiter times out too, instead of hanging)."""
+    unusable afterwards (every later waiter times out too, instead of hanging).
+
+    Parameters
+    ----------
+    message : str
+        The explanation.
+    operation : str
+        What was waiting (``"set_lock"``).
+    slot : int
+        The lock's element.
+    expected : str
+        The condition waited for.
+    last_value : int
+        The lock word's last value seen.
+    peers : tuple of int, optional
+        The ranks involved, when known.
+    """
 
 
 class IpcPermissionError(ShmemError, PermissionError):
@@ -240,6 +296,13 @@ class ExporterGoneError(ShmemError, ConnectionError):
 
     ``failed_pid`` is the exporter's pid (-1 when unknown): under the launcher, a rank that
     ends with this error is reported as a consequence of that process's rank, if it was one.
+
+    Parameters
+    ----------
+    message : str
+        The explanation.
+    failed_pid : int, optional
+        The exporter's pid (-1 when unknown).
     """
 
     def __init__(self, message: str, *, failed_pid: int = -1) -> None:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 if TYPE_CHECKING:
-    from .device import Device
+    from .device.devices import Device
 
 __all__ = ["ATOMIC_DTYPES", "FLOAT_ATOMIC_DTYPES", "DeviceSymmetricHeap", "SymmetricHeap"]
 

@@ -43,6 +43,17 @@ def global_exit(status: int = 0) -> NoReturn:
     """End the whole job from this rank with exit status ``status`` (``shmem_global_exit``;
     not collective: the other ranks end wherever they are). Never returns.
 
+    Parameters
+    ----------
+    status : int, optional
+        The job's exit status (as the environment sees it: one byte, a non-zero multiple of 256
+        becomes 1).
+
+    Returns
+    -------
+    typing.NoReturn
+        It does not return: the process ends.
+
     Raises
     ------
     ArgumentError
@@ -75,7 +86,20 @@ def global_exit(status: int = 0) -> NoReturn:
 
 def pcontrol(level: int = 1, *args: object) -> None:
     """``shmem_pcontrol``: set the profiling level. This library makes no use of it (as
-    OpenSHMEM allows): it checks ``level`` and returns at once."""
+    OpenSHMEM allows): it checks ``level`` and returns at once.
+
+    Parameters
+    ----------
+    level : int, optional
+        0 off, 1 the default, 2 and up library-defined.
+    *args : object
+        Ignored (OpenSHMEM's variadic arguments).
+
+    Raises
+    ------
+    ArgumentError
+        ``level`` is not an integer (a bool is refused too).
+    """
     if isinstance(level, bool) or not isinstance(level, int | np.integer):
         raise ArgumentError(
             f"pcontrol: invalid level (got {level!r} of type {type(level).__name__}; expected "

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
-from .dtypes import dtype_name, float_operand, int_operand
+from .dtypes import Casting, dtype_name, float_operand, int_operand
 from .errors import ArgumentError, NvshmemUnsupportedError, RemoteTimeoutError, ShmemStateError
 from .heap import ATOMIC_DTYPES, FLOAT_ATOMIC_DTYPES
 from .signals import COMPARISONS, poll_until
@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from mpi4py import MPI
 
     from .backends.host import HostHeap
-    from .buffer import Casting, SHMEMBuffer
+    from .buffer import SHMEMBuffer
     from .team import Team
     from .world import World
 
@@ -270,8 +270,7 @@ class Context:
             self._team is None
             and type(rank) is int
             and 0 <= rank < self._world.world_size
-            and _BUFFER_TYPE
-            and type(buf) is _BUFFER_TYPE[0]
+            and type(buf) in _BUFFER_TYPES
         ):
             target = rank  # the common case, checked without the call
         else:
@@ -752,15 +751,18 @@ def _strided_destination(
     return dst.reshape(-1)
 
 
-_BUFFER_TYPE: list[type] = []  # SHMEMBuffer, once known (buffer imports this module)
+_BUFFER_TYPES: tuple[type, ...] = ()  # (SHMEMBuffer,): registered by shmem.buffer on import
+
+
+def register_buffer_type(cls: type) -> None:
+    """Name :class:`~shmem.SHMEMBuffer` for the checks here: :mod:`shmem.buffer` sits above
+    this module and registers it once, when it is imported (before any buffer exists)."""
+    global _BUFFER_TYPES
+    _BUFFER_TYPES = (cls,)
 
 
 def _is_buffer(obj: object) -> bool:
-    if not _BUFFER_TYPE:
-        from .buffer import SHMEMBuffer
-
-        _BUFFER_TYPE.append(SHMEMBuffer)
-    return isinstance(obj, _BUFFER_TYPE[0])
+    return isinstance(obj, _BUFFER_TYPES)
 
 
 def signal_offset(sig: SHMEMBuffer, index: int, where: str) -> int:

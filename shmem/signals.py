@@ -185,6 +185,17 @@ class SignalPad:
 
     The pad also holds private slots for :meth:`barrier`. Created and released collectively
     by the owner of the heap memory (the World or a Communicator); all slots start at 0.
+
+    Parameters
+    ----------
+    heap : SymmetricHeap
+        The heap whose slabs hold the pad.
+    offset : int
+        The pad's byte offset in every rank's slab (the same on every rank).
+    slots : int
+        User slots (the barrier's private slots come after them).
+    timeout_s : float
+        The default deadline of :meth:`wait_until` and :meth:`barrier`, in seconds.
     """
 
     # signals to ranks off the node in C where shmem._rmafast is built (the bound
@@ -236,7 +247,18 @@ class SignalPad:
 
     @staticmethod
     def nbytes_for(slots: int) -> int:
-        """Heap bytes a pad of ``slots`` user slots occupies (barrier slots included)."""
+        """Heap bytes a pad of ``slots`` user slots occupies (barrier slots included).
+
+        Parameters
+        ----------
+        slots : int
+            User slots.
+
+        Returns
+        -------
+        int
+            Heap bytes for the pad: the user slots and the barrier slots, 8 bytes each.
+        """
         return (slots + _BARRIER_ROUNDS) * SLOT_DTYPE.itemsize
 
     # -- arguments --------------------------------------------------------------------------
@@ -277,6 +299,11 @@ class SignalPad:
             ``0 <= value < 2**64``: slots are unsigned 64-bit words (a negative value is
             taken modulo ``2**64``, as C's ``uint64_t``).
         op : {"set", "add"}
+
+        Raises
+        ------
+        ArgumentError
+            ``rank``, ``slot`` or ``op`` out of range or unknown.
         """
         fast = self._fast
         # C: these checks, the fence and the atomic (off the node)
@@ -331,7 +358,18 @@ class SignalPad:
         )
 
     def read(self, slot: int) -> int:
-        """The current value of this rank's ``slot``, unsigned (no ordering implied)."""
+        """The current value of this rank's ``slot``, unsigned (no ordering implied).
+
+        Parameters
+        ----------
+        slot : int
+            ``0 <= slot < slots``.
+
+        Returns
+        -------
+        int
+            The slot's value, as an unsigned 64-bit integer.
+        """
         self._check_slot("read", slot)
         return int(self._words[slot])
 
@@ -358,10 +396,17 @@ class SignalPad:
         peers : tuple of int, optional
             The ranks expected to signal, named in the error on timeout.
 
+        Returns
+        -------
+        int
+            The slot's value that satisfied the comparison (unsigned).
+
         Raises
         ------
         SignalTimeoutError
             The deadline passed first.
+        ArgumentError
+            ``slot``, ``cmp`` or ``timeout`` invalid.
         """
         if type(slot) is not int or not 0 <= slot < self.slots:
             self._check_slot("wait_until", slot)
@@ -460,6 +505,18 @@ class SignalPad:
         After a :class:`SignalTimeoutError` the barrier may be retried: calling ``barrier()``
         again resumes the same barrier (its signals are idempotent), so a late peer is still
         met.
+
+        Parameters
+        ----------
+        timeout : float, optional
+            Seconds; the pad's default (``[signal] timeout_s``) when None.
+
+        Raises
+        ------
+        SignalTimeoutError
+            A round's peer did not signal in time (the message names the round and the peer).
+        ArgumentError
+            ``timeout`` is not a number of seconds >= 0.
         """
         heap = self._heap
         size, rank = heap.world_size, heap.rank
@@ -514,7 +571,14 @@ class SignalPad:
             heap.fence()
 
     def flags_view(self) -> np.ndarray[Any, np.dtype[np.int64]]:
-        """This rank's user slots as an int64 array (read-only view)."""
+        """This rank's user slots as an int64 array (read-only view).
+
+        Returns
+        -------
+        numpy.ndarray
+            A read-only int64 view of this rank's ``slots`` user flags (live: it sees later
+            signals).
+        """
         out = self._flags[: self.slots]
         out = out.view()
         out.flags.writeable = False

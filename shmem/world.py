@@ -25,8 +25,8 @@ from .arena import Arena
 from .backends import Backend, resolve_backend
 from .buffer import SHMEMBuffer
 from .config import Config, load_config
-from .context import DeviceContext
-from .device import CPU
+from .device.context import DeviceContext
+from .device.devices import CPU
 from .dtypes import DTypeLike, ShapeLike, as_dtype, dtype_name
 from .errors import (
     ArgumentError,
@@ -75,6 +75,19 @@ class World:
     """One job's runtime. Made by :func:`init`; use as a context manager or call
     :meth:`finalize`.
 
+    Parameters
+    ----------
+    config : Config
+        The loaded configuration.
+    comm : MPI.Intracomm
+        The job's ranks (duplicated by the World).
+    backend : str
+        The backend's name (``"host"`` or ``"nvshmem"``).
+    why : str
+        Why that backend was chosen (logged, and shown in errors).
+    thread_level : ThreadLevel, optional
+        The thread support provided.
+
     Attributes
     ----------
     rank, world_size : int
@@ -108,6 +121,12 @@ class World:
         why: str,
         thread_level: ThreadLevel = ThreadLevel.MULTIPLE,
     ) -> None:
+        """Start the World collectively (made by :func:`init`).
+
+        Long because its collective steps (the communicator's dup, the node split, the heap,
+        the signal pad, the teams) run in one order on every rank under one ExitStack that
+        undoes what was made on failure.
+        """
         self.thread_level = thread_level
         self._ctx_lock = threading.Lock()  # the default context is made once
         with ExitStack() as stack:
@@ -199,7 +218,18 @@ class World:
 
     def check_open(self, where: str) -> None:
         """Raise :class:`~shmem.errors.ShmemStateError` naming ``where`` once the World is
-        finalized (the liveness check for code built on a World)."""
+        finalized (the liveness check for code built on a World).
+
+        Parameters
+        ----------
+        where : str
+            The caller's name, which heads the message.
+
+        Raises
+        ------
+        ShmemStateError
+            The World is finalized.
+        """
         if self._finalized:
             raise ShmemStateError(f"{where}: the World is finalized (call shmem.init() again)")
 
@@ -309,6 +339,20 @@ class World:
         a page on the host backend; the default is ``[heap] alignment``). Like every
         OpenSHMEM allocation it completes the default context's operations first.
 
+        Parameters
+        ----------
+        shape : int or tuple of int
+            This rank's array shape (the same on every rank).
+        dtype : dtype-like, optional
+            A supported dtype (default ``"float32"``).
+        alignment : int, optional
+            The heap offset's alignment, a power of two (default ``[heap] alignment``).
+
+        Returns
+        -------
+        SHMEMBuffer
+            The buffer; close it (collectively) when done.
+
         Raises
         ------
         HeapExhaustedError
@@ -351,7 +395,22 @@ class World:
     def zeros(
         self, shape: ShapeLike, dtype: DTypeLike = "float32", *, alignment: int | None = None
     ) -> SHMEMBuffer:
-        """Like :meth:`empty`, with this rank's copy zeroed before a barrier (collective)."""
+        """Like :meth:`empty`, with this rank's copy zeroed before a barrier (collective).
+
+        Parameters
+        ----------
+        shape : int or tuple of int
+            This rank's array shape (the same on every rank).
+        dtype : dtype-like, optional
+            A supported dtype (default ``"float32"``).
+        alignment : int, optional
+            The heap offset's alignment, a power of two (default ``[heap] alignment``).
+
+        Returns
+        -------
+        SHMEMBuffer
+            The buffer, zero-filled on every rank.
+        """
         buf = self.empty(shape, dtype, alignment=alignment)
         buf._zero()
         self.barrier()
@@ -393,13 +452,38 @@ class World:
     def heap_stats(self) -> Any:
         """The arena's :class:`~shmem.arena.ArenaStats` (identical on every rank; ``held``:
         closed buffers kept for views still alive, freed at the first heap call after the
-        last view is gone)."""
+        last view is gone).
+
+        Returns
+        -------
+        ArenaStats
+            The heap's usage now.
+        """
         return dataclasses.replace(self._arena.stats(), held=self._quarantine.held_nbytes)
 
     # -- signals ----------------------------------------------------------------------------
 
     def signal(self, rank: int, slot: int, value: int, op: SignalOp | str = "set") -> None:
-        """Set or add to ``slot`` of ``rank``'s world pad; see :meth:`SignalPad.signal`."""
+        """Set or add to ``slot`` of ``rank``'s world pad; see :meth:`SignalPad.signal`.
+
+        Parameters
+        ----------
+        rank : int
+            The rank whose flag changes (may be this rank).
+        slot : int
+            ``0 <= slot < config.signal.slots``.
+        value : int
+            ``0 <= value < 2**64``.
+        op : {"set", "add"}, optional
+            Set the slot to ``value``, or add ``value`` to it.
+
+        Raises
+        ------
+        ShmemStateError
+            The World is finalized.
+        ArgumentError
+            ``rank``, ``slot`` or ``op`` invalid.
+        """
         if self._finalized:
             self._check_open("World.signal")
         self.signals.signal(rank, slot, value, op)
@@ -413,7 +497,33 @@ class World:
         *,
         peers: tuple[int, ...] = (),
     ) -> int:
-        """Wait on this rank's ``slot``; see :meth:`SignalPad.wait_until`."""
+        """Wait on this rank's ``slot``; see :meth:`SignalPad.wait_until`.
+
+        Parameters
+        ----------
+        slot : int
+            ``0 <= slot < config.signal.slots``.
+        cmp : {"eq", "ne", "gt", "ge", "lt", "le"}
+            The comparison of the slot's value against ``value``.
+        value : int
+            ``0 <= value < 2**64``.
+        timeout : float, optional
+            Seconds; ``[signal] timeout_s`` when None.
+        peers : tuple of int, optional
+            The ranks expected to signal, named in the error on timeout.
+
+        Returns
+        -------
+        int
+            The slot's value that satisfied the comparison.
+
+        Raises
+        ------
+        SignalTimeoutError
+            The deadline passed first.
+        ArgumentError
+            ``slot``, ``cmp`` or ``timeout`` invalid.
+        """
         if self._finalized:
             self._check_open("World.wait_until")
         return self.signals.wait_until(slot, cmp, value, timeout, peers=peers)
@@ -424,7 +534,20 @@ class World:
         world). Every earlier ``put_nbi``, ``get_nbi``, ``put_signal_nbi`` and non-blocking
         atomic of the default context is complete on every rank that leaves it. An
         epoch-flag barrier, not ``MPI_Barrier``; operations on other contexts complete at
-        their own ``quiet``."""
+        their own ``quiet``.
+
+        Parameters
+        ----------
+        timeout : float, optional
+            Seconds; ``[signal] timeout_s`` when None.
+
+        Raises
+        ------
+        ShmemStateError
+            The World is finalized.
+        SignalTimeoutError
+            A peer did not arrive in time.
+        """
         self._check_open("World.barrier")
         ctx = self._default_ctx  # (_complete_default, inline: the barrier is a hot path)
         if ctx is not None and ctx._ops:
@@ -434,7 +557,20 @@ class World:
     def sync_all(self, timeout: float | None = None) -> None:
         """Wait for every rank (collective; ``shmem_sync_all``): earlier stores (blocking
         puts, stores into peer views) are complete and visible, but non-blocking operations
-        are not completed: :meth:`barrier` is this plus a quiet of the default context."""
+        are not completed: :meth:`barrier` is this plus a quiet of the default context.
+
+        Parameters
+        ----------
+        timeout : float, optional
+            Seconds; ``[signal] timeout_s`` when None.
+
+        Raises
+        ------
+        ShmemStateError
+            The World is finalized.
+        SignalTimeoutError
+            A peer did not arrive in time.
+        """
         self._check_open("World.sync_all")
         self.signals.barrier(timeout)
 
@@ -463,7 +599,23 @@ class World:
 
     def create_context(self, team: Team | None = None) -> Context:
         """A new communication context (``shmem_ctx_create``; local, not collective), over
-        ``team``'s ranks when given (``shmem_team_create_ctx``). Close it when done."""
+        ``team``'s ranks when given (``shmem_team_create_ctx``). Close it when done.
+
+        Parameters
+        ----------
+        team : Team, optional
+            The team whose ranks the context addresses; the World's when None.
+
+        Returns
+        -------
+        Context
+            The new context (``ctx.quiet()`` completes its non-blocking operations).
+
+        Raises
+        ------
+        ArgumentError
+            ``team`` is not a Team.
+        """
         self._check_open("World.create_context")
         if team is not None:
             from .team import Team
@@ -495,7 +647,18 @@ class World:
         self.default_context.fence()
 
     def pe_accessible(self, rank: int) -> bool:
-        """Whether ``rank`` is a rank of this job (``shmem_pe_accessible``)."""
+        """Whether ``rank`` is a rank of this job (``shmem_pe_accessible``).
+
+        Parameters
+        ----------
+        rank : int
+            A rank number.
+
+        Returns
+        -------
+        bool
+            True when ``rank`` is an integer with ``0 <= rank < world_size``.
+        """
         return (
             not isinstance(rank, bool)
             and isinstance(rank, int | np.integer)
@@ -504,7 +667,20 @@ class World:
 
     def addr_accessible(self, buf: SHMEMBuffer, rank: int) -> bool:
         """Whether ``buf`` is an open symmetric buffer of this World that ``rank`` can be
-        reached at (``shmem_addr_accessible``)."""
+        reached at (``shmem_addr_accessible``).
+
+        Parameters
+        ----------
+        buf : SHMEMBuffer
+            The buffer.
+        rank : int
+            The peer.
+
+        Returns
+        -------
+        bool
+            True when ``buf`` is open, belongs to this World and ``rank`` is a rank of it.
+        """
         return (
             isinstance(buf, SHMEMBuffer)
             and buf.world is self
@@ -514,7 +690,25 @@ class World:
 
     def ptr(self, buf: SHMEMBuffer, rank: int) -> Any:
         """``rank``'s copy of ``buf`` for direct loads and stores (a numpy view; a device
-        Buffer on nvshmem), or None when it is not reachable so (``shmem_ptr``)."""
+        Buffer on nvshmem), or None when it is not reachable so (``shmem_ptr``).
+
+        Parameters
+        ----------
+        buf : SHMEMBuffer
+            A symmetric buffer of this World.
+        rank : int
+            The peer whose copy is wanted.
+
+        Returns
+        -------
+        numpy.ndarray or Buffer or None
+            The peer's copy (zero-copy), or None when ``rank`` is off this node.
+
+        Raises
+        ------
+        ArgumentError
+            ``buf`` is not a SHMEMBuffer, or ``rank`` is out of range.
+        """
         if not isinstance(buf, SHMEMBuffer):
             raise ArgumentError(
                 f"World.ptr: invalid buffer (got {type(buf).__name__}; expected a SHMEMBuffer)"
@@ -523,26 +717,57 @@ class World:
 
     @staticmethod
     def global_exit(status: int = 0) -> NoReturn:
-        """End the whole job with ``status`` (``shmem_global_exit``; :func:`shmem.global_exit`)."""
+        """End the whole job with ``status`` (``shmem_global_exit``; :func:`shmem.global_exit`).
+
+        Parameters
+        ----------
+        status : int, optional
+            The job's exit status.
+
+        Returns
+        -------
+        typing.NoReturn
+            It does not return: the job ends.
+        """
         from .job import global_exit
 
         global_exit(status)
 
     @staticmethod
     def pcontrol(level: int = 1, *args: object) -> None:
-        """``shmem_pcontrol``: a checked no-op (:func:`shmem.pcontrol`)."""
+        """``shmem_pcontrol``: a checked no-op (:func:`shmem.pcontrol`).
+
+        Parameters
+        ----------
+        level : int, optional
+            0 off, 1 the default, 2 and up library-defined.
+        *args : object
+            Ignored.
+        """
         from .job import pcontrol
 
         pcontrol(level, *args)
 
     @staticmethod
     def info_get_version() -> tuple[int, int]:
-        """The OpenSHMEM specification version this API follows (``shmem_info_get_version``)."""
+        """The OpenSHMEM specification version this API follows (``shmem_info_get_version``).
+
+        Returns
+        -------
+        tuple of int
+            ``(major, minor)``: ``(1, 5)``.
+        """
         return (1, 5)
 
     @staticmethod
     def info_get_name() -> str:
-        """The library's name and version (``shmem_info_get_name``)."""
+        """The library's name and version (``shmem_info_get_name``).
+
+        Returns
+        -------
+        str
+            ``"shmem (symheap) <version>"``.
+        """
         from ._version import __version__
 
         return f"shmem (symheap) {__version__}"
@@ -550,7 +775,13 @@ class World:
     # -- teardown ---------------------------------------------------------------------------
 
     def finalize(self) -> None:
-        """Release the heap and communicators (collective). Open buffers become unusable."""
+        """Release the heap and communicators (collective). Open buffers become unusable.
+
+        Raises
+        ------
+        ShmemStateError
+            This World is already finalized.
+        """
         global _current
         if self._finalized:
             raise ShmemStateError("finalize: this World is already finalized")
@@ -629,6 +860,11 @@ def init(
     **overrides
         Configuration keywords (``heap_nbytes="64MiB"``), applied over file and environment.
 
+    Returns
+    -------
+    World
+        The open World (also :func:`get_world`'s until :func:`finalize`).
+
     Raises
     ------
     ShmemStateError
@@ -669,6 +905,11 @@ def init(
 
 def get_world() -> World:
     """The open World of this process.
+
+    Returns
+    -------
+    World
+        The World :func:`init` opened.
 
     Raises
     ------

@@ -17,7 +17,7 @@ import numpy as np
 
 from .scheduler import MaskSpec
 
-__all__ = ["Chunk", "Unit", "UnitPlan", "pieces", "runs"]
+__all__ = ["Chunk", "Unit", "UnitPlan", "doc_runs", "pieces", "runs"]
 
 
 def runs(pos: np.ndarray[Any, Any]) -> list[tuple[int, int]]:
@@ -29,7 +29,7 @@ def runs(pos: np.ndarray[Any, Any]) -> list[tuple[int, int]]:
     return list(itertools.pairwise(edges))
 
 
-def _doc_runs(
+def doc_runs(
     pos: np.ndarray[Any, Any], lo: int, hi: int, docs: np.ndarray[Any, Any] | None
 ) -> list[tuple[int, int]]:
     """Runs of consecutive positions in ``pos[lo:hi]``, also cut at document boundaries."""
@@ -59,7 +59,7 @@ def pieces(
     leaves visible: ``(qa, qb, q_global, ra, g0, s0, s1)``: query rows ``[qa, qb)`` (global
     ``q_global ...``) see keys ``[s0, s1)``, found at local key rows from ``ra`` (global
     ``g0``)."""
-    for qa, qb in _doc_runs(q_pos, lo, hi, docs):
+    for qa, qb in doc_runs(q_pos, lo, hi, docs):
         q_global = int(q_pos[qa])
         doc_lo, doc_hi = 0, 1 << 62
         if docs is not None:  # runs never cross a document boundary

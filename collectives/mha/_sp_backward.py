@@ -13,6 +13,7 @@ import numpy as np
 from ..communicator import Communicator
 from . import _units
 from ._sp_setup import (
+    BackwardOperands,
     Setup,
     close_all,
     finish_stats,
@@ -54,13 +55,17 @@ def backward(
     schedule: they are the same up to rounding). ``dK``/``dV`` have ``k``'s shape: with
     GQA they sum over each KV head's query heads. Every other argument is as for the forward,
     with the same sharding. Returns arrays of the dtypes of ``q``, ``k`` and ``v``.
+
+    Long because the unit driver's steps (fetch, compute, deliver and the two folds) are
+    closures over this call's buffers, plan and outputs, written beside the state they share,
+    as in the forward schedules.
     """
     start = time.perf_counter()
     where = "sequence_parallel_attention_backward"
-    st = setup(
+    st, _ = setup(
         comm,
         where,
-        {"q": q, "k": k, "v": v, "out": out, "dout": dout, "lse": lse},
+        BackwardOperands(q=q, k=k, v=v, out=out, dout=dout, lse=lse),
         schedule=schedule,
         causal=causal,
         window=window,

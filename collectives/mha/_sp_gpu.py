@@ -41,20 +41,20 @@ from shmem import Buffer, DeviceContext
 from shmem import cuda as shmem_cuda
 from shmem.dtypes import dtype_name
 
+from ..interop import upload
 from . import _units
-from ._plan import _doc_runs
+from ._plan import doc_runs
 from ._sp_setup import Setup, close_all, symmetric
 from ._sp_slots import Slots, plan_units, run_units, unit_groups
 from ._units import OrderedFolds, SequenceParallelStats
 from .gpu import (
-    BLOCK_M,
     KERNELS,
     THREADS,
-    _context,
-    _upload,
     attention_backward_gpu,
     attention_gpu,
+    device_context,
 )
+from .gpu_args import BLOCK_M
 from .scheduler import MHASchedule
 
 __all__ = ["backward_ring_gpu", "forward_dynamic_gpu", "forward_ring_gpu", "segments"]
@@ -68,7 +68,7 @@ def segments(
     """Runs of consecutive positions within one document: ``((first row, end row, position
     of the first row), document)`` (document 0 without ``docs``, the row offsets)."""
     found = []
-    for a, b in _doc_runs(positions, 0, int(positions.size), docs):
+    for a, b in doc_runs(positions, 0, int(positions.size), docs):
         first = int(positions[a])
         doc = 0 if docs is None else int(np.searchsorted(docs, first, side="right")) - 1
         found.append(((a, b, first), doc))
@@ -118,7 +118,7 @@ class _Ring:
             zeroed=tuple(extra),
         )
         self.device = k.device
-        self.stream = _context(self.device.id).stream
+        self.stream = device_context(self.device.id).stream
         try:
             with self.guarded():
                 if st.rows:
@@ -288,7 +288,7 @@ def _attend(
 def _running(rows: int, heads: int, dim: int, device: Any) -> tuple[Buffer, Buffer]:
     """A float32 ``(O, LSE)`` that has seen nothing yet: zeros and -inf."""
     out = Buffer.zeros((rows, heads, dim), "float32", device=device)
-    return out, _upload(np.full((rows, heads), -np.inf, np.float32), device)
+    return out, upload(np.full((rows, heads), -np.inf, np.float32), device)
 
 
 def forward_ring_gpu(
@@ -324,7 +324,10 @@ def forward_dynamic_gpu(
     fixed-order folds (``_units.drive``), a unit being one query chunk against one KV chunk
     with every head (one kernel launch per segment pair). Its partial ``(O | LSE)`` (float32)
     goes to a slot on the query's home; the home folds its slots in unit order on the GPU, so
-    the result does not depend on which rank computed what."""
+    the result does not depend on which rank computed what.
+
+    Long because the unit driver's steps (fetch, compute, deliver, fold) are closures over
+    this call's buffers, plan, stream and outputs, written beside the state they share."""
     world, me = st.world, st.world.rank
     what = "sequence_parallel_attention"
     dtype = dtype_name(q.dtype)
@@ -344,7 +347,7 @@ def forward_dynamic_gpu(
         },
     )
     device = q.device
-    compute_stream = _context(device.id).stream  # the worker thread's
+    compute_stream = device_context(device.id).stream  # the worker thread's
     fold_ctx = DeviceContext(device)  # the driving thread's
     try:
         with _units.guarded(world, bufs["counters"]):  # a failure here stops the peers at once

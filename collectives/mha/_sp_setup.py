@@ -13,7 +13,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, Self, TypeVar
 
 import numpy as np
 
@@ -23,16 +23,19 @@ from shmem.dtypes import as_dtype, dtype_name
 from shmem.errors import CollectiveMismatchError, SequenceParallelError
 
 from ..communicator import Communicator
+from ..interop import is_gpu_array
 from ..schedule import shard_bounds
 from ._units import SequenceParallelStats
 from .attention import INPUT_DTYPES, normalise_window
-from .gpu import is_gpu_array
 from .scheduler import MaskSpec
 
 __all__ = [
     "CHUNKS_PER_RANK",
     "HOOKS",
     "SCHEDULES",
+    "BackwardOperands",
+    "Operands",
+    "Prepare",
     "Setup",
     "close_all",
     "finish_stats",
@@ -61,7 +64,20 @@ HOOKS = _Hooks()
 
 def zigzag_shard(x: np.ndarray[Any, Any], rank: int, world_size: int) -> np.ndarray[Any, Any]:
     """This rank's rows of ``x`` (sequence on axis 0) under zigzag sharding: chunks ``rank``
-    and ``2P - 1 - rank`` of ``2P`` near-equal chunks, concatenated."""
+    and ``2P - 1 - rank`` of ``2P`` near-equal chunks, concatenated.
+
+    Parameters
+    ----------
+    x : numpy.ndarray
+        The whole sequence.
+    rank, world_size : int
+        This rank, and the ranks ``P`` sharing the sequence.
+
+    Returns
+    -------
+    numpy.ndarray
+        The rank's two chunks, concatenated on axis 0.
+    """
     bounds = shard_bounds(x.shape[0], 2 * world_size)
     a0, a1 = bounds[rank]
     b0, b1 = bounds[2 * world_size - 1 - rank]
@@ -69,7 +85,20 @@ def zigzag_shard(x: np.ndarray[Any, Any], rank: int, world_size: int) -> np.ndar
 
 
 def zigzag_unshard(parts: list[np.ndarray[Any, Any]], total: int) -> np.ndarray[Any, Any]:
-    """Reassemble the full sequence from every rank's zigzag shard (in rank order)."""
+    """Reassemble the full sequence from every rank's zigzag shard (in rank order).
+
+    Parameters
+    ----------
+    parts : list of numpy.ndarray
+        Every rank's :func:`zigzag_shard`, in rank order.
+    total : int
+        The sequence's length (rows).
+
+    Returns
+    -------
+    numpy.ndarray
+        The whole sequence, ``total`` rows.
+    """
     p = len(parts)
     bounds = shard_bounds(total, 2 * p)
     out = np.empty((total, *parts[0].shape[1:]), dtype=parts[0].dtype)
@@ -82,6 +111,45 @@ def zigzag_unshard(parts: list[np.ndarray[Any, Any]], total: int) -> np.ndarray[
 
 
 # -- arguments (collective: every rank agrees before any symmetric allocation) -----------------
+
+
+@dataclass(frozen=True)
+class Operands:
+    """The tensors of one sequence-parallel forward call, as the caller passed them (numpy
+    arrays, or GPU arrays: torch or cupy tensors, Buffers) or as :func:`setup` converted
+    them (GPU Buffers)."""
+
+    q: Any
+    k: Any
+    v: Any
+
+    def named(self) -> list[tuple[str, Any]]:
+        """``(name, tensor)`` of every field, in argument order (for checks and messages)."""
+        return [(f.name, getattr(self, f.name)) for f in dataclasses.fields(self)]
+
+    def convert(self, fn: Callable[[str, Any], Any]) -> Self:
+        """A copy with every tensor ``x`` of field ``name`` replaced by ``fn(name, x)``."""
+        return dataclasses.replace(self, **{name: fn(name, x) for name, x in self.named()})
+
+
+@dataclass(frozen=True)
+class BackwardOperands(Operands):
+    """The tensors of one sequence-parallel backward call: the forward's, its result ``out``
+    and ``lse``, and ``dout`` (dL/dO)."""
+
+    out: Any
+    dout: Any
+    lse: Any
+
+
+OperandsT = TypeVar("OperandsT", bound=Operands)
+
+
+class Prepare(Protocol):
+    """What :func:`setup` runs on GPU inputs before the agreement: checks them and returns
+    them converted (GPU Buffers), as operands of the same kind."""
+
+    def __call__(self, operands: OperandsT, /) -> OperandsT: ...
 
 
 @dataclass(frozen=True)
@@ -123,10 +191,124 @@ def check_int(where: str, name: str, value: Any, optional: bool = False) -> None
         )
 
 
+def _prepared(
+    world: Any, where: str, operands: OperandsT, schedule: str, prepare: Prepare | None
+) -> OperandsT:
+    """The operands the schedules take: ``prepare``'s conversion of GPU inputs, or numpy
+    inputs as they are (refused on a GPU, or when the World's heap is device memory)."""
+    if schedule not in SCHEDULES:
+        raise SequenceParallelError(
+            f"{where}: unknown schedule (got {schedule!r}; expected one of {list(SCHEDULES)})"
+        )
+    if prepare is not None:
+        return prepare(operands)
+    if on_gpu := [name for name, a in operands.named() if is_gpu_array(a)]:
+        raise SequenceParallelError(
+            f"{where}: {', '.join(on_gpu)} on a GPU where this path takes numpy arrays "
+            "(GPU inputs go through sequence_parallel_attention and its backward)"
+        )
+    if world.heap.device_memory:
+        raise SequenceParallelError(
+            f"{where}: numpy inputs run on the host backend's symmetric memory (this World "
+            f"runs the {world.backend} backend: pass GPU arrays, torch or cupy tensors or "
+            "GPU Buffers, to the forward with schedule 'ring' or 'zigzag')"
+        )
+    return operands
+
+
+def _check_operands(where: str, operands: Operands) -> None:
+    """Each operand's kind, rank, dtype and shape, against q's."""
+    for name, a in operands.named():
+        want = 2 if name == "lse" else 3
+        if not isinstance(a, np.ndarray | Buffer) or a.ndim != want:
+            raise SequenceParallelError(
+                f"{where}: {name} must be a numpy array of "
+                + ("[rows, heads]" if want == 2 else "[rows, heads, head_dim]")
+                + f" (got {type(a).__name__}"
+                + (f" of shape {a.shape})" if isinstance(a, np.ndarray) else ")")
+            )
+        if name == "lse" and a.dtype.kind != "f":
+            raise SequenceParallelError(
+                f"{where}: lse must be floating point (got {a.dtype}; pass the forward's "
+                "return_lse=True result)"
+            )
+        if name != "lse" and dtype_name(as_dtype(a.dtype, where)) not in INPUT_DTYPES:
+            raise SequenceParallelError(
+                f"{where}: unsupported dtype for {name} (got {a.dtype}; expected one of "
+                f"{list(INPUT_DTYPES)})"
+            )
+    q, k, v = operands.q, operands.k, operands.v
+    if k.shape != v.shape or k.shape[0] != q.shape[0] or k.shape[2] != q.shape[2]:
+        raise SequenceParallelError(
+            f"{where}: shapes do not match (got q {q.shape}, k {k.shape}, v {v.shape}; "
+            "expected k and v [rows, kv_heads, head_dim] with q's rows and head_dim)"
+        )
+    if isinstance(operands, BackwardOperands):
+        for name, a in (("out", operands.out), ("dout", operands.dout)):
+            if a.shape != q.shape:
+                raise SequenceParallelError(
+                    f"{where}: {name} has the wrong shape (got {a.shape}; expected q's {q.shape})"
+                )
+        if operands.lse.shape != q.shape[:2]:
+            raise SequenceParallelError(
+                f"{where}: lse has the wrong shape (got {operands.lse.shape}; expected "
+                f"{q.shape[:2]}, as returned by the forward with return_lse=True)"
+            )
+    if k.shape[1] < 1 or q.shape[1] % k.shape[1]:
+        raise SequenceParallelError(
+            f"{where}: num_kv_heads must divide num_heads (got {q.shape[1]} and {k.shape[1]})"
+        )
+
+
+def _agree(
+    world: Any, where: str, record: tuple[Any, ...], rows: int, error: Exception | None
+) -> list[int]:
+    """One all-gather of every rank's record, row count and local error: this rank's error
+    raises here, other ranks' errors and disagreeing records raise on every rank. Returns
+    the ranks' row counts."""
+    gathered = allgather_within(
+        world.comm,
+        (record, rows, None if error is None else str(error)),
+        world.config.signal.timeout_s,
+        where,
+        world.heap.progress,
+    )
+    if error is not None:
+        raise error
+    bad = [(r, e) for r, (_, _, e) in enumerate(gathered) if e is not None]
+    if bad:
+        raise CollectiveMismatchError(
+            f"{where}: invalid arguments on other ranks: "
+            + "; ".join(f"rank {r}: {e}" for r, e in bad)
+        )
+    if any(rec != gathered[0][0] for rec, _, _ in gathered):
+        listing = "; ".join(f"rank {r}: {rec}" for r, (rec, _, _) in enumerate(gathered))
+        raise CollectiveMismatchError(f"{where}: ranks disagree ({listing})")
+    return [int(n) for _, n, _ in gathered]
+
+
+def _positions(
+    where: str, schedule: str, counts: list[int], total: int, size: int
+) -> list[np.ndarray[Any, Any]]:
+    """Each rank's token positions in the whole sequence: two segments per rank in zigzag
+    (checked against the shard lengths), one contiguous run otherwise."""
+    if schedule == "zigzag":
+        bounds = shard_bounds(total, 2 * size)
+        segs = [[bounds[r], bounds[2 * size - 1 - r]] for r in range(size)]
+        if [sum(b - a for a, b in sg) for sg in segs] != counts:
+            raise SequenceParallelError(
+                f"{where}: zigzag shards have the wrong lengths (got {counts}; shard the "
+                "caller's tokens with zigzag_shard)"
+            )
+        return [np.concatenate([np.arange(a, b) for a, b in sg]) for sg in segs]
+    starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    return [np.arange(starts[r], starts[r + 1]) for r in range(size)]
+
+
 def setup(
     comm: Communicator,
     where: str,
-    arrays: dict[str, Any],
+    operands: OperandsT,
     *,
     schedule: str,
     causal: bool,
@@ -138,12 +320,13 @@ def setup(
     unit_rows: int | None,
     threads: int | None,
     stats: SequenceParallelStats | None,
-    prepare: Callable[[], dict[str, Any]] | None = None,
-) -> Setup:
+    prepare: Prepare | None = None,
+) -> tuple[Setup, OperandsT]:
     """Validate locally, then agree across ranks (one all-gather, which also exchanges the
     shard lengths): an argument error on any rank raises on every rank, so none is left
     waiting in the collective. ``prepare`` (GPU inputs) checks and converts the inputs
-    first; what it returns replaces entries of ``arrays`` (the caller reads them there)."""
+    first. Returns the setup and the operands the schedules take: what ``prepare`` made of
+    ``operands``, or ``operands`` themselves."""
     world = comm.world
     if comm.team.members != world.team_world.members:  # every member refuses at once
         raise SequenceParallelError(
@@ -156,63 +339,8 @@ def setup(
     rows = 0
     left = right = None
     try:
-        if schedule not in SCHEDULES:
-            raise SequenceParallelError(
-                f"{where}: unknown schedule (got {schedule!r}; expected one of {list(SCHEDULES)})"
-            )
-        if prepare is not None:
-            arrays.update(prepare())
-        elif on_gpu := [name for name, a in arrays.items() if is_gpu_array(a)]:
-            raise SequenceParallelError(
-                f"{where}: {', '.join(on_gpu)} on a GPU where this path takes numpy arrays "
-                "(GPU inputs go through sequence_parallel_attention and its backward)"
-            )
-        elif world.heap.device_memory:
-            raise SequenceParallelError(
-                f"{where}: numpy inputs run on the host backend's symmetric memory (this World "
-                f"runs the {world.backend} backend: pass GPU arrays, torch or cupy tensors or "
-                "GPU Buffers, to the forward with schedule 'ring' or 'zigzag')"
-            )
-        for name, a in arrays.items():
-            want = 2 if name == "lse" else 3
-            if not isinstance(a, np.ndarray | Buffer) or a.ndim != want:
-                raise SequenceParallelError(
-                    f"{where}: {name} must be a numpy array of "
-                    + ("[rows, heads]" if want == 2 else "[rows, heads, head_dim]")
-                    + f" (got {type(a).__name__}"
-                    + (f" of shape {a.shape})" if isinstance(a, np.ndarray) else ")")
-                )
-            if name == "lse" and a.dtype.kind != "f":
-                raise SequenceParallelError(
-                    f"{where}: lse must be floating point (got {a.dtype}; pass the forward's "
-                    "return_lse=True result)"
-                )
-            if name != "lse" and dtype_name(as_dtype(a.dtype, where)) not in INPUT_DTYPES:
-                raise SequenceParallelError(
-                    f"{where}: unsupported dtype for {name} (got {a.dtype}; expected one of "
-                    f"{list(INPUT_DTYPES)})"
-                )
-        q, k, v = arrays["q"], arrays["k"], arrays["v"]
-        if k.shape != v.shape or k.shape[0] != q.shape[0] or k.shape[2] != q.shape[2]:
-            raise SequenceParallelError(
-                f"{where}: shapes do not match (got q {q.shape}, k {k.shape}, v {v.shape}; "
-                "expected k and v [rows, kv_heads, head_dim] with q's rows and head_dim)"
-            )
-        for name in ("out", "dout"):
-            if name in arrays and arrays[name].shape != q.shape:
-                raise SequenceParallelError(
-                    f"{where}: {name} has the wrong shape (got {arrays[name].shape}; expected "
-                    f"q's {q.shape})"
-                )
-        if "lse" in arrays and arrays["lse"].shape != q.shape[:2]:
-            raise SequenceParallelError(
-                f"{where}: lse has the wrong shape (got {arrays['lse'].shape}; expected "
-                f"{q.shape[:2]}, as returned by the forward with return_lse=True)"
-            )
-        if k.shape[1] < 1 or q.shape[1] % k.shape[1]:
-            raise SequenceParallelError(
-                f"{where}: num_kv_heads must divide num_heads (got {q.shape[1]} and {k.shape[1]})"
-            )
+        operands = _prepared(world, where, operands, schedule, prepare)
+        _check_operands(where, operands)
         for name, value in (("block_m", block_m), ("block_n", block_n)):
             check_int(where, name, value)
         check_int(where, "unit_rows", unit_rows, optional=True)
@@ -223,6 +351,7 @@ def setup(
             )
         left, right = normalise_window(window, where)
         docs_rec = None if valid_length is None else tuple(int(x) for x in valid_length)
+        q, k = operands.q, operands.k
         rows = q.shape[0]
         record = (
             schedule,
@@ -242,39 +371,10 @@ def setup(
         )
     except Exception as exc:  # any local error: every rank must still reach the all-gather
         error = exc
-    gathered = allgather_within(
-        world.comm,
-        (record, rows, None if error is None else str(error)),
-        world.config.signal.timeout_s,
-        where,
-        world.heap.progress,
-    )
-    if error is not None:
-        raise error
-    bad = [(r, e) for r, (_, _, e) in enumerate(gathered) if e is not None]
-    if bad:
-        raise CollectiveMismatchError(
-            f"{where}: invalid arguments on other ranks: "
-            + "; ".join(f"rank {r}: {e}" for r, e in bad)
-        )
-    if any(rec != gathered[0][0] for rec, _, _ in gathered):
-        listing = "; ".join(f"rank {r}: {rec}" for r, (rec, _, _) in enumerate(gathered))
-        raise CollectiveMismatchError(f"{where}: ranks disagree ({listing})")
-    counts = [int(n) for _, n, _ in gathered]
+    counts = _agree(world, where, record, rows, error)
     total, size = sum(counts), world.world_size
-    if schedule == "zigzag":
-        bounds = shard_bounds(total, 2 * size)
-        segs = [[bounds[r], bounds[2 * size - 1 - r]] for r in range(size)]
-        if [sum(b - a for a, b in sg) for sg in segs] != counts:
-            raise SequenceParallelError(
-                f"{where}: zigzag shards have the wrong lengths (got {counts}; shard the "
-                "caller's tokens with zigzag_shard)"
-            )
-        positions = [np.concatenate([np.arange(a, b) for a, b in sg]) for sg in segs]
-    else:
-        starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-        positions = [np.arange(starts[r], starts[r + 1]) for r in range(size)]
-    q = arrays["q"]
+    positions = _positions(where, schedule, counts, total, size)
+    q = operands.q
     dim = q.shape[2]
     chunk_rows = kv_chunk_rows = None
     if schedule == "dynamic":
@@ -284,7 +384,7 @@ def setup(
         # the units small enough to balance (an explicit unit_rows cuts both sides)
         kv_chunk_rows = unit_rows
     cores = CPU().attributes.cores or 1
-    return Setup(
+    st = Setup(
         world=world,
         counts=counts,
         positions=positions,
@@ -292,13 +392,14 @@ def setup(
         docs=document_offsets(where, valid_length, total),
         scale=float(1.0 / math.sqrt(dim) if scale is None else scale),
         heads=q.shape[1],
-        kv_heads=arrays["k"].shape[1],
+        kv_heads=operands.k.shape[1],
         dim=dim,
         threads=threads or max(1, cores // world.local_size),
         chunk_rows=chunk_rows,
         order="lpt" if schedule == "dynamic" else "ring",
         kv_chunk_rows=kv_chunk_rows if schedule == "dynamic" else chunk_rows,
     )
+    return st, operands
 
 
 def document_offsets(where: str, valid_length: Any, total: int) -> np.ndarray[Any, Any] | None:

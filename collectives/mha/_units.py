@@ -68,6 +68,29 @@ class SequenceParallelStats:
     ``units_taken`` counts units this rank computed from other ranks' queues, and
     ``units_given`` units of its own queue that other ranks computed. ``busy_per_rank`` is
     every rank's ``busy_s``, so :attr:`imbalance` is the same on every rank.
+
+    Parameters
+    ----------
+    schedule : str, default ""
+        The schedule that ran: ``"dynamic"``, ``"ring"`` or ``"zigzag"``.
+    wall_s : float, default 0.0
+        The call's wall time in seconds.
+    busy_s : float, default 0.0
+        Seconds of tile compute (summed over worker threads, divided by their number).
+    idle_s : float, default 0.0
+        The rest of ``wall_s``: waiting, moving data, merging.
+    units : int, default 0
+        Work units in this rank's own queue (``ring``, ``zigzag``: the units it computed).
+    units_computed : int, default 0
+        Units this rank computed, its own and other ranks' together.
+    units_taken : int, default 0
+        Units this rank computed from other ranks' queues.
+    units_given : int, default 0
+        Units of this rank's queue that other ranks computed.
+    threads : int, default 0
+        Worker threads that computed tiles on this rank.
+    busy_per_rank : tuple of float, default ()
+        Every rank's ``busy_s``, indexed by rank.
     """
 
     schedule: str = ""

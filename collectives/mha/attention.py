@@ -20,7 +20,8 @@ from shmem import CPU, Block, DeviceContext
 from shmem.dtypes import as_dtype, dtype_name
 from shmem.errors import AttentionArgumentError
 
-from .gpu import attention_backward_gpu, attention_gpu, is_gpu_array
+from ..interop import is_gpu_array
+from .gpu import attention_backward_gpu, attention_gpu
 from .kernel import attention_tile, attention_tile_backward
 from .scheduler import (
     MaskSpec,
@@ -65,6 +66,59 @@ def normalise_window(window: Any, where: str) -> tuple[int | None, int | None]:
             "(left, right) of ints >= 0 or None)"
         )
     return window[0], window[1]
+
+
+def _heads_major(
+    q: np.ndarray[Any, Any],
+    k: np.ndarray[Any, Any],
+    v: np.ndarray[Any, Any],
+    offsets: Any,
+    block_m: int,
+    block_n: int,
+    mask: MaskSpec,
+) -> tuple[MHATileSummary, tuple[np.ndarray[Any, Any], ...]]:
+    """The tile summary, and q, k, v as float32 ``[batch, heads, tokens, d]`` (ragged: one
+    batch of all tokens) in contiguous memory, so that tiles are contiguous slices."""
+    if offsets is not None:
+        summary = MHATileSummary.create(
+            num_heads=q.shape[1], block_m=block_m, block_n=block_n, row_offsets=offsets, mask=mask
+        )
+        axis = 1
+    else:
+        summary = MHATileSummary.create(
+            num_heads=q.shape[2],
+            block_m=block_m,
+            block_n=block_n,
+            seq_len=q.shape[1],
+            batch_size=q.shape[0],
+            mask=mask,
+        )
+        axis = 2
+    arrays = tuple(
+        np.ascontiguousarray(np.moveaxis(a, axis, axis - 1), dtype=np.float32) for a in (q, k, v)
+    )
+    return summary, tuple(a[None] for a in arrays) if offsets is not None else arrays
+
+
+def _host_scheduler(
+    where: str,
+    scheduler: str,
+    n_workers: int,
+    num_heads: int,
+    order: MHASchedule,
+    summary: MHATileSummary,
+) -> tuple[Any, int]:
+    """The host scheduler named ``scheduler`` and the number of workers it runs on."""
+    if scheduler == "queued":
+        return QueuedTileScheduler(n_workers, order), n_workers
+    if scheduler == "static":
+        return TileScheduler(n_workers, order), n_workers
+    if scheduler == "transient":
+        return TransientScheduler(num_heads, order), summary.num_items
+    raise AttentionArgumentError(
+        f"{where}: unknown scheduler (got {scheduler!r}; expected 'queued', 'static' or "
+        "'transient')"
+    )
 
 
 def attention(
@@ -119,6 +173,12 @@ def attention(
     Returns
     -------
     O (like ``q``, same dtype and kind of array), or ``(O, LSE)``.
+
+    Raises
+    ------
+    AttentionArgumentError
+        Invalid shapes (rank, k/v or head_dim mismatch, heads not a multiple of the KV heads),
+        dtype, ``window``, ``valid_length`` or ``scheduler``, or ``stream`` with host arrays.
     """
     where = "attention"
     ragged = valid_length is not None
@@ -151,47 +211,14 @@ def attention(
     q_, k_, v_ = _validate(q, k, v, ragged, where)
     d = q_.shape[-1]
     sc = float(1.0 / math.sqrt(d) if scale is None else scale)
-    if ragged:
-        offsets = _offsets(valid_length, q_.shape, k_.shape, where)
-        num_heads, num_kv = q_.shape[1], k_.shape[1]
-        summary = MHATileSummary.create(
-            num_heads=num_heads, block_m=block_m, block_n=block_n, row_offsets=offsets, mask=mask
-        )
-        # [heads, tokens, d], float32 and contiguous: tiles are contiguous slices
-        qh = np.ascontiguousarray(np.moveaxis(q_, 1, 0), dtype=np.float32)[None]
-        kh = np.ascontiguousarray(np.moveaxis(k_, 1, 0), dtype=np.float32)[None]
-        vh = np.ascontiguousarray(np.moveaxis(v_, 1, 0), dtype=np.float32)[None]
-    else:
-        num_heads, num_kv = q_.shape[2], k_.shape[2]
-        summary = MHATileSummary.create(
-            num_heads=num_heads,
-            block_m=block_m,
-            block_n=block_n,
-            seq_len=q_.shape[1],
-            batch_size=q_.shape[0],
-            mask=mask,
-        )
-        qh = np.ascontiguousarray(np.moveaxis(q_, 2, 1), dtype=np.float32)  # [b, h, s, d]
-        kh = np.ascontiguousarray(np.moveaxis(k_, 2, 1), dtype=np.float32)
-        vh = np.ascontiguousarray(np.moveaxis(v_, 2, 1), dtype=np.float32)
+    offsets = _offsets(valid_length, q_.shape, k_.shape, where) if ragged else None
+    summary, (qh, kh, vh) = _heads_major(q_, k_, v_, offsets, block_m, block_n, mask)
+    num_heads, num_kv = qh.shape[1], kh.shape[1]
     group = num_heads // num_kv
     out = np.zeros((*qh.shape[:-1], v_.shape[-1]), np.float32)
     lse = np.full(qh.shape[:-1], -np.inf, np.float32)
     n_workers = workers or CPU().attributes.cores or 1
-    if scheduler == "queued":
-        sched: Any = QueuedTileScheduler(n_workers, order)
-        grid = n_workers
-    elif scheduler == "static":
-        sched = TileScheduler(n_workers, order)
-        grid = n_workers
-    elif scheduler == "transient":
-        sched = TransientScheduler(num_heads, order)
-        grid = summary.num_items
-    else:
-        raise AttentionArgumentError(
-            f"{where}: unknown scheduler (got {scheduler!r}; expected 'queued', 'static' or "
-            "'transient')"
-        )
+    sched, grid = _host_scheduler(where, scheduler, n_workers, num_heads, order, summary)
 
     def worker(block: Block) -> None:
         state = sched.initial_state(block.linear_idx, summary)
@@ -290,6 +317,57 @@ def _validate(q: Any, k: Any, v: Any, ragged: bool, where: str) -> tuple[Any, An
     return q, k, v
 
 
+def _host_backward(
+    qh: np.ndarray[Any, Any],
+    kh: np.ndarray[Any, Any],
+    vh: np.ndarray[Any, Any],
+    doh: np.ndarray[Any, Any],
+    lh: np.ndarray[Any, Any],
+    delta: np.ndarray[Any, Any],
+    summary: MHATileSummary,
+    ragged: bool,
+    block_n: int,
+    sc: float,
+    mask: MaskSpec,
+) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+    """dQ, dK, dV in the heads-major float32 layout, tile by tile on this thread."""
+    block_m = summary.block_m
+    num_heads, num_kv = qh.shape[1], kh.shape[1]
+    group = num_heads // num_kv
+    dq = np.zeros_like(qh)
+    dk = np.zeros_like(kh)
+    dv = np.zeros_like(vh)
+    for b in range(summary.batch_size):
+        start = summary.start_of_seq(b) if ragged else 0
+        bb = 0 if ragged else b
+        n = summary.seq_len(b)
+        for h in range(num_heads):
+            hk = h // group
+            for off in range(0, n, block_m):
+                r0, r1 = start + off, start + min(off + block_m, n)
+                kv0, kv1 = mask.kv_range(off, min(off + block_m, n), n)
+                if kv1 <= kv0:
+                    continue
+                gq, gk, gv = attention_tile_backward(
+                    qh[bb, h, r0:r1],
+                    kh[bb, hk, start : start + n],
+                    vh[bb, hk, start : start + n],
+                    doh[bb, h, r0:r1],
+                    lh[bb, h, r0:r1],
+                    delta[bb, h, r0:r1],
+                    q_offset=off,
+                    kv_start=kv0,
+                    kv_end=kv1,
+                    block_n=block_n,
+                    scale=sc,
+                    mask=mask,
+                )
+                dq[bb, h, r0:r1] += gq
+                dk[bb, hk, start + kv0 : start + kv1] += gk
+                dv[bb, hk, start + kv0 : start + kv1] += gv
+    return dq, dk, dv
+
+
 def attention_backward(
     q: Any,
     k: Any,
@@ -311,7 +389,35 @@ def attention_backward(
     ``lse`` (``return_lse=True``) and ``dout`` = dL/dO; the same layouts and masks.
     Gradients come in the inputs' dtype (computed in float32); for GQA, ``dk``/``dv``
     sum over the query heads that share a KV head. On a GPU the kernels of
-    :mod:`collectives.mha.gpu` run (deterministic: no atomics)."""
+    :mod:`collectives.mha.gpu` run (deterministic: no atomics).
+
+    Parameters
+    ----------
+    q, k, v : ndarray
+        The forward's inputs (the layouts of :func:`attention`).
+    out, lse : ndarray
+        The forward's output and its log-sum-exp per (row, head) (``return_lse=True``).
+    dout : ndarray
+        dL/dO, of ``q``'s shape.
+    causal, window, valid_length, scale
+        The forward's mask and scale (as :func:`attention`'s).
+    block_m, block_n : int
+        Query rows and keys per tile (host).
+    stream : optional
+        GPU inputs only: a GPU DeviceContext or an object with ``__cuda_stream__``.
+
+    Returns
+    -------
+    dq, dk, dv
+        Like ``q``, ``k`` and ``v`` (their dtypes and kind of array).
+
+    Raises
+    ------
+    AttentionArgumentError
+        Invalid shapes (as :func:`attention`; ``out``, ``dout`` like ``q``, ``lse`` like ``q``
+        without ``head_dim``), dtypes, ``window`` or ``valid_length``, or ``stream`` with
+        host arrays.
+    """
     where = "attention_backward"
     ragged = valid_length is not None
     left, right = normalise_window(window, where)
@@ -358,13 +464,8 @@ def attention_backward(
     lh = np.moveaxis(np.asarray(lse, np.float32), axis, axis - 1)
     lh = lh[None] if ragged else lh
     delta = np.einsum("bhsd,bhsd->bhs", doh, oh)
-    num_heads, num_kv = qh.shape[1], kh.shape[1]
-    group = num_heads // num_kv
-    dq = np.zeros_like(qh)
-    dk = np.zeros_like(kh)
-    dv = np.zeros_like(vh)
     summary = MHATileSummary.create(  # row_offsets, when given, win over the padded shape
-        num_heads=num_heads,
+        num_heads=qh.shape[1],
         block_m=block_m,
         block_n=block_n,
         seq_len=qh.shape[2],
@@ -372,34 +473,7 @@ def attention_backward(
         row_offsets=offsets,
         mask=mask,
     )
-    for b in range(summary.batch_size):
-        start = summary.start_of_seq(b) if ragged else 0
-        bb = 0 if ragged else b
-        n = summary.seq_len(b)
-        for h in range(num_heads):
-            hk = h // group
-            for off in range(0, n, block_m):
-                r0, r1 = start + off, start + min(off + block_m, n)
-                kv0, kv1 = mask.kv_range(off, min(off + block_m, n), n)
-                if kv1 <= kv0:
-                    continue
-                gq, gk, gv = attention_tile_backward(
-                    qh[bb, h, r0:r1],
-                    kh[bb, hk, start : start + n],
-                    vh[bb, hk, start : start + n],
-                    doh[bb, h, r0:r1],
-                    lh[bb, h, r0:r1],
-                    delta[bb, h, r0:r1],
-                    q_offset=off,
-                    kv_start=kv0,
-                    kv_end=kv1,
-                    block_n=block_n,
-                    scale=sc,
-                    mask=mask,
-                )
-                dq[bb, h, r0:r1] += gq
-                dk[bb, hk, start + kv0 : start + kv1] += gk
-                dv[bb, hk, start + kv0 : start + kv1] += gv
+    dq, dk, dv = _host_backward(qh, kh, vh, doh, lh, delta, summary, ragged, block_n, sc, mask)
 
     def back(g: np.ndarray[Any, Any], like: Any) -> np.ndarray[Any, Any]:
         g = g[0] if ragged else g

@@ -23,8 +23,6 @@ the caller (as with NCCL).
 
 from __future__ import annotations
 
-import importlib
-import itertools
 import math
 import threading
 from collections import OrderedDict
@@ -37,6 +35,14 @@ from shmem import cuda as shmem_cuda
 from shmem.dtypes import dtype_name
 from shmem.errors import ArgumentError, AttentionArgumentError
 
+from ..interop import is_gpu_array, like, upload
+from .gpu_args import (
+    GPU_DTYPES,
+    backward_inputs,
+    backward_layout,
+    forward_inputs,
+    forward_layout,
+)
 from .scheduler import (
     MaskSpec,
     MHASchedule,
@@ -51,6 +57,7 @@ __all__ = [
     "TENSOR_CORE_DIMS",
     "attention_backward_gpu",
     "attention_gpu",
+    "device_context",
     "is_gpu_array",
     "kernel_name",
     "work_order",
@@ -58,11 +65,8 @@ __all__ = [
 ]
 
 KERNELS = "collectives/kernels/attention.cu"
-BLOCK_M = 64  # the kernel's BM: query rows per work item
 THREADS = 128
-MAX_HEAD_DIM = 128
 TENSOR_CORE_DIMS = (64, 80, 96, 128)
-GPU_DTYPES = ("bfloat16", "float16", "float32")
 MODES = {"transient": 0, "static": 1, "queued": 2}
 CTAS_PER_SM = 2  # up to 226 registers x 128 threads: two CTAs fit an SM (nvcc --resource-usage)
 
@@ -71,22 +75,6 @@ _contexts: dict[int, DeviceContext] = {}
 _pending: list[tuple[Any, tuple[object, ...]]] = []  # (event, buffers) of unwaited launches
 _orders: OrderedDict[tuple[object, ...], Buffer] = OrderedDict()
 _ORDERS_MAX = 32
-
-
-def is_gpu_array(x: Any) -> bool:
-    """Whether ``x`` lives on a CUDA device (a GPU Buffer, a DLPack producer on kDLCUDA, or an
-    object with ``__cuda_array_interface__``); numpy arrays and host Buffers are not."""
-    if isinstance(x, np.ndarray):
-        return False
-    if isinstance(x, Buffer):
-        return not x.is_host
-    device = getattr(x, "__dlpack_device__", None)
-    if device is not None:
-        try:
-            return int(device()[0]) == 2  # kDLCUDA
-        except Exception:
-            return False
-    return hasattr(x, "__cuda_array_interface__")
 
 
 def kernel_name(dtype: str, head_dim: int) -> str:
@@ -144,43 +132,20 @@ def worker_items(sched: Any, summary: MHATileSummary, worker: int) -> list[int]:
 # -- inputs and outputs --------------------------------------------------------------------------
 
 
-def _device_buffer(x: Any, name: str, where: str, align: int = 16) -> Buffer:
-    """``x`` as a contiguous GPU Buffer (zero-copy when it already is one), starting on an
-    ``align``-byte boundary (16: the kernels' vector loads of rows; 4: scalar loads)."""
-    buf = x if isinstance(x, Buffer) else None
-    if buf is None:
-        try:
-            buf = Buffer.from_dlpack(x)
-        except Exception as exc:
-            raise AttentionArgumentError(
-                f"{where}: {name} must be a GPU array (torch, cupy, DLPack or a GPU Buffer; got "
-                f"{type(x).__name__}: {exc})"
-            ) from None
-    if buf.is_host:
-        raise AttentionArgumentError(
-            f"{where}: {name} is on the host while another input is on a GPU (expected every "
-            "input on the same GPU)"
-        )
-    if not buf.is_contiguous:
-        buf = buf.contiguous()
-    if buf.unsafe_ptr() % align:
-        raise AttentionArgumentError(
-            f"{where}: {name} is not {align}-byte aligned (got address {buf.unsafe_ptr():#x}; "
-            f"expected a tensor that starts on a {align}-byte boundary, e.g. "
-            ".contiguous().clone())"
-        )
-    return buf
+def device_context(device_id: int) -> DeviceContext:
+    """This module's context for a GPU, made on first use (thread-safe).
 
+    Parameters
+    ----------
+    device_id : int
+        The CUDA device ordinal.
 
-def _like(template: Any, buf: Buffer) -> Any:
-    """``buf`` as the kind of array ``template`` is (torch, cupy, or a Buffer)."""
-    module = type(template).__module__.split(".")[0]
-    if module in ("torch", "cupy"):
-        return importlib.import_module(module).from_dlpack(buf)
-    return buf
-
-
-def _context(device_id: int) -> DeviceContext:
+    Returns
+    -------
+    shmem.DeviceContext
+        The context whose stream the kernels run on when a call passes no ``stream=`` (the
+        same object on every call, until it is closed).
+    """
     with _lock:
         ctx = _contexts.get(device_id)
         if ctx is None or ctx.closed:
@@ -197,14 +162,8 @@ def _stream(stream: Any, device: Any, where: str) -> tuple[Any, bool]:
     except ArgumentError as exc:
         raise AttentionArgumentError(str(exc)) from None
     if got is None:
-        return _context(device.id).stream, True
+        return device_context(device.id).stream, True
     return got, False
-
-
-def _upload(host: np.ndarray[Any, Any], device: Any) -> Buffer:
-    dev = Buffer(host.dtype, host.shape, device=device)
-    dev.inplace_copy_from(Buffer.from_numpy(np.ascontiguousarray(host)))
-    return dev
 
 
 def _order_buffer(
@@ -217,7 +176,7 @@ def _order_buffer(
         if buf is not None:
             _orders.move_to_end(key)
             return buf, grid, mode
-    buf = _upload(table, device)
+    buf = upload(table, device)
     with _lock:
         _orders[key] = buf
         while len(_orders) > _ORDERS_MAX:
@@ -287,54 +246,18 @@ def attention_gpu(
     ``i + delta`` for every mask: a sequence-parallel unit, a query chunk against another
     chunk's keys (the caller checks those shapes)."""
     where = "attention"
-    qb, kb, vb = (_device_buffer(a, n, where) for a, n in ((q, "q"), (k, "k"), (v, "v")))
-    device = qb.device
-    for name, b in (("k", kb), ("v", vb)):
-        if b.device != device:
-            raise AttentionArgumentError(
-                f"{where}: {name} is on {b.device.label}, q on {device.label} (expected one GPU)"
-            )
-    dtype = dtype_name(qb.dtype)
-    if dtype not in GPU_DTYPES or dtype_name(kb.dtype) != dtype or dtype_name(vb.dtype) != dtype:
-        raise AttentionArgumentError(
-            f"{where}: on a GPU q, k and v must share one dtype of {list(GPU_DTYPES)} (got "
-            f"{dtype}, {dtype_name(kb.dtype)}, {dtype_name(vb.dtype)})"
-        )
-    d = qb.shape[-1]
-    if d > MAX_HEAD_DIM or d % 8 or vb.shape[-1] != d:
-        raise AttentionArgumentError(
-            f"{where}: on a GPU head_dim must be a multiple of 8 up to {MAX_HEAD_DIM}, the same "
-            f"for q, k and v (got {d} and v's {vb.shape[-1]})"
-        )
+    qb, kb, vb = forward_inputs(q, k, v, where)
+    device, dtype, d = qb.device, dtype_name(qb.dtype), qb.shape[-1]
     ragged = offsets is not None
-    if offsets is not None:
-        tokens, heads = qb.shape[0], qb.shape[1]
-        kv_heads = kb.shape[1]
-        summary = MHATileSummary.create(
-            num_heads=heads, block_m=BLOCK_M, block_n=BLOCK_M, row_offsets=offsets, mask=mask
-        )
-        batch, seq = len(offsets) - 1, 0
-        lse_shape: tuple[int, ...] = (tokens, heads)
-    else:
-        batch, seq, heads = qb.shape[0], qb.shape[1], qb.shape[2]
-        kv_heads, kv_seq = kb.shape[2], kb.shape[1]
-        summary = MHATileSummary.create(
-            num_heads=heads,
-            block_m=BLOCK_M,
-            block_n=BLOCK_M,
-            seq_len=seq,
-            batch_size=batch,
-            mask=mask,
-        )
-        lse_shape = (batch, seq, heads)
+    summary, (seq, heads, kv_heads, kv_seq), lse_shape = forward_layout(qb, kb, offsets, mask)
     out = Buffer(qb.dtype, qb.shape, device=device)
     lse = Buffer("float32", lse_shape, device=device)
     if summary.num_items == 0:
-        return (_like(q, out), _like(q, lse)) if return_lse else _like(q, out)
+        return (like(q, out), like(q, lse)) if return_lse else like(q, out)
     sms = int(device.attributes.multiprocessor_count or 1)
     n_workers = workers or CTAS_PER_SM * sms
     order_buf, grid, mode = _order_buffer(device, summary, scheduler, schedule, n_workers)
-    offs_buf = _upload(np.asarray(offsets, np.int64), device) if ragged else None
+    offs_buf = upload(np.asarray(offsets, np.int64), device) if ragged else None
     cuda_stream, wait = _stream(stream, device, where)
     counters = _counter_buffer(device, cuda_stream) if scheduler == "queued" else None
     # element strides (batch, row, head) of the contiguous layouts
@@ -381,7 +304,7 @@ def attention_gpu(
         cuda_stream.sync()
     else:
         _keep(cuda_stream, qb, kb, vb, out, lse, order_buf, counters, offs_buf, trace)
-    return (_like(q, out), _like(q, lse)) if return_lse else _like(q, out)
+    return (like(q, out), like(q, lse)) if return_lse else like(q, out)
 
 
 # -- backward ------------------------------------------------------------------------------------
@@ -406,43 +329,13 @@ def attention_backward_gpu(
     own number of keys, query row ``i`` at key position ``i + delta`` (as
     :func:`attention_gpu`)."""
     where = "attention_backward"
-    names = ("q", "k", "v", "out", "lse", "dout")
-    bufs = [
-        # the LSE is read with scalar loads: a row slice of it need not be 16-byte aligned
-        _device_buffer(a, n, where, 4 if n == "lse" else 16)
-        for a, n in zip((q, k, v, out, lse, dout), names, strict=True)
-    ]
+    bufs = backward_inputs((q, k, v, out, lse, dout), where)
     qb, kb, vb, ob, lb, db = bufs
-    device = qb.device
-    dtype = dtype_name(qb.dtype)
-    if (
-        dtype not in GPU_DTYPES
-        or any(dtype_name(b.dtype) != dtype for b in (kb, vb, ob, db))
-        or dtype_name(lb.dtype) != "float32"
-    ):
-        raise AttentionArgumentError(
-            f"{where}: q, k, v, out and dout must share one dtype of {list(GPU_DTYPES)} and lse "
-            f"be float32 (got {[dtype_name(b.dtype) for b in bufs]})"
-        )
-    d = qb.shape[-1]
-    if d > MAX_HEAD_DIM:
-        raise AttentionArgumentError(
-            f"{where}: on a GPU head_dim must be at most {MAX_HEAD_DIM} (got {d})"
-        )
+    device, dtype, d = qb.device, dtype_name(qb.dtype), qb.shape[-1]
     ragged = offsets is not None
-    if offsets is not None:
-        rows, heads, kv_heads = qb.shape[0], qb.shape[1], kb.shape[1]
-        batch, seq, kv_seq = len(offsets) - 1, 0, 0
-        longest = kv_longest = max(b - a for a, b in itertools.pairwise(offsets))
-    else:
-        batch, seq, heads = qb.shape[0], qb.shape[1], qb.shape[2]
-        kv_heads, rows, longest = kb.shape[2], batch * seq, seq
-        kv_seq = kv_longest = kb.shape[1]
-    if batch > 65535 or heads > 65535:
-        raise AttentionArgumentError(
-            f"{where}: on a GPU batch and heads must be at most 65535 (grid y and z; got "
-            f"{batch} and {heads})"
-        )
+    rows, heads, kv_heads, batch, seq, kv_seq, longest, kv_longest = backward_layout(
+        qb, kb, offsets, where
+    )
     if ob.shape != qb.shape or db.shape != qb.shape:
         raise AttentionArgumentError(
             f"{where}: out and dout must have q's shape {qb.shape} (got {ob.shape}, {db.shape})"
@@ -452,7 +345,7 @@ def attention_backward_gpu(
     dv = Buffer(vb.dtype, vb.shape, device=device)
     dvec = Buffer("float32", (max(rows * heads, 1),), device=device)
     cuda_stream, wait = _stream(stream, device, where)
-    offs_buf = _upload(np.asarray(offsets, np.int64), device) if ragged else None
+    offs_buf = upload(np.asarray(offsets, np.int64), device) if ragged else None
     if not wait:
         # the outputs' stream-ordered allocations come first
         shmem_cuda.default_stream_synchronize(device)
@@ -513,7 +406,7 @@ def attention_backward_gpu(
         cuda_stream.sync()
     else:
         _keep(cuda_stream, *bufs, dq, dk, dv, dvec, offs_buf)
-    return _like(q, dq), _like(q, dk), _like(q, dv)
+    return like(q, dq), like(q, dk), like(q, dv)
 
 
 def _launch3(stream: Any, fn: Any, grid: tuple[int, int, int], args: list[Any]) -> None:

@@ -47,7 +47,27 @@ def attention_tile(
     """Attention of query rows ``q`` (BLOCK_M x d, rows ``q_offset ...`` of the sequence) over
     keys ``[kv_start, kv_end)`` of ``k``/``v`` (n x d, key ``i`` at row ``i - k_offset``).
 
-    Returns ``(O, LSE)``: float32 (BLOCK_M x d) and (BLOCK_M,).
+    Parameters
+    ----------
+    q, k, v : numpy.ndarray
+        Query rows (BLOCK_M x d), keys and values (n x d).
+    q_offset : int
+        The sequence position of ``q``'s first row (for the mask).
+    kv_start, kv_end : int
+        The keys to attend to, ``[kv_start, kv_end)`` (the scheduler's bounds).
+    block_n : int
+        Keys per inner step (``BLOCK_N``).
+    scale : float
+        The softmax scale.
+    mask : MaskSpec
+        Causal and sliding-window visibility.
+    k_offset : int
+        The sequence position of ``k``'s and ``v``'s first row.
+
+    Returns
+    -------
+    O, LSE : numpy.ndarray
+        float32 (BLOCK_M x d) and (BLOCK_M,).
     """
     rows = q.shape[0]
     d_v = v.shape[1]
@@ -100,6 +120,30 @@ def attention_tile_backward(
     ``do`` is dL/dO of these rows, ``lse`` their forward LSE and ``delta`` their
     ``D_i = rowsum(dO_i * O_i)``. Returns float32 ``(dQ, dK, dV)``: dQ for the rows
     (BLOCK_M x d), dK and dV for keys ``[kv_start, kv_end)`` only.
+
+    Parameters
+    ----------
+    q, k, v : numpy.ndarray
+        Query rows (BLOCK_M x d), keys and values (n x d), as in :func:`attention_tile`.
+    do, lse, delta : numpy.ndarray
+        dL/dO (BLOCK_M x d), the forward's LSE and ``D_i`` of the rows (BLOCK_M,).
+    q_offset : int
+        The sequence position of ``q``'s first row (for the mask).
+    kv_start, kv_end : int
+        The keys to attend to, ``[kv_start, kv_end)`` (the scheduler's bounds).
+    block_n : int
+        Keys per inner step (``BLOCK_N``).
+    scale : float
+        The softmax scale.
+    mask : MaskSpec
+        Causal and sliding-window visibility.
+    k_offset : int
+        The sequence position of ``k``'s and ``v``'s first row.
+
+    Returns
+    -------
+    dQ, dK, dV : numpy.ndarray
+        float32, as above.
     """
     rows = q.shape[0]
     q32 = q if q.dtype == _F32 else q.astype(_F32)

@@ -36,16 +36,27 @@ import numpy as np
 
 from shmem import Buffer
 from shmem.dtypes import dtype_name
-from shmem.errors import AttentionArgumentError, SequenceParallelError
+from shmem.errors import SequenceParallelError
 
 from ..communicator import Communicator
+from ..interop import as_gpu_buffer, is_gpu_array, like
 from ._sp_backward import backward
 from ._sp_dynamic import forward_dynamic
 from ._sp_gpu import backward_ring_gpu, forward_dynamic_gpu, forward_ring_gpu
 from ._sp_ring import forward_ring
-from ._sp_setup import HOOKS, finish_stats, setup, zigzag_shard, zigzag_unshard
+from ._sp_setup import (
+    HOOKS,
+    BackwardOperands,
+    Operands,
+    OperandsT,
+    Prepare,
+    finish_stats,
+    setup,
+    zigzag_shard,
+    zigzag_unshard,
+)
 from ._units import SequenceParallelStats
-from .gpu import GPU_DTYPES, MAX_HEAD_DIM, _device_buffer, _like, is_gpu_array
+from .gpu_args import GPU_DTYPES, MAX_HEAD_DIM
 from .options import SequenceParallelKeywords, SequenceParallelOptions, resolve_options
 
 __all__ = [
@@ -65,7 +76,23 @@ Array = np.ndarray[Any, np.dtype[Any]]
 def simulate_straggler(factor: float) -> Iterator[None]:
     """Make this rank a straggler inside the block (a testing and benchmarking aid): every
     attention unit it computes takes ``factor`` times as long (it sleeps the difference).
-    Other ranks of the ``dynamic`` schedule then take its work."""
+    Other ranks of the ``dynamic`` schedule then take its work.
+
+    Parameters
+    ----------
+    factor : float
+        The slowdown, >= 1.
+
+    Yields
+    ------
+    None
+        Inside the block this rank is slowed down; the previous factor is restored after.
+
+    Raises
+    ------
+    SequenceParallelError
+        ``factor`` is not a number >= 1.
+    """
     if isinstance(factor, bool) or not isinstance(factor, int | float) or not factor >= 1.0:
         raise SequenceParallelError(
             f"simulate_straggler: invalid factor (got {factor!r}; expected a number >= 1)"
@@ -164,24 +191,29 @@ def sequence_parallel_attention(
     Returns
     -------
     O for this rank's rows (dtype of ``q``), or ``(O, LSE)``.
+
+    Raises
+    ------
+    SequenceParallelError, CollectiveMismatchError
+        Invalid options or operands, raised on every rank (``CollectiveMismatchError`` when
+        another rank's are invalid or the ranks disagree).
     """
     start = time.perf_counter()
     where = "sequence_parallel_attention"
     opts = _options(options, overrides, where)
-    arrays: dict[str, Any] = {"q": q, "k": k, "v": v}
-    gpu = any(is_gpu_array(a) for a in arrays.values())
-    prepare = _gpu_inputs(comm, opts, arrays, where) if gpu else None
-    st = setup(comm, where, arrays, stats=stats, prepare=prepare, **_setup_args(opts))
+    operands = Operands(q=q, k=k, v=v)
+    gpu = any(is_gpu_array(a) for _, a in operands.named())
+    prepare = _gpu_inputs(comm, opts, where) if gpu else None
+    st, dev = setup(comm, where, operands, stats=stats, prepare=prepare, **_setup_args(opts))
     mine = SequenceParallelStats(schedule=str(opts.schedule))
     if gpu:
-        a = arrays
         if opts.schedule == "dynamic":
-            out_gpu, lse_gpu = forward_dynamic_gpu(st, a["q"], a["k"], a["v"], mine, HOOKS.slowdown)
+            out_gpu, lse_gpu = forward_dynamic_gpu(st, dev.q, dev.k, dev.v, mine, HOOKS.slowdown)
         else:
-            out_gpu, lse_gpu = forward_ring_gpu(st, a["q"], a["k"], a["v"], mine)
+            out_gpu, lse_gpu = forward_ring_gpu(st, dev.q, dev.k, dev.v, mine)
         finish_stats(st, stats, mine, start)
-        o_like = _like(q, out_gpu)
-        return (o_like, _like(q, lse_gpu)) if return_lse else o_like
+        o_like = like(q, out_gpu)
+        return (o_like, like(q, lse_gpu)) if return_lse else o_like
     run = forward_dynamic if opts.schedule == "dynamic" else forward_ring
     out, lse = run(st, q, k, v, opts.block_m, opts.block_n, mine, HOOKS.slowdown)
     finish_stats(st, stats, mine, start)
@@ -238,60 +270,76 @@ def sequence_parallel_attention_backward(
     GQA they sum over each KV head's query heads. ``options``, ``stats`` and the keyword
     overrides are as for the forward, with the same sharding. Returns arrays of the dtypes
     of ``q``, ``k`` and ``v``.
+
+    Parameters
+    ----------
+    comm : collectives.Communicator
+    dout, q, k, v, out, lse : ndarray
+        This rank's rows (see above).
+    options, stats, **overrides
+        As for the forward.
+
+    Returns
+    -------
+    dQ, dK, dV
+        Like ``q``, ``k`` and ``v`` (dtype and kind of array).
+
+    Raises
+    ------
+    SequenceParallelError, CollectiveMismatchError
+        Invalid options or operands, raised on every rank (``CollectiveMismatchError`` when
+        another rank's are invalid or the ranks disagree).
     """
     where = "sequence_parallel_attention_backward"
     opts = _options(options, overrides, where)
-    arrays: dict[str, Any] = {"q": q, "k": k, "v": v, "out": out, "dout": dout, "lse": lse}
-    if not any(is_gpu_array(a) for a in arrays.values()):
+    operands = BackwardOperands(q=q, k=k, v=v, out=out, dout=dout, lse=lse)
+    if not any(is_gpu_array(a) for _, a in operands.named()):
         return backward(
             comm, dout, q, k, v, out, lse, stats=stats, slowdown=HOOKS.slowdown, **_setup_args(opts)
         )
     start = time.perf_counter()
-    prepare = _gpu_inputs(comm, opts, arrays, where)
-    st = setup(comm, where, arrays, stats=stats, prepare=prepare, **_setup_args(opts))
+    prepare = _gpu_inputs(comm, opts, where)
+    st, dev = setup(comm, where, operands, stats=stats, prepare=prepare, **_setup_args(opts))
     mine = SequenceParallelStats(schedule=str(opts.schedule))
-    a = arrays
-    grads = backward_ring_gpu(st, a["q"], a["k"], a["v"], a["out"], a["dout"], a["lse"], mine)
+    grads = backward_ring_gpu(st, dev.q, dev.k, dev.v, dev.out, dev.dout, dev.lse, mine)
     finish_stats(st, stats, mine, start)
-    return _like(q, grads[0]), _like(k, grads[1]), _like(v, grads[2])
+    return like(q, grads[0]), like(k, grads[1]), like(v, grads[2])
 
 
-def _gpu_inputs(
-    comm: Communicator, opts: SequenceParallelOptions, arrays: dict[str, Any], where: str
-) -> Any:
+def _gpu_inputs(comm: Communicator, opts: SequenceParallelOptions, where: str) -> Prepare:
     """The check and conversion of GPU inputs, run inside the setup's agreement (so an
     error on one rank raises on every rank)."""
     world = comm.world
     heap: Any = world.heap
 
-    def prepare() -> dict[str, Any]:
+    def device_buffer(name: str, a: Any) -> Buffer:
+        buf = as_gpu_buffer(a, name, where, 4 if name == "lse" else 16, error=SequenceParallelError)
+        if buf.device != heap.device:
+            raise SequenceParallelError(
+                f"{where}: {name} is on {buf.device.label}, this rank's World on "
+                f"{heap.device.label} (expected the World's GPU)"
+            )
+        return buf
+
+    def prepare(operands: OperandsT) -> OperandsT:
         if not heap.device_memory:
             raise SequenceParallelError(
                 f"{where}: GPU inputs need the nvshmem backend (this World runs the "
                 f"{world.backend} backend; shmem.init(backend='nvshmem'), or pass numpy arrays)"
             )
-        bufs: dict[str, Buffer] = {}
-        for name, a in arrays.items():
-            try:
-                bufs[name] = _device_buffer(a, name, where, 4 if name == "lse" else 16)
-            except AttentionArgumentError as exc:
-                raise SequenceParallelError(str(exc)) from None
-            if bufs[name].device != heap.device:
-                raise SequenceParallelError(
-                    f"{where}: {name} is on {bufs[name].device.label}, this rank's World on "
-                    f"{heap.device.label} (expected the World's GPU)"
-                )
-        dtypes = {dtype_name(b.dtype) for n, b in bufs.items() if n != "lse"}
-        d = bufs["q"].shape[-1]
+        bufs = operands.convert(device_buffer)
+        tensors = [(n, b) for n, b in bufs.named() if n != "lse"]
+        dtypes = {dtype_name(b.dtype) for _, b in tensors}
+        d = bufs.q.shape[-1]
         if len(dtypes) != 1 or not dtypes <= set(GPU_DTYPES):
-            names = ", ".join(n for n in bufs if n != "lse")
+            names = ", ".join(n for n, _ in tensors)
             raise SequenceParallelError(
                 f"{where}: on GPUs {names} must share one dtype of {list(GPU_DTYPES)} (got "
                 f"{sorted(dtypes)})"
             )
-        if "lse" in bufs and dtype_name(bufs["lse"].dtype) != "float32":
+        if isinstance(bufs, BackwardOperands) and dtype_name(bufs.lse.dtype) != "float32":
             raise SequenceParallelError(
-                f"{where}: lse must be float32 (got {dtype_name(bufs['lse'].dtype)}; pass the "
+                f"{where}: lse must be float32 (got {dtype_name(bufs.lse.dtype)}; pass the "
                 "forward's return_lse=True result)"
             )
         if d > MAX_HEAD_DIM or d % 8:

@@ -17,8 +17,8 @@ fails at once in ``init_process_group`` with a message naming both.
 ``timeout=`` of ``init_process_group`` becomes every wait's deadline when this backend starts
 the World (torch's 30-minute default is not: the configured ``[signal] timeout_s`` applies,
 60 s unless set). See :mod:`collectives.torch_backend.group` for the calls, and
-:func:`sequence_parallel_attention` for attention over a sequence sharded across the ranks,
-differentiable.
+:func:`~collectives.torch_backend.sequence_parallel_attention` for attention over a sequence
+sharded across the ranks, differentiable.
 """
 
 from __future__ import annotations

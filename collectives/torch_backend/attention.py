@@ -107,6 +107,7 @@ def sequence_parallel_attention(
     group : ProcessGroup, optional
         A ``symheap`` process group (default: the default group).
     options : collectives.mha.SequenceParallelOptions, optional
+        The schedule, mask and tuning (default: ``SequenceParallelOptions()``).
     **overrides
         Its fields as keywords (``causal=True``, ``schedule="ring"``, ...).
 
@@ -115,6 +116,13 @@ def sequence_parallel_attention(
     torch.Tensor
         ``[rows, heads, head_dim]`` of ``q``'s dtype and device; ``backward`` gives
         ``q``, ``k`` and ``v`` their gradients (dK/dV summed over each KV head's query heads).
+
+    Raises
+    ------
+    CollectiveArgumentError
+        When ``q``, ``k`` or ``v`` is not a 3-d float32, float16 or bfloat16 tensor, when
+        ``options`` is not a ``SequenceParallelOptions``, when an override names no field of
+        it, or when ``group`` (or the default group) is not a ``symheap`` group.
     """
     import dataclasses
 

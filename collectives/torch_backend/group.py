@@ -138,6 +138,17 @@ class ProcessGroupSymheap(dist.ProcessGroup):
 
     Made by ``dist.init_process_group("symheap")`` and ``dist.new_group(..., backend=
     "symheap")`` (:func:`collectives.torch_backend.register`); users never construct it.
+
+    Parameters
+    ----------
+    comm : Communicator
+        The communicator the group's collectives run on (over the World or a subgroup's team).
+    timeout_s : float
+        Seconds a point-to-point ``Work.wait()`` waits for its peer (``[signal] timeout_s``).
+    name : str
+        The group's name (c10d's group id); also its description until ``setGroupDesc``.
+    team : Team, optional
+        A subgroup's own team, destroyed by :meth:`shutdown` (None for the World's group).
     """
 
     def __init__(
@@ -159,18 +170,53 @@ class ProcessGroupSymheap(dist.ProcessGroup):
     # -- identity (torch's functional collectives need the name) -------------------------------
 
     def getBackendName(self) -> str:
+        """The backend's name, as ``init_process_group`` takes it.
+
+        Returns
+        -------
+        str
+            ``"symheap"``.
+        """
         return "symheap"
 
     def setGroupName(self, name: str) -> None:
+        """Rename the group (c10d does it when it registers the group).
+
+        Parameters
+        ----------
+        name : str
+            The group's new name.
+        """
         self._name = name
 
     def getGroupName(self) -> str:
+        """The group's name (torch's functional collectives look groups up by it).
+
+        Returns
+        -------
+        str
+            The name given at construction or by :meth:`setGroupName`.
+        """
         return self._name
 
     def setGroupDesc(self, desc: str) -> None:
+        """Set the group's description (``new_group(group_desc=...)``).
+
+        Parameters
+        ----------
+        desc : str
+            The description.
+        """
         self._desc = desc
 
     def getGroupDesc(self) -> str:
+        """The group's description.
+
+        Returns
+        -------
+        str
+            The description, or the group's name when none was set.
+        """
         return self._desc
 
     # -- helpers -------------------------------------------------------------------------------
@@ -189,9 +235,20 @@ class ProcessGroupSymheap(dist.ProcessGroup):
         return self._queue.submit(call, background=_nbytes(tensors) >= BACKGROUND_NBYTES)
 
     def run_in_order(self, call: Callable[[], Any]) -> Any:
-        """Run ``call`` (which uses :attr:`comm`) as one of this group's calls, in issue order
+        """Run ``call`` (which uses ``comm``) as one of this group's calls, in issue order
         after the pending ones, and return its result: what a caller outside the c10d calls
-        (sequence-parallel attention) uses the communicator through."""
+        (sequence-parallel attention) uses the communicator through.
+
+        Parameters
+        ----------
+        call : callable
+            Called with no arguments, after the group's pending calls; it may use ``comm``.
+
+        Returns
+        -------
+        object
+            What ``call`` returned (what it raised is raised here).
+        """
         work = self._queue.submit(call)
         work.wait()
         return work.get_future().value()
@@ -225,6 +282,27 @@ class ProcessGroupSymheap(dist.ProcessGroup):
         st.writeback()
 
     def allreduce(self, tensors: list[torch.Tensor], opts: Any) -> Any:
+        """``all_reduce``: every tensor becomes the reduction of it over the ranks, in rank order.
+
+        Parameters
+        ----------
+        tensors : list of torch.Tensor
+            The tensors, reduced in place.
+        opts : torch.distributed.AllreduceOptions
+            c10d's options; ``reduceOp`` is the operation.
+
+        Returns
+        -------
+        torch.distributed.Work
+            Done when the call has run (in issue order); its future holds ``tensors``.
+
+        Raises
+        ------
+        CollectiveArgumentError
+            When a tensor is not dense, not on the group's device or of an unsupported dtype.
+        OpError
+            An unsupported reduce op (raised here, or by ``Work.wait()`` for a queued call).
+        """
         where = "symheap.all_reduce"
         op = opts.reduceOp
 
@@ -235,6 +313,27 @@ class ProcessGroupSymheap(dist.ProcessGroup):
         return self._submit(where, tensors, run, tensors)
 
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any) -> Any:
+        """``all_reduce`` of several tensors, one call per dtype on their concatenation.
+
+        Parameters
+        ----------
+        tensors : list of torch.Tensor
+            The tensors, reduced in place.
+        opts : torch.distributed.AllreduceCoalescedOptions
+            c10d's options; ``reduceOp`` is the operation.
+
+        Returns
+        -------
+        torch.distributed.Work
+            Done when the call has run (in issue order); its future holds ``tensors``.
+
+        Raises
+        ------
+        CollectiveArgumentError
+            When a tensor is not dense, not on the group's device or of an unsupported dtype.
+        OpError
+            An unsupported reduce op (raised here, or by ``Work.wait()`` for a queued call).
+        """
         where = "symheap.all_reduce_coalesced"
         op = opts.reduceOp
 
@@ -254,6 +353,29 @@ class ProcessGroupSymheap(dist.ProcessGroup):
         return self._submit(where, tensors, run, tensors)
 
     def reduce(self, tensors: list[torch.Tensor], opts: Any) -> Any:
+        """``reduce``: the reduction over the ranks lands in ``opts.rootRank``'s tensors only.
+
+        Parameters
+        ----------
+        tensors : list of torch.Tensor
+            The inputs; on the root, also the outputs.
+        opts : torch.distributed.ReduceOptions
+            c10d's options; ``reduceOp`` and ``rootRank``.
+
+        Returns
+        -------
+        torch.distributed.Work
+            Done when the call has run (in issue order); its future holds ``tensors``.
+
+        Raises
+        ------
+        CollectiveArgumentError
+            When ``opts.rootRank`` is not a rank of the group.
+        CollectiveArgumentError
+            When a tensor is not dense, not on the group's device or of an unsupported dtype.
+        OpError
+            An unsupported reduce op (raised here, or by ``Work.wait()`` for a queued call).
+        """
         where = "symheap.reduce"
         root = self._root(where, opts.rootRank)
         op = opts.reduceOp
@@ -271,6 +393,27 @@ class ProcessGroupSymheap(dist.ProcessGroup):
     # -- broadcast, gathers, scatters ----------------------------------------------------------
 
     def broadcast(self, tensors: list[torch.Tensor], opts: Any) -> Any:
+        """``broadcast``: every rank's tensors become ``opts.rootRank``'s.
+
+        Parameters
+        ----------
+        tensors : list of torch.Tensor
+            The root's data; overwritten on the other ranks.
+        opts : torch.distributed.BroadcastOptions
+            c10d's options; ``rootRank`` is the source.
+
+        Returns
+        -------
+        torch.distributed.Work
+            Done when the call has run (in issue order); its future holds ``tensors``.
+
+        Raises
+        ------
+        CollectiveArgumentError
+            When ``opts.rootRank`` is not a rank of the group.
+        CollectiveArgumentError
+            When a tensor is not dense, not on the group's device or of an unsupported dtype.
+        """
         where = "symheap.broadcast"
         root = self._root(where, opts.rootRank)
 
@@ -289,6 +432,29 @@ class ProcessGroupSymheap(dist.ProcessGroup):
         st.writeback()
 
     def all_gather_single(self, out: torch.Tensor, t: torch.Tensor, opts: Any) -> Any:
+        """``all_gather_into_tensor``: ``out`` is every rank's ``t``, concatenated in rank order.
+
+        Parameters
+        ----------
+        out : torch.Tensor
+            The output, of ``world_size`` times ``t``'s elements.
+        t : torch.Tensor
+            This rank's input (it may be a chunk of ``out``).
+        opts : torch.distributed.AllgatherOptions
+            c10d's options.
+
+        Returns
+        -------
+        torch.distributed.Work
+            Done when the call has run (in issue order); its future holds ``[out]``.
+
+        Raises
+        ------
+        CollectiveArgumentError
+            When an output's dtype or size does not fit its input on this many ranks.
+        CollectiveArgumentError
+            When a tensor is not dense, not on the group's device or of an unsupported dtype.
+        """
         where = "symheap.all_gather_into_tensor"
         self._same_dtype(where, out, t, out.numel() == t.numel() * self.size())
         return self._submit(where, [out, t], lambda: self._gather_into(out, t), [out])
@@ -296,6 +462,30 @@ class ProcessGroupSymheap(dist.ProcessGroup):
     _allgather_base = all_gather_single  # type: ignore[assignment]
 
     def allgather(self, outs: list[list[torch.Tensor]], ins: list[torch.Tensor], opts: Any) -> Any:
+        """``all_gather``: ``outs[i][r]`` becomes rank ``r``'s ``ins[i]``.
+
+        Parameters
+        ----------
+        outs : list of list of torch.Tensor
+            For each input, ``world_size`` outputs of its size and dtype.
+        ins : list of torch.Tensor
+            This rank's inputs.
+        opts : torch.distributed.AllgatherOptions
+            c10d's options.
+
+        Returns
+        -------
+        torch.distributed.Work
+            Done when the call has run (in issue order); its future holds ``outs``.
+
+        Raises
+        ------
+        CollectiveArgumentError
+            When a tensor is not dense, not on the group's device or of an unsupported dtype.
+        CollectiveArgumentError
+            When an output list is not ``world_size`` tensors of its input's size and dtype
+            (raised here, or by ``Work.wait()`` for a queued call).
+        """
         where = "symheap.all_gather"
         flat = [o for lst in outs for o in lst]
 
@@ -313,6 +503,30 @@ class ProcessGroupSymheap(dist.ProcessGroup):
     def allgather_into_tensor_coalesced(
         self, outs: list[torch.Tensor], ins: list[torch.Tensor], opts: Any
     ) -> Any:
+        """``all_gather_into_tensor`` of several pairs: ``outs[i]`` gathers every rank's ``ins[i]``.
+
+        Parameters
+        ----------
+        outs : list of torch.Tensor
+            The outputs, each ``world_size`` times its input's elements.
+        ins : list of torch.Tensor
+            This rank's inputs.
+        opts : torch.distributed.AllgatherOptions
+            c10d's options.
+
+        Returns
+        -------
+        torch.distributed.Work
+            Done when the call has run (in issue order); its future holds ``outs``.
+
+        Raises
+        ------
+        CollectiveArgumentError
+            When a tensor is not dense, not on the group's device or of an unsupported dtype.
+        CollectiveArgumentError
+            When an output's dtype or size does not fit its input (raised here, or by
+            ``Work.wait()`` for a queued call).
+        """
         where = "symheap.all_gather_into_tensor_coalesced"
 
         def run() -> None:
@@ -331,6 +545,31 @@ class ProcessGroupSymheap(dist.ProcessGroup):
         st.writeback()
 
     def reduce_scatter_single(self, out: torch.Tensor, t: torch.Tensor, opts: Any) -> Any:
+        """``reduce_scatter_tensor``: ``out`` is rank ``r``'s chunk of the reduction of every ``t``.
+
+        Parameters
+        ----------
+        out : torch.Tensor
+            The output: this rank's chunk, ``1 / world_size`` of ``t``'s elements.
+        t : torch.Tensor
+            This rank's input (it may share memory with ``out``).
+        opts : torch.distributed.ReduceScatterOptions
+            c10d's options; ``reduceOp`` is the operation.
+
+        Returns
+        -------
+        torch.distributed.Work
+            Done when the call has run (in issue order); its future holds ``[out]``.
+
+        Raises
+        ------
+        CollectiveArgumentError
+            When an output's dtype or size does not fit its input on this many ranks.
+        CollectiveArgumentError
+            When a tensor is not dense, not on the group's device or of an unsupported dtype.
+        OpError
+            An unsupported reduce op (raised here, or by ``Work.wait()`` for a queued call).
+        """
         where = "symheap.reduce_scatter_tensor"
         self._same_dtype(where, out, t, t.numel() == out.numel() * self.size())
         op = opts.reduceOp
@@ -341,6 +580,32 @@ class ProcessGroupSymheap(dist.ProcessGroup):
     def reduce_scatter(
         self, outs: list[torch.Tensor], ins: list[list[torch.Tensor]], opts: Any
     ) -> Any:
+        """``reduce_scatter``: ``outs[i]`` is the reduction of every rank's ``ins[i][rank]``.
+
+        Parameters
+        ----------
+        outs : list of torch.Tensor
+            This rank's outputs.
+        ins : list of list of torch.Tensor
+            For each output, ``world_size`` inputs of its size and dtype (one per rank).
+        opts : torch.distributed.ReduceScatterOptions
+            c10d's options; ``reduceOp`` is the operation.
+
+        Returns
+        -------
+        torch.distributed.Work
+            Done when the call has run (in issue order); its future holds ``outs``.
+
+        Raises
+        ------
+        CollectiveArgumentError
+            When a tensor is not dense, not on the group's device or of an unsupported dtype.
+        OpError
+            An unsupported reduce op (raised here, or by ``Work.wait()`` for a queued call).
+        CollectiveArgumentError
+            When an input list is not ``world_size`` tensors of its output's size and dtype
+            (raised here, or by ``Work.wait()`` for a queued call).
+        """
         where = "symheap.reduce_scatter"
         op = opts.reduceOp
         flat = [i for lst in ins for i in lst]
@@ -356,6 +621,32 @@ class ProcessGroupSymheap(dist.ProcessGroup):
     def reduce_scatter_tensor_coalesced(
         self, outs: list[torch.Tensor], ins: list[torch.Tensor], opts: Any
     ) -> Any:
+        """``reduce_scatter_tensor`` of several pairs: ``outs[i]`` gets its chunk of ``ins[i]``.
+
+        Parameters
+        ----------
+        outs : list of torch.Tensor
+            This rank's outputs, each ``1 / world_size`` of its input's elements.
+        ins : list of torch.Tensor
+            This rank's inputs.
+        opts : torch.distributed.ReduceScatterOptions
+            c10d's options; ``reduceOp`` is the operation.
+
+        Returns
+        -------
+        torch.distributed.Work
+            Done when the call has run (in issue order); its future holds ``outs``.
+
+        Raises
+        ------
+        CollectiveArgumentError
+            When a tensor is not dense, not on the group's device or of an unsupported dtype.
+        OpError
+            An unsupported reduce op (raised here, or by ``Work.wait()`` for a queued call).
+        CollectiveArgumentError
+            When an output's dtype or size does not fit its input (raised here, or by
+            ``Work.wait()`` for a queued call).
+        """
         where = "symheap.reduce_scatter_tensor_coalesced"
         op = opts.reduceOp
 
@@ -367,6 +658,34 @@ class ProcessGroupSymheap(dist.ProcessGroup):
         return self._submit(where, [*outs, *ins], run, outs)
 
     def gather(self, outs: list[list[torch.Tensor]], ins: list[torch.Tensor], opts: Any) -> Any:
+        """``gather`` (host tensors only): the root's ``outs[0][r]`` gets rank ``r``'s ``ins[0]``.
+
+        Parameters
+        ----------
+        outs : list of list of torch.Tensor
+            On the root, ``[world_size tensors]`` of the input's size; elsewhere unused.
+        ins : list of torch.Tensor
+            ``[this rank's input]``.
+        opts : torch.distributed.GatherOptions
+            c10d's options; ``rootRank`` is the destination.
+
+        Returns
+        -------
+        torch.distributed.Work
+            Done when the call has run (in issue order); its future holds ``outs``.
+
+        Raises
+        ------
+        CollectiveArgumentError
+            On a CUDA group (this call's exchange is an MPI call on host memory).
+        CollectiveArgumentError
+            When ``opts.rootRank`` is not a rank of the group.
+        CollectiveArgumentError
+            When a tensor is not dense, not on the group's device or of an unsupported dtype.
+        CollectiveArgumentError
+            On the root, when ``outs[0]`` is not ``world_size`` tensors of the input's size
+            and dtype.
+        """
         where = "symheap.gather"
         self._host_only(where)
         root = self._root(where, opts.rootRank)
@@ -390,6 +709,34 @@ class ProcessGroupSymheap(dist.ProcessGroup):
         return self._submit(where, [*flat, *ins], run, outs)
 
     def scatter(self, outs: list[torch.Tensor], ins: list[list[torch.Tensor]], opts: Any) -> Any:
+        """``scatter`` (host tensors only): rank ``r``'s ``outs[0]`` gets the root's ``ins[0][r]``.
+
+        Parameters
+        ----------
+        outs : list of torch.Tensor
+            ``[this rank's output]``.
+        ins : list of list of torch.Tensor
+            On the root, ``[world_size tensors]`` of the output's size; elsewhere unused.
+        opts : torch.distributed.ScatterOptions
+            c10d's options; ``rootRank`` is the source.
+
+        Returns
+        -------
+        torch.distributed.Work
+            Done when the call has run (in issue order); its future holds ``outs``.
+
+        Raises
+        ------
+        CollectiveArgumentError
+            On a CUDA group (this call's exchange is an MPI call on host memory).
+        CollectiveArgumentError
+            When ``opts.rootRank`` is not a rank of the group.
+        CollectiveArgumentError
+            When a tensor is not dense, not on the group's device or of an unsupported dtype.
+        CollectiveArgumentError
+            On the root, when ``ins[0]`` is not ``world_size`` tensors of the output's size
+            and dtype.
+        """
         where = "symheap.scatter"
         self._host_only(where)
         root = self._root(where, opts.rootRank)
@@ -423,6 +770,36 @@ class ProcessGroupSymheap(dist.ProcessGroup):
         in_splits: list[int],
         opts: Any,
     ) -> Any:
+        """``all_to_all_single``: block ``i`` of rank ``r``'s ``t`` lands in block ``r`` of rank
+        ``i``'s ``out``.
+
+        Parameters
+        ----------
+        out : torch.Tensor
+            The output; its rows are split among the ranks.
+        t : torch.Tensor
+            This rank's input (it may share memory with ``out``).
+        out_splits : list of int
+            Rows of ``out`` received from each rank; empty: equal blocks.
+        in_splits : list of int
+            Rows of ``t`` sent to each rank; empty: equal blocks.
+        opts : torch.distributed.AllToAllOptions
+            c10d's options.
+
+        Returns
+        -------
+        torch.distributed.Work
+            Done when the call has run (in issue order); its future holds ``[out]``.
+
+        Raises
+        ------
+        CollectiveArgumentError
+            When dtypes differ, a tensor is 0-d, rows do not split evenly without split
+            sizes, split sizes are not ``world_size`` counts adding up to the rows, or split
+            sizes are given on a CUDA group.
+        CollectiveArgumentError
+            When a tensor is not dense, not on the group's device or of an unsupported dtype.
+        """
         where = "symheap.all_to_all_single"
         size = self.size()
 
@@ -462,6 +839,31 @@ class ProcessGroupSymheap(dist.ProcessGroup):
         return self._submit(where, [out, t], run, [out])
 
     def alltoall(self, outs: list[torch.Tensor], ins: list[torch.Tensor], opts: Any) -> Any:
+        """``all_to_all`` of tensor lists (host only): ``outs[r]`` gets rank ``r``'s ``ins[rank]``.
+
+        Parameters
+        ----------
+        outs : list of torch.Tensor
+            ``world_size`` outputs, one per source rank.
+        ins : list of torch.Tensor
+            ``world_size`` inputs, one per destination rank.
+        opts : torch.distributed.AllToAllOptions
+            c10d's options.
+
+        Returns
+        -------
+        torch.distributed.Work
+            Done when the call has run (in issue order); its future holds ``outs``.
+
+        Raises
+        ------
+        CollectiveArgumentError
+            On a CUDA group (this call's exchange is an MPI call on host memory).
+        CollectiveArgumentError
+            When ``outs`` or ``ins`` is not ``world_size`` tensors, or their dtypes differ.
+        CollectiveArgumentError
+            When a tensor is not dense, not on the group's device or of an unsupported dtype.
+        """
         where = "symheap.all_to_all"
         self._host_only(where + " of tensor lists")
         if len(outs) != self.size() or len(ins) != self.size():
@@ -490,6 +892,18 @@ class ProcessGroupSymheap(dist.ProcessGroup):
     # -- synchronisation -----------------------------------------------------------------------
 
     def barrier(self, opts: Any) -> Any:
+        """``barrier``: done once every rank of the group has reached it.
+
+        Parameters
+        ----------
+        opts : torch.distributed.BarrierOptions
+            c10d's options (unused).
+
+        Returns
+        -------
+        torch.distributed.Work
+            Done when the call has run (in issue order); its future holds an empty list.
+        """
         return self._submit("symheap.barrier", [], self.comm.barrier, [])
 
     # -- point to point ------------------------------------------------------------------------
@@ -509,6 +923,29 @@ class ProcessGroupSymheap(dist.ProcessGroup):
         return peer
 
     def send(self, tensors: list[torch.Tensor], dst: int, tag: int) -> Any:
+        """``send`` (host tensors only): an MPI message of ``tensors[0]`` to rank ``dst``.
+
+        Parameters
+        ----------
+        tensors : list of torch.Tensor
+            ``[the tensor to send]``.
+        dst : int
+            The receiving rank in this group.
+        tag : int
+            The message tag, matched by the receive.
+
+        Returns
+        -------
+        torch.distributed.Work
+            Posted in issue order; ``wait()`` completes it (raising
+            ``SignalTimeoutError`` after ``timeout_s`` without the matching receive).
+
+        Raises
+        ------
+        CollectiveArgumentError
+            When ``dst`` is not a rank of the group, on a CUDA group, or when the tensor is
+            not dense or of an unsupported dtype.
+        """
         dst = self._peer("symheap.send", dst)
         return self._p2p_work(
             "symheap.send",
@@ -517,6 +954,29 @@ class ProcessGroupSymheap(dist.ProcessGroup):
         )
 
     def recv(self, tensors: list[torch.Tensor], src: int, tag: int) -> Any:
+        """``recv`` (host tensors only): ``tensors[0]`` receives rank ``src``'s message.
+
+        Parameters
+        ----------
+        tensors : list of torch.Tensor
+            ``[the tensor to receive into]``.
+        src : int
+            The sending rank in this group.
+        tag : int
+            The message tag to match.
+
+        Returns
+        -------
+        torch.distributed.Work
+            Posted in issue order; ``wait()`` completes it (raising
+            ``SignalTimeoutError`` after ``timeout_s`` without the matching send).
+
+        Raises
+        ------
+        CollectiveArgumentError
+            When ``src`` is not a rank of the group, on a CUDA group, or when the tensor is
+            not dense or of an unsupported dtype.
+        """
         src = self._peer("symheap.recv", src)
         return self._p2p_work(
             "symheap.recv",
@@ -525,6 +985,26 @@ class ProcessGroupSymheap(dist.ProcessGroup):
         )
 
     def recv_anysource(self, tensors: list[torch.Tensor], tag: int) -> Any:
+        """``recv`` from any rank (host tensors only): the first matching message arrives.
+
+        Parameters
+        ----------
+        tensors : list of torch.Tensor
+            ``[the tensor to receive into]``.
+        tag : int
+            The message tag to match.
+
+        Returns
+        -------
+        torch.distributed.Work
+            Posted in issue order; ``wait()`` completes it, then ``source_rank()`` is the
+            sender (``SignalTimeoutError`` after ``timeout_s`` without a message).
+
+        Raises
+        ------
+        CollectiveArgumentError
+            On a CUDA group, or when the tensor is not dense or of an unsupported dtype.
+        """
         # a matched probe, then a receive of that message: an Irecv from MPI.ANY_SOURCE
         # stayed unmatched for good about once in 300 on MPICH 5.0.2 over its network path
         # (MPIR_CVAR_NOLOCAL=1; /tmp stress: 5 of 1500 against 0 of 1500 this way)

@@ -217,6 +217,12 @@ class HostHeap:
         config: HeapConfig,
         timeout_s: float = 60.0,
     ) -> None:
+        """Make the heap's windows, collectively.
+
+        Long because its collective steps (the node map and leaders, the world or shared
+        window and its slabs, the off-node RMA window or its fallback) run in one order on
+        every rank under one ExitStack that frees the windows made so far on failure.
+        """
         self.rank = comm.Get_rank()
         self.world_size = comm.Get_size()
         self.local_rank = node_comm.Get_rank()

@@ -100,14 +100,20 @@ class NvshmemHeap:
     release_fence_needed = True  # flags are raised by kernels with release semantics
 
     def __init__(self, comm: Any, node_comm: Any, config: Any) -> None:
+        """Start NVSHMEM on this rank's GPU, collectively.
+
+        Long because NVSHMEM starts in one collective sequence that every rank runs in step:
+        the device, rank 0's unique id broadcast, init, the symmetric slab, the barrier that
+        fixes the mode, and the peer pointers of the node.
+        """
         try:
             import nvshmem.core as nv
         except ImportError as exc:
             raise BackendUnavailableError(
                 f"init: backend 'nvshmem' needs nvshmem4py (pip install '.[gpu]'): {exc}"
             ) from None
-        from .. import _cuda
-        from ..device import Accelerator
+        from ..device import cuda as _cuda
+        from ..device.devices import Accelerator
 
         self._nv = nv
         self.rank, self.world_size = comm.Get_rank(), comm.Get_size()
@@ -262,7 +268,7 @@ class NvshmemHeap:
 
     def memcpy(self, dst: int, src: int, nbytes: int) -> None:
         """Queue a copy of ``nbytes`` between addresses on the heap's stream."""
-        from .. import _cuda
+        from ..device import cuda as _cuda
 
         _cuda.memcpy_async(dst, src, nbytes, self.stream)
 
@@ -321,7 +327,7 @@ class NvshmemHeap:
         self.stream.sync()
 
     def memset(self, offset: int, nbytes: int, value: int = 0) -> None:
-        from .. import _cuda
+        from ..device import cuda as _cuda
 
         _cuda.memset_async(self.base + offset, value, nbytes, self.stream)
         self.stream.sync()
@@ -329,7 +335,7 @@ class NvshmemHeap:
     # -- kernels -------------------------------------------------------------------------------
 
     def launch(self, name: str, *args: Any) -> None:
-        from .. import _cuda
+        from ..device import cuda as _cuda
 
         _cuda.launch(self.stream, _cuda.kernel(self.device.id, _KERNELS, name), 1, 32, *args)
 

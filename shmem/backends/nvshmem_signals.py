@@ -21,7 +21,7 @@ _MASK = (1 << 64) - 1
 
 
 def _cuda_sync(heap: NvshmemHeap) -> None:
-    from .. import _cuda
+    from ..device import cuda as _cuda
 
     _cuda.device_sync(heap.device.id)
 

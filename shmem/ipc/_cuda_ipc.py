@@ -18,10 +18,10 @@ from typing import Any
 
 import numpy as np
 
+from ..device.memory import Buffer
+from ..device.views import contiguous_strides
 from ..dtypes import as_dtype
 from ..errors import DescriptorError
-from ..memory import Buffer
-from ..views import contiguous_strides
 from .descriptor import IpcDescriptor
 
 __all__ = ["allocate", "decode_descriptor", "encode_descriptor", "import_"]
@@ -67,7 +67,7 @@ class _GpuExport:
     def __init__(
         self, device: Any, nbytes: int, dtype: np.dtype[Any], shape: tuple[int, ...]
     ) -> None:
-        from .._cuda import CudaDevice
+        from ..device.cuda import CudaDevice
 
         cc = _cc()
         self.device = CudaDevice.get(device.id)
@@ -87,7 +87,7 @@ class _GpuExport:
         return encode_descriptor(bytes(payload), int(size))
 
     def buffer(self) -> Buffer:
-        from .._cuda_memory import _DeviceMemory
+        from ..device.cuda.memory import _DeviceMemory
 
         mem = _DeviceMemory(int(self.mem.handle), self.nbytes, self.mem)
         return Buffer._device_view(
@@ -104,7 +104,7 @@ class _GpuExport:
 
 class _GpuImport:
     def __init__(self, desc: IpcDescriptor, fd: int, extra: bytes) -> None:
-        from .._cuda import CudaDevice
+        from ..device.cuda import CudaDevice
 
         cc = _cc()
         self.device = CudaDevice.get(desc.device)
@@ -117,7 +117,7 @@ class _GpuImport:
         self.desc = desc
 
     def buffer(self) -> Buffer:
-        from .._cuda_memory import _DeviceMemory
+        from ..device.cuda.memory import _DeviceMemory
 
         d = self.desc
         dt = as_dtype(d.dtype, "import_")

@@ -42,6 +42,31 @@ class IpcDescriptor:
 
     ``address`` is the exporter's Unix socket path; ``token`` a 128-bit secret the exporter
     checks (with the importer's uid) before it sends the file descriptor.
+
+    Parameters
+    ----------
+    kind : {"host", "cuda"}
+        Where the memory lives.
+    nbytes : int
+        Bytes of memory.
+    dtype : str
+        The element type's canonical name.
+    shape : tuple of int
+        The array shape.
+    pid : int
+        The exporting process.
+    uid : int
+        The exporter's user (an importer must be the same user).
+    host : str
+        The exporter's host name (IPC does not cross machines).
+    token : str
+        The secret the exporter checks.
+    address : str
+        The exporter's Unix socket path.
+    buffer_id : str
+        The buffer's id at the exporter.
+    device : int
+        The GPU's ordinal (-1 for host memory).
     """
 
     kind: str
@@ -59,6 +84,13 @@ class IpcDescriptor:
     # -- encoding ---------------------------------------------------------------------------
 
     def to_bytes(self) -> bytes:
+        """The binary form: a versioned header, a JSON body and a CRC-32.
+
+        Returns
+        -------
+        bytes
+            What :meth:`parse` reads back.
+        """
         body = json.dumps(
             {**asdict(self), "shape": list(self.shape)}, separators=(",", ":"), sort_keys=True
         ).encode()
@@ -67,6 +99,13 @@ class IpcDescriptor:
         return raw + struct.pack(">I", zlib.crc32(raw))
 
     def to_string(self) -> str:
+        """The printable form (``str(desc)``): the bytes in URL-safe base64 behind a prefix.
+
+        Returns
+        -------
+        str
+            One word, safe on a command line or in an environment variable.
+        """
         return STRING_PREFIX + base64.urlsafe_b64encode(self.to_bytes()).decode().rstrip("=")
 
     def __str__(self) -> str:
@@ -86,6 +125,16 @@ class IpcDescriptor:
     @classmethod
     def parse(cls, data: bytes | bytearray | memoryview | str) -> IpcDescriptor:
         """Decode and validate a descriptor (bytes or its string form).
+
+        Parameters
+        ----------
+        data : bytes or bytearray or memoryview or str
+            :meth:`to_bytes`'s or :meth:`to_string`'s output.
+
+        Returns
+        -------
+        IpcDescriptor
+            The validated descriptor (nothing is mapped or contacted).
 
         Raises
         ------

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from shmem import _nvrtc
+from shmem.device.cuda import nvrtc as _nvrtc
 
 pytestmark = pytest.mark.compile
 

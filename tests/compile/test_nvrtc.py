@@ -38,11 +38,11 @@ def test_sources_exist() -> None:
 
 @pytest.mark.parametrize("path", SOURCES, ids=lambda p: p.name)
 def test_compiles_to_sm90_cubin(path: Path) -> None:
-    """With the runtime's own options (``shmem._nvrtc.compile_cubin``); in a test run that
-    names a shared cache (``TESTS_KERNEL_CACHE``, scripts/test.sh) the cubins land there
-    for the fake-GPU tier to load."""
+    """With the runtime's own options (``shmem.device.cuda.nvrtc.compile_cubin``); in a test
+    run that names a shared cache (``TESTS_KERNEL_CACHE``, scripts/test.sh) the cubins land
+    there for the fake-GPU tier to load."""
     _program()
-    from shmem import _nvrtc
+    from shmem.device.cuda import nvrtc as _nvrtc
 
     shared = os.environ.get("TESTS_KERNEL_CACHE")
     obj = _nvrtc.compile_cubin(

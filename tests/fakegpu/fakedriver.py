@@ -10,8 +10,8 @@ import os
 
 def install() -> None:
     """Patch this process, and mark the environment so its Python children patch theirs."""
-    import shmem._cuda_device as _c
     import shmem.backends as _backends
+    import shmem.device.cuda.device as _c
 
     _c._driver_present = lambda: True  # the fake libcuda stands in for a driver
     _c.device_count.cache_clear()

@@ -15,8 +15,8 @@ import numpy as np
 
 import collectives
 import shmem
-import shmem._cuda_device as _c
 import shmem.backends as _backends
+import shmem.device.cuda.device as _c
 from shmem.errors import NvshmemError, NvshmemUnsupportedError, SignalTimeoutError
 from tests.attention_reference import chunk_reference
 
@@ -130,12 +130,12 @@ def attention_checks() -> None:
         attention_backward,
     )
     from collectives.mha.gpu import (
-        BLOCK_M,
         attention_backward_gpu,
         attention_gpu,
         work_order,
         worker_items,
     )
+    from collectives.mha.gpu_args import BLOCK_M
     from shmem import Accelerator, Buffer, DeviceContext
 
     gpu = Accelerator(0)
@@ -595,7 +595,7 @@ def main() -> None:
 
             from collectives.mha import SequenceParallelStats, attention, attention_backward
             from collectives.mha._sp_gpu import backward_ring_gpu, forward_ring_gpu
-            from collectives.mha._sp_setup import setup
+            from collectives.mha._sp_setup import Operands, setup
 
             rng = np.random.default_rng(5)
             # (49 rows first: with 2 heads the next segment's LSE rows start 8 bytes off a
@@ -608,18 +608,17 @@ def main() -> None:
             ):
                 q = rng.standard_normal((180, 2, 64)).astype(dtype)
                 k, v = (rng.standard_normal((180, 1, 64)).astype(dtype) for _ in range(2))
-                arrays = {
-                    n: shmem.Buffer.from_numpy(a[pos]).to(heap.device)
-                    for n, a in (("q", q), ("k", k), ("v", v))
-                }
-                st = setup(
-                    comm, "folds", arrays, schedule="ring", causal=causal, window=window,
+                ops = Operands(
+                    *(shmem.Buffer.from_numpy(a[pos]).to(heap.device) for a in (q, k, v))
+                )
+                st, ops = setup(
+                    comm, "folds", ops, schedule="ring", causal=causal, window=window,
                     valid_length=None, scale=None, block_m=64, block_n=64, unit_rows=None,
-                    threads=None, stats=None, prepare=lambda arrays=arrays: arrays,
+                    threads=None, stats=None, prepare=lambda ops: ops,
                 )  # fmt: skip
                 st = dataclasses.replace(st, positions=[pos])
                 stats = SequenceParallelStats()
-                o, lse = forward_ring_gpu(st, arrays["q"], arrays["k"], arrays["v"], stats)
+                o, lse = forward_ring_gpu(st, ops.q, ops.k, ops.v, stats)
                 want, want_lse = attention(
                     q[None], k[None], v[None], causal=causal, window=window, return_lse=True
                 )
@@ -631,7 +630,7 @@ def main() -> None:
                 # the backward over the same pairs: dQ summed here, dK/dV through the slots
                 do = rng.standard_normal(q.shape).astype(dtype)
                 grads = backward_ring_gpu(
-                    st, arrays["q"], arrays["k"], arrays["v"], o,
+                    st, ops.q, ops.k, ops.v, o,
                     shmem.Buffer.from_numpy(do[pos]).to(heap.device), lse, stats,
                 )  # fmt: skip
                 inverse = np.argsort(pos)

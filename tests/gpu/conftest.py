@@ -49,10 +49,11 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def _trace_kernels(directory: Path) -> None:
-    """Wrap the runtime's one kernel lookup (``shmem._cuda_kernels.kernel``, which every
-    launch goes through, also under its re-exported name ``shmem._cuda.kernel``) so that
+    """Wrap the runtime's one kernel lookup (``shmem.device.cuda.kernels.kernel``, which every
+    launch goes through, also under its re-exported name ``shmem.device.cuda.kernel``) so that
     each kernel it hands out is written down once."""
-    from shmem import _cuda, _cuda_kernels
+    from shmem.device import cuda as _cuda
+    from shmem.device.cuda import kernels as _cuda_kernels
 
     directory.mkdir(parents=True, exist_ok=True)
     lookup = _cuda_kernels.kernel

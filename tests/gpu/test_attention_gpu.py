@@ -21,12 +21,12 @@ from collectives.mha import (
     attention_backward,
 )
 from collectives.mha.gpu import (
-    BLOCK_M,
     attention_backward_gpu,
     attention_gpu,
     work_order,
     worker_items,
 )
+from collectives.mha.gpu_args import BLOCK_M
 from shmem import Accelerator, Buffer
 from shmem.dtypes import as_dtype
 from tests.attention_reference import chunk_reference, visible

@@ -218,7 +218,7 @@ def test_small_zero_copy_inputs_are_staged_by_the_c_replay(plain: tuple[World, A
     """A replayed call's zero-copy input of up to STAGE_SMALL bytes is copied in like a numpy
     one (cheaper than waiting for every peer's DONE before returning); a larger one is read
     where it is. Results are the same either way."""
-    from collectives.allreduce import STAGE_SMALL
+    from collectives.replay import STAGE_SMALL
 
     world, comm = plain
     if replay_status() != "C" or world.num_nodes > 1 or world.config.collectives.check_args:
@@ -503,7 +503,7 @@ def use_engine(monkeypatch: pytest.MonkeyPatch, engine: str) -> None:
     """Cached replays run in C (skipped where the extension is not built) or, as without
     it, in Python."""
     if engine == "python":
-        monkeypatch.setattr(collectives.allreduce, "_c_replay", None)
+        monkeypatch.setattr(collectives.replay, "_c_replay", None)
     elif replay_status() != "C":
         pytest.skip(replay_status())
 
@@ -815,7 +815,7 @@ def test_more_shapes_than_the_plan_cache_holds(plain: tuple[World, Any]) -> None
     """Plans beyond the cache's size are dropped (across nodes: their persistent MPI
     requests freed) and made again: every result stays right, the remembered plan too."""
     world, comm = plain
-    from collectives.allreduce import MAX_PLANS
+    from collectives.replay import MAX_PLANS
 
     p, r = world.world_size, world.rank
     tri = p * (p + 1) // 2
@@ -886,11 +886,12 @@ def test_the_c_replay_hands_a_late_peer_to_the_python_replay(
             tri = p * (p + 1) // 2
             assert np.asarray(got).tolist() == [i * tri, i * p, tri] + [0] * (n - 3), i
         if before is not None:
+            # At which step the C replay hands over depends on timing (under load a late DONE
+            # also makes the next READY late): checked is that calls were handed over, and
+            # (above) that every result is exact; ``answer`` names the step expected when the
+            # machine is idle, as a hint in the message.
             after = plan.fast.answers()
-            if comm._ch.spin_s > 0:
-                assert after[answer] > before[answer], (before, after)
-            else:  # no spin (more ranks than cores): any peer may be the late one
-                assert sum(after[1:]) > sum(before[1:]), (before, after)
+            assert sum(after[1:]) > sum(before[1:]), (answer, before, after)
     finally:
         world.barrier()
         sym.close()

@@ -14,7 +14,7 @@ import pytest
 
 from shmem import ipc
 from shmem.errors import DescriptorError, ShmemError
-from shmem.ipc import service
+from shmem.ipc import registry, service
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -45,7 +45,7 @@ def test_odd_socket_addresses_raise_shmem_errors() -> None:
 
 
 def test_a_fifo_in_the_registry_neither_hangs_list_nor_lookup(tmp_path: Path) -> None:
-    reg = ipc._registry()
+    reg = registry._registry()
     fifo = reg / "planted.json"
     if fifo.exists():
         fifo.unlink()

@@ -11,7 +11,7 @@ import pytest
 
 import shmem
 from shmem import CPU, AsyncExecutionError, Buffer, Device, DeviceContext
-from shmem.context import Block, Dim3, Event
+from shmem.device.context import Block, Dim3, Event
 from shmem.errors import DeviceUnavailableError, ShmemError, ShmemStateError
 
 

@@ -12,26 +12,24 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from shmem import _dlpack
-from shmem._dlpack import (
+from shmem.device import dlpack as _dlpack
+from shmem.device.dlpack import (
     DLDataType,
     DLDevice,
     DLManagedTensor,
     DLManagedTensorVersioned,
-    DLPackArgumentError,
-    DLPackDTypeError,
-    DLPackError,
     DLPackVersion,
     DLPackView,
     DLTensor,
+    _release,
+    abi,
     dl_to_dtype,
     dtype_to_dl,
     from_dlpack,
     live_exports,
     to_dlpack,
 )
-from shmem.dlpack import _release, abi
-from shmem.errors import ShmemError
+from shmem.errors import DLPackArgumentError, DLPackDTypeError, DLPackError, ShmemError
 
 Array = np.ndarray[Any, np.dtype[Any]]
 

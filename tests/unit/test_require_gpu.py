@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from shmem import _cuda_device
 from shmem.backends import resolve_backend
+from shmem.device.cuda import device as _cuda_device
 from shmem.errors import BackendUnavailableError, DeviceUnavailableError
 
 

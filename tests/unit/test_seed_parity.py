@@ -17,14 +17,9 @@ from collectives.mha import (
     TileScheduler,
 )
 from shmem import Buffer, DeviceContext
-from shmem.device import CPU, MemoryInfo
+from shmem.device import CPU, DeviceMemoryResource, HostMemoryResource, MemoryInfo, MemoryResource
 from shmem.errors import ArgumentError, DescriptorError, ShmemStateError
-from shmem.resources import (
-    DeviceMemoryResource,
-    HostMemoryResource,
-    IpcHostMemoryResource,
-    MemoryResource,
-)
+from shmem.ipc import IpcHostMemoryResource
 
 # -- cuda.core's Buffer ---------------------------------------------------------------------
 

@@ -11,11 +11,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from collectives import allreduce
+from collectives import replay
 from collectives.ops import UFUNCS
 
-if allreduce.replay_status() != "C":
-    pytest.skip(allreduce.replay_status(), allow_module_level=True)
+if replay.replay_status() != "C":
+    pytest.skip(replay.replay_status(), allow_module_level=True)
 Replay: Any = importlib.import_module("collectives._replay").Replay
 
 READY, DONE, SRC = 0, 2, 3  # the flag words (collectives.channel.Flag)
@@ -44,8 +44,8 @@ class Ranks:
             READY,
             DONE,
             SRC,
-            allreduce._C_TYPES[dtype.kind, dtype.itemsize],
-            allreduce._C_OPS[op],
+            replay._C_TYPES[dtype.kind, dtype.itemsize],
+            replay._C_OPS[op],
             count,
             spin_ns,
         )

@@ -9,7 +9,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shmem.views import ViewError, contiguous_strides, index_view, is_contiguous, single_index
+from shmem.device.views import (
+    ViewError,
+    contiguous_strides,
+    index_view,
+    is_contiguous,
+    single_index,
+)
 
 
 def _numpy_view(

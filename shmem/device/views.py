@@ -12,7 +12,7 @@ import operator
 from collections.abc import Sequence
 from typing import Any
 
-from .errors import ViewError
+from ..errors import ViewError
 
 __all__ = ["ViewError", "contiguous_strides", "index_view", "is_contiguous", "single_index"]
 

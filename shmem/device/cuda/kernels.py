@@ -9,13 +9,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ._cuda_device import CudaDevice, _cc, _check, _drv
-from .context import DriverVersion
-from .device import Device
-from .errors import ArgumentError
+from ...errors import ArgumentError
+from ..context import DriverVersion
+from ..devices import Device
+from .device import CudaDevice, _cc, _check, _drv
 
 if TYPE_CHECKING:
-    from .context import Dim3, Event, Function
+    from ..context import Dim3, Event, Function
 
 
 def _kernel(device: CudaDevice, name: str) -> Any:
@@ -28,7 +28,7 @@ def _compiled(device_id: int, filename: str, name: str) -> Any:
 
 @functools.cache
 def kernel_module(device_id: int, relative: str) -> Any:
-    from . import _nvrtc
+    from . import nvrtc as _nvrtc
 
     dev = CudaDevice.get(device_id)
     dev.current()
@@ -39,7 +39,8 @@ def kernel_module(device_id: int, relative: str) -> Any:
 def kernel(device_id: int, relative: str, name: str) -> Any:
     """Kernel ``name`` of the package's CUDA file ``relative`` (e.g.
     ``"collectives/kernels/allreduce.cu"``) for device ``device_id``: compiled with NVRTC
-    for its architecture once per process, through the on-disk cache (:mod:`shmem._nvrtc`)."""
+    for its architecture once per process, through the on-disk cache
+    (:mod:`shmem.device.cuda.nvrtc`)."""
     return kernel_module(device_id, relative).get_kernel(name)
 
 
@@ -112,7 +113,7 @@ class GpuStream:
         return self.stream
 
     def record(self) -> Event:
-        from .context import Event
+        from ..context import Event
 
         self._device.current()
         return Event(self.stream.record(options=_cc().EventOptions(timing_enabled=True)))
@@ -135,7 +136,7 @@ class GpuStream:
         fn()
 
     def compile(self, source_or_callable: object, name: str | None, options: Any) -> Function:
-        from .context import Function
+        from ..context import Function
 
         if not isinstance(source_or_callable, str) or not name:
             raise ArgumentError(
@@ -151,7 +152,7 @@ class GpuStream:
     def launch(
         self, kernel: Any, args: tuple[Any, ...], grid: Dim3, block: Dim3, shmem_bytes: int
     ) -> None:
-        from .memory import Buffer
+        from ..memory import Buffer
 
         cc = _cc()
         self._device.current()

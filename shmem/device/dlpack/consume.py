@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import (
+from ...errors import (
     DLPackError,
 )
 from ._release import (
@@ -178,6 +178,10 @@ def from_dlpack(obj: object) -> DLPackView:
     producer does not take ``max_version``. The capsule is renamed ``"used_dltensor"`` /
     ``"used_dltensor_versioned"`` as the protocol requires, and the producer's deleter is
     called once the returned view and all arrays made from it are gone.
+
+    Long because the capsule's ownership passes in one straight sequence (obtain, check the
+    name, read the header, check the version, check the tensor, rename, wrap), and each
+    refusal on the way must leave the capsule consumed or not exactly as the protocol says.
 
     Parameters
     ----------

@@ -9,6 +9,7 @@ thread pool (numpy releases the GIL).
 
 from __future__ import annotations
 
+import ctypes
 import itertools
 import queue
 import threading
@@ -19,13 +20,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ._version import __version__
+from .._version import __version__
+from ..errors import ArgumentError, AsyncExecutionError
 from .context import Block, Dim3, DriverVersion, Event, Function
-from .errors import ArgumentError, AsyncExecutionError
 
 if TYPE_CHECKING:
     from .context import DeviceContext
-    from .device import Device
+    from .devices import Device
     from .dlpack import DLPackView
     from .memory import Buffer
 
@@ -171,7 +172,7 @@ class HostImpl:
     ) -> tuple[np.ndarray[Any, Any] | None, object, bool]:
         raw = None
         if pinned:  # page-locked memory needs the CUDA driver; ordinary memory without one
-            from ._cuda import pinned_host_array
+            from .cuda import pinned_host_array
 
             raw = pinned_host_array(int(np.prod(shape, dtype=np.int64)) * dtype.itemsize)
         if raw is None:
@@ -211,6 +212,12 @@ class HostImpl:
         from .memory import Buffer
 
         return Buffer._host(view.to_numpy(), keepalive=view)
+
+    def wrap(self, device: Device, ptr: int, nbytes: int) -> Buffer:
+        from .memory import Buffer
+
+        raw = (ctypes.c_uint8 * nbytes).from_address(ptr)
+        return Buffer._host(np.ctypeslib.as_array(raw).reshape(nbytes), keepalive=raw)
 
 
 HOST = HostImpl()

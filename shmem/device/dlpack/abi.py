@@ -11,8 +11,8 @@ from typing import Any, Final, TypeVar, cast
 import ml_dtypes
 import numpy as np
 
-from ..dtypes import DTypeLike
-from ..errors import (
+from ...dtypes import DTypeLike
+from ...errors import (
     DLPackDTypeError,
 )
 

@@ -10,23 +10,54 @@ from __future__ import annotations
 import functools
 import os
 import platform
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
-from .errors import ArgumentError, DeviceUnavailableError
+from ..errors import ArgumentError, DeviceUnavailableError
 
 if TYPE_CHECKING:
-    from .device_impl import DeviceImpl
+    from .impl import DeviceImpl
 
 __all__ = ["CPU", "Accelerator", "Device", "DeviceAttributes", "MemoryInfo"]
 
 APIS = ("cpu", "cuda")
 
+# Each kind's implementation (shmem.device.host, shmem.device.cuda) builds on contexts and
+# buffers, which build on this module: shmem.device's face lends them here on import.
+_KINDS: dict[str, Callable[[], Any]] = {}
+
+
+def lend_kind(api: str, load: Callable[[], Any]) -> None:
+    """Name the module that implements devices of ``api``: ``load()`` imports and returns it
+    (called by :mod:`shmem.device` on import; CUDA then loads on first use only).
+
+    Parameters
+    ----------
+    api : str
+        ``"cpu"`` or ``"cuda"``.
+    load : callable
+        Returns the kind's module (``HOST`` for the host; ``device_count`` and
+        ``CudaDevice`` for CUDA).
+    """
+    _KINDS[api] = load
+
+
+def _kind(api: str) -> Any:
+    return _KINDS[api]()
+
 
 @dataclass(frozen=True)
 class MemoryInfo:
-    """Free and total bytes of a device's memory."""
+    """Free and total bytes of a device's memory.
+
+    Parameters
+    ----------
+    free : int
+        Bytes available for new allocations now.
+    total : int
+        Bytes the device has in all.
+    """
 
     free: int
     total: int
@@ -39,7 +70,19 @@ class MemoryInfo:
 @dataclass(frozen=True)
 class DeviceAttributes:
     """What a device offers: ``cores`` on the host; multiprocessor count and compute
-    capability (``(major, minor)``) on a GPU."""
+    capability (``(major, minor)``) on a GPU.
+
+    Parameters
+    ----------
+    cores : int or None
+        CPU cores this process may run on (the host); ``None`` on a GPU.
+    multiprocessor_count : int or None
+        Streaming multiprocessors (a GPU); ``None`` on the host.
+    compute_capability : tuple of (int, int) or None
+        ``(major, minor)`` (a GPU); ``None`` on the host.
+    max_threads_per_block : int or None
+        The most threads one block may have (a GPU); ``None`` on the host.
+    """
 
     cores: int | None = None
     multiprocessor_count: int | None = None
@@ -52,6 +95,11 @@ class Device:
 
     Devices compare equal by ``(api, id)`` and are hashable. Make them with :func:`CPU` and
     :func:`Accelerator`.
+
+    Parameters
+    ----------
+    id : int, default 0
+        The device's index among its API's devices.
     """
 
     api: str = "cpu"
@@ -104,28 +152,67 @@ class Device:
         raise NotImplementedError
 
     def can_access(self, peer: Device) -> bool:
-        """Whether memory on ``peer`` can be loaded and stored from this device directly."""
+        """Whether memory on ``peer`` can be loaded and stored from this device directly.
+
+        Parameters
+        ----------
+        peer : Device
+            The device whose memory would be accessed.
+
+        Returns
+        -------
+        bool
+            True when this device can load and store ``peer``'s memory without a copy.
+
+        Raises
+        ------
+        NotImplementedError
+            On the base class; each device kind answers for itself.
+        """
         raise NotImplementedError
 
     def enable_peer_access(self, peer: Device) -> None:
         """Allow this device to access ``peer``'s memory directly (a no-op when it already can).
 
+        Parameters
+        ----------
+        peer : Device
+            The device whose memory this device should reach.
+
         Raises
         ------
         DeviceUnavailableError
             When the hardware cannot reach ``peer`` directly.
+        NotImplementedError
+            On the base class; each device kind implements it.
         """
         raise NotImplementedError
 
     @staticmethod
     def count(api: str = "cuda") -> int:
-        """How many devices of ``api`` this process sees (``"cpu"``: always 1)."""
+        """How many devices of ``api`` this process sees (``"cpu"``: always 1).
+
+        Parameters
+        ----------
+        api : str, default "cuda"
+            ``"cpu"`` or ``"cuda"``.
+
+        Returns
+        -------
+        int
+            The number of devices (0 when CUDA has no driver or no device).
+
+        Raises
+        ------
+        ArgumentError
+            When ``api`` is neither ``"cpu"`` nor ``"cuda"``.
+        DeviceUnavailableError
+            With ``SHMEM_REQUIRE_GPU=1``, when the CUDA probe finds no driver or fails.
+        """
         if api == "cpu":
             return 1
         if api == "cuda":
-            from . import _cuda
-
-            return _cuda.device_count()
+            return int(_kind("cuda").device_count())
         raise ArgumentError(
             f"Device.count: unknown api (got {api!r}; expected one of {list(APIS)})"
         )
@@ -171,9 +258,7 @@ class CPUDevice(Device):
 
     @property
     def impl(self) -> DeviceImpl:
-        from .host_impl import HOST  # host_impl builds on context, which imports this module
-
-        return HOST
+        return cast("DeviceImpl", _kind("cpu").HOST)
 
     @property
     def name(self) -> str:
@@ -203,7 +288,23 @@ class CPUDevice(Device):
 
 
 def CPU(id: int = 0) -> Device:
-    """The host device (``id`` must be 0)."""
+    """The host device (``id`` must be 0).
+
+    Parameters
+    ----------
+    id : int, default 0
+        The host's index; only 0 exists.
+
+    Returns
+    -------
+    Device
+        The process's single host device.
+
+    Raises
+    ------
+    ArgumentError
+        When ``id`` is not 0.
+    """
     if id != 0:
         raise ArgumentError(f"CPU: invalid id (got {id!r}; expected 0)")
     return _HOST
@@ -215,8 +316,22 @@ _HOST = CPUDevice(0)
 def Accelerator(id: int = 0, api: str = "cuda") -> Device:
     """A GPU (``api="cuda"``).
 
+    Parameters
+    ----------
+    id : int, default 0
+        The GPU's CUDA ordinal (as this process sees it, after ``CUDA_VISIBLE_DEVICES``).
+    api : str, default "cuda"
+        The accelerator API; only ``"cuda"`` exists.
+
+    Returns
+    -------
+    Device
+        The GPU, one object per ordinal.
+
     Raises
     ------
+    ArgumentError
+        When ``api`` is not ``"cuda"`` or ``id`` is not an int >= 0.
     DeviceUnavailableError
         No CUDA driver, cuda.core missing, or no device ``id``.
     """
@@ -224,9 +339,7 @@ def Accelerator(id: int = 0, api: str = "cuda") -> Device:
         raise ArgumentError(f"Accelerator: unknown api (got {api!r}; expected 'cuda')")
     if isinstance(id, bool) or not isinstance(id, int) or id < 0:
         raise ArgumentError(f"Accelerator: invalid id (got {id!r}; expected an int >= 0)")
-    from . import _cuda
-
-    return _cuda.CudaDevice.get(id)
+    return cast(Device, _kind("cuda").CudaDevice.get(id))
 
 
 def as_device(device: Any, where: str) -> Device:

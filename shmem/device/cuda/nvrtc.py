@@ -15,12 +15,12 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from .config import env_value
-from .errors import KernelCompileError
+from ...config import env_value
+from ...errors import KernelCompileError
 
 __all__ = ["cache_dir", "compile_cubin", "nvrtc_version", "source_of"]
 
-_ROOT = Path(__file__).resolve().parent.parent
+_ROOT = Path(__file__).resolve().parents[3]  # the directory holding shmem/ and collectives/
 _lock = threading.Lock()
 _caches: dict[Path, Any] = {}
 

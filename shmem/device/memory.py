@@ -2,8 +2,8 @@
 
 A buffer is ``(storage, byte offset, shape, strides, dtype)``. Host storage is a numpy array
 (ordinary, pinned, or memory-mapped); device storage is a cuda.core allocation. Indexing gives
-strided views that share the storage (:mod:`shmem.views` does the arithmetic for both).
-Operations that move data take the buffer's stream (the :class:`~shmem.context.DeviceContext`
+strided views that share the storage (:mod:`shmem.device.views` does the arithmetic for both).
+Operations that move data take the buffer's stream (the :class:`~shmem.DeviceContext`
 it was made on) when it has one, so they stay in stream order; without one they complete
 before returning.
 """
@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
-from ._buffer_resources import ResourceMethods
-from .device import CPU, Accelerator, Device, as_device
-from .device_impl import mover
-from .dtypes import DTypeLike, ShapeLike, as_dtype, dtype_name
-from .errors import ArgumentError, ShmemStateError
+from ..dtypes import DTypeLike, ShapeLike, as_dtype, dtype_name
+from ..errors import ArgumentError, ShmemStateError
+from .aliases import BufferAliases
+from .devices import CPU, Accelerator, Device, as_device
+from .impl import mover
 from .views import contiguous_strides, index_view, is_contiguous, single_index
 
 if TYPE_CHECKING:
@@ -43,7 +43,7 @@ def _shape(shape: Any, where: str) -> tuple[int, ...]:
     return tuple(int(d) for d in dims)
 
 
-class Buffer(ResourceMethods):
+class Buffer(BufferAliases):
     """An n-d buffer of ``dtype`` on ``device``.
 
     Parameters
@@ -58,6 +58,12 @@ class Buffer(ResourceMethods):
         present; ordinary memory otherwise, and ``pinned`` then reads False).
     stream : DeviceContext, optional
         The stream the buffer's memory and data movements are ordered on.
+
+    Raises
+    ------
+    ArgumentError
+        When ``dtype``, ``shape`` or ``device`` is invalid, when ``stream`` is on another GPU
+        than ``device``, or when ``pinned`` is asked of a device buffer.
     """
 
     def __init__(
@@ -271,7 +277,18 @@ class Buffer(ResourceMethods):
 
     def unsafe_ptr(self) -> int:
         """The address of the first element (host or device memory), as an ``int``; valid
-        while the buffer is open (the seed's ``SHMEMBuffer.unsafe_ptr``)."""
+        while the buffer is open (the seed's ``SHMEMBuffer.unsafe_ptr``).
+
+        Returns
+        -------
+        int
+            The address of the first element.
+
+        Raises
+        ------
+        ShmemStateError
+            When the buffer is closed.
+        """
         self._live("unsafe_ptr")
         return self._ptr
 
@@ -321,6 +338,27 @@ class Buffer(ResourceMethods):
         """The same bytes as ``dtype`` (and ``shape``); the buffer must be contiguous.
 
         Without ``shape`` the last dimension is rescaled by the ratio of item sizes.
+
+        Parameters
+        ----------
+        dtype : dtype-like
+            The view's dtype.
+        shape : int or tuple of int, optional
+            The view's shape; its bytes must equal the buffer's.
+
+        Returns
+        -------
+        Buffer
+            A view sharing this buffer's storage.
+
+        Raises
+        ------
+        ArgumentError
+            When the buffer is not contiguous, ``dtype`` or ``shape`` is invalid, the shape
+            cannot be deduced (the last dimension's bytes are not a multiple of the new item
+            size), or the view's bytes differ from the buffer's.
+        ShmemStateError
+            When the buffer is closed.
         """
         self._live("view")
         self._require_contiguous("Buffer.view")
@@ -352,7 +390,13 @@ class Buffer(ResourceMethods):
         return self._derive(0, dims, strides, dt)
 
     def contiguous(self) -> Buffer:
-        """This buffer if contiguous, else a contiguous copy on the same device."""
+        """This buffer if contiguous, else a contiguous copy on the same device.
+
+        Returns
+        -------
+        Buffer
+            ``self``, or a new contiguous buffer with the same elements.
+        """
         self._live("contiguous")
         return self if self.is_contiguous else self.copy()
 
@@ -361,7 +405,21 @@ class Buffer(ResourceMethods):
     def copy(
         self, device: Device | str | None = None, stream: DeviceContext | None = None
     ) -> Buffer:
-        """A contiguous deep copy, on ``device`` (or ``stream``'s device, else this device)."""
+        """A contiguous deep copy, on ``device`` (or ``stream``'s device, else this device).
+
+        Parameters
+        ----------
+        device : Device or str, optional
+            Where the copy lives (``"cpu"``, ``"cuda:N"`` or a Device).
+        stream : DeviceContext, optional
+            The stream the copy is ordered on (default: this buffer's stream; with neither,
+            complete on return).
+
+        Returns
+        -------
+        Buffer
+            The new buffer.
+        """
         self._live("copy")
         if device is not None:
             dev = as_device(device, "Buffer.copy")
@@ -378,7 +436,18 @@ class Buffer(ResourceMethods):
 
     def to(self, target: Any) -> Any:
         """This buffer on ``target`` (a device, a name like ``"cuda:0"``, a DeviceContext, or a
-        list of them -> a list); copied only when the device differs."""
+        list of them -> a list); copied only when the device differs.
+
+        Parameters
+        ----------
+        target : Device or str or DeviceContext or list
+            Where the buffer should be; a list or tuple gives one buffer per target.
+
+        Returns
+        -------
+        Buffer or list of Buffer
+            ``self`` where the device is already the target's, else a copy.
+        """
         from .context import DeviceContext
 
         self._live("to")
@@ -391,7 +460,13 @@ class Buffer(ResourceMethods):
 
     def inplace_copy_from(self, src: Any) -> None:
         """Copy ``src`` (a Buffer on any device, or a numpy array) into this buffer; shapes and
-        dtypes must match."""
+        dtypes must match.
+
+        Parameters
+        ----------
+        src : Buffer or numpy.ndarray
+            The elements to copy, of this buffer's shape and dtype.
+        """
         self._live("inplace_copy_from")
         s = Buffer._coerce(src, "inplace_copy_from", "src")
         Buffer._check_copy_pair(self, s, "Buffer.inplace_copy_from", contiguous=False)
@@ -463,7 +538,23 @@ class Buffer(ResourceMethods):
 
     @classmethod
     def from_numpy(cls, array: np.ndarray[Any, Any]) -> Buffer:
-        """A host buffer over ``array`` (zero-copy, strides kept)."""
+        """A host buffer over ``array`` (zero-copy, strides kept).
+
+        Parameters
+        ----------
+        array : numpy.ndarray
+            The array; one whose strides are not multiples of its item size is copied first.
+
+        Returns
+        -------
+        Buffer
+            A host buffer sharing ``array``'s memory.
+
+        Raises
+        ------
+        ArgumentError
+            When ``array`` is not a numpy array or its dtype is unsupported.
+        """
         if not isinstance(array, np.ndarray):
             raise ArgumentError(
                 f"Buffer.from_numpy: expected a numpy array (got {type(array).__name__})"
@@ -475,7 +566,13 @@ class Buffer(ResourceMethods):
 
     def to_numpy(self) -> np.ndarray[Any, Any]:
         """Host buffers: a zero-copy numpy view (synchronize the buffer's stream before reading
-        what queued work writes). Device buffers: a host copy, complete on return."""
+        what queued work writes). Device buffers: a host copy, complete on return.
+
+        Returns
+        -------
+        numpy.ndarray
+            The view (host) or the copy (device).
+        """
         self._live("to_numpy")
         if self._array is not None:
             return self._array
@@ -532,7 +629,26 @@ class Buffer(ResourceMethods):
 
     @classmethod
     def from_dlpack(cls, obj: Any) -> Buffer:
-        """A buffer over any DLPack producer's memory (zero-copy; numpy, cupy, torch...)."""
+        """A buffer over any DLPack producer's memory (zero-copy; numpy, cupy, torch...).
+
+        Parameters
+        ----------
+        obj : object
+            An object with ``__dlpack__``, or a DLPack capsule.
+
+        Returns
+        -------
+        Buffer
+            A buffer over the producer's memory (host, pinned host or CUDA).
+
+        Raises
+        ------
+        ArgumentError
+            When the tensor lives on a device other than the CPU or a CUDA GPU.
+        DLPackError
+            When ``obj`` is no DLPack producer, or its tensor is malformed or of an
+            unsupported dtype.
+        """
         from . import dlpack as _dlpack
 
         view = _dlpack.from_dlpack(obj)
@@ -551,7 +667,22 @@ class Buffer(ResourceMethods):
     def zeros(
         cls, shape: ShapeLike, dtype: DTypeLike = "float32", device: Device | str | None = None
     ) -> Buffer:
-        """A zero-filled buffer (complete on return)."""
+        """A zero-filled buffer (complete on return).
+
+        Parameters
+        ----------
+        shape : int or tuple of int
+            The buffer's shape.
+        dtype : dtype-like, default "float32"
+            The elements' dtype.
+        device : Device or str, optional
+            Where the buffer lives (default: the host).
+
+        Returns
+        -------
+        Buffer
+            The new buffer, all zeros.
+        """
         buf = cls(dtype, shape, device=device)
         buf._fill(0, None)
         return buf
@@ -560,7 +691,22 @@ class Buffer(ResourceMethods):
     def scalar(
         cls, value: complex | bool, dtype: DTypeLike, device: Device | str | None = None
     ) -> Buffer:
-        """A rank-0 buffer holding ``value``."""
+        """A rank-0 buffer holding ``value``.
+
+        Parameters
+        ----------
+        value : complex or bool
+            The value, cast to ``dtype``.
+        dtype : dtype-like
+            The element's dtype.
+        device : Device or str, optional
+            Where the buffer lives (default: the host).
+
+        Returns
+        -------
+        Buffer
+            The new rank-0 buffer.
+        """
         buf = cls(dtype, (), device=device)
         buf._fill(value, None)
         return buf
@@ -575,7 +721,32 @@ class Buffer(ResourceMethods):
         offset: int = 0,
     ) -> Buffer:
         """A host buffer over a memory-mapped file (``mode`` as for ``numpy.memmap``:
-        ``"r"``, ``"r+"``, ``"w+"``, ``"c"``)."""
+        ``"r"``, ``"r+"``, ``"w+"``, ``"c"``).
+
+        Parameters
+        ----------
+        filename : str or os.PathLike
+            The file to map.
+        dtype : dtype-like
+            The elements' dtype.
+        shape : int or tuple of int
+            The buffer's shape.
+        mode : str, default "r+"
+            ``"r"`` (read-only), ``"r+"`` (read-write), ``"w+"`` (create or overwrite) or
+            ``"c"`` (copy-on-write).
+        offset : int, default 0
+            Byte offset of the first element in the file.
+
+        Returns
+        -------
+        Buffer
+            A host buffer over the mapping.
+
+        Raises
+        ------
+        ArgumentError
+            When ``dtype``, ``shape`` or ``mode`` is invalid, or the file cannot be mapped.
+        """
         dt = as_dtype(dtype, "Buffer.mmap")
         dims = _shape(shape, "Buffer.mmap")
         if mode not in ("r", "r+", "w+", "c"):
@@ -591,7 +762,20 @@ class Buffer(ResourceMethods):
         return cls._host(arr)
 
     def item(self) -> Any:
-        """The value of a rank-0 buffer as a Python scalar."""
+        """The value of a rank-0 buffer as a Python scalar.
+
+        Returns
+        -------
+        object
+            The element as a Python scalar (int, float, complex or bool).
+
+        Raises
+        ------
+        ArgumentError
+            When the buffer's rank is not 0.
+        ShmemStateError
+            When the buffer is closed.
+        """
         self._live("item")
         if self.rank != 0:
             raise ArgumentError(
@@ -605,7 +789,13 @@ class Buffer(ResourceMethods):
     def close(self, stream: DeviceContext | None = None) -> None:
         """Release this buffer's reference to its memory (device memory is freed when no view
         uses it any more); with ``stream``, after the work queued on it (cuda.core's
-        ``Buffer.close(stream)``)."""
+        ``Buffer.close(stream)``).
+
+        Parameters
+        ----------
+        stream : DeviceContext, optional
+            Synchronized first, so queued work using the buffer finishes before release.
+        """
         if stream is not None and not self._closed:
             stream.synchronize()
         self._closed = True

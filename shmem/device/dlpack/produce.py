@@ -8,8 +8,8 @@ import math
 import operator
 from typing import ClassVar
 
-from ..dtypes import DTypeLike
-from ..errors import (
+from ...dtypes import DTypeLike
+from ...errors import (
     DLPackArgumentError,
     DLPackError,
     DLPackMemoryError,

@@ -24,7 +24,7 @@ from typing import Any, Final
 
 import numpy as np
 
-from ..errors import (
+from ...errors import (
     DLPackMemoryError,
 )
 from .abi import (

@@ -6,8 +6,8 @@ work is kept and raised at the next :meth:`DeviceContext.synchronize` (with the 
 traceback); work queued after a failure is skipped until then. Host "kernels" are Python
 callables run once per block index, blocks spread over a thread pool (numpy releases the GIL).
 On a GPU the stream is a cuda.core ``Stream`` and kernels are NVRTC-compiled CUDA C++.
-The context drives its device kind's :class:`~shmem.device_impl.StreamImpl`
-(``shmem.host_impl`` on the host, the CUDA one on GPUs) and never branches on the kind.
+The context drives its device kind's :class:`~shmem.device.impl.StreamImpl`
+(``shmem.device.host`` on the host, the CUDA one on GPUs) and never branches on the kind.
 """
 
 from __future__ import annotations
@@ -21,13 +21,13 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
-from ._context_seed import SeedContextMethods
-from .device import Device, as_device
-from .dtypes import DTypeLike
-from .errors import ArgumentError, ShmemStateError
+from ..dtypes import DTypeLike
+from ..errors import ArgumentError, ShmemStateError
+from .aliases import DeviceContextAliases
+from .devices import Device, as_device
 
 if TYPE_CHECKING:
-    from .device_impl import StreamImpl
+    from .impl import StreamImpl
     from .memory import Buffer
 
 __all__ = ["Block", "DeviceContext", "Dim3", "DriverVersion", "Event", "Function"]
@@ -63,6 +63,17 @@ class Block:
     """What a host kernel receives first: where it is in the grid, and its shared memory.
 
     ``shared`` is a fresh zeroed ``uint8`` array of ``shared_mem_bytes`` for this block.
+
+    Parameters
+    ----------
+    block_idx : Dim3
+        This block's index in the grid.
+    grid_dim : Dim3
+        The grid's extent in blocks.
+    block_dim : Dim3
+        The block's extent in threads.
+    shared : numpy.ndarray
+        This block's shared memory: zeroed ``uint8``, ``shared_mem_bytes`` long.
     """
 
     block_idx: Dim3
@@ -78,7 +89,20 @@ class Block:
 
 
 class Function:
-    """A compiled kernel for one device: a Python callable on the host, or a CUDA kernel."""
+    """A compiled kernel for one device: a Python callable on the host, or a CUDA kernel.
+
+    Made by :meth:`DeviceContext.compile_function`.
+
+    Parameters
+    ----------
+    name : str
+        The kernel's name (the ``extern "C"`` function on a GPU).
+    device : Device
+        The device it was compiled for; it launches only on a context of that device.
+    impl : object
+        The device kind's kernel: the Python callable on the host, the cuda.core kernel on a
+        GPU.
+    """
 
     def __init__(self, name: str, device: Device, impl: Any) -> None:
         self.name = name
@@ -91,7 +115,16 @@ class Function:
 
 class Event:
     """A point in a stream: done once the stream reaches it; timed on the host clock or by
-    CUDA events. ``end - start`` (or ``end.elapsed_time(start)``) gives milliseconds."""
+    CUDA events. ``end - start`` (or ``end.elapsed_time(start)``) gives milliseconds.
+
+    Made by :meth:`DeviceContext.record_event`.
+
+    Parameters
+    ----------
+    impl : object, optional
+        The CUDA event on a GPU; ``None`` on the host (the event then fires when the host
+        queue reaches it).
+    """
 
     def __init__(self, impl: Any = None) -> None:
         self._impl = impl  # the GPU event, or None on the host
@@ -109,7 +142,18 @@ class Event:
         return self._done.is_set()
 
     def synchronize(self, timeout: float | None = None) -> None:
-        """Block until the stream has reached this event (host-blocking)."""
+        """Block until the stream has reached this event (host-blocking).
+
+        Parameters
+        ----------
+        timeout : float, optional
+            Seconds to wait on the host (``None``: no limit); a GPU event waits without one.
+
+        Raises
+        ------
+        TimeoutError
+            When a host event is not reached within ``timeout`` seconds.
+        """
         if self._impl is not None:
             self._impl.sync()
             return
@@ -117,7 +161,23 @@ class Event:
             raise TimeoutError(f"Event.synchronize: not reached within {timeout} s")
 
     def elapsed_time(self, start: Event) -> float:
-        """Milliseconds from ``start`` to this event (both must be done)."""
+        """Milliseconds from ``start`` to this event (both must be done).
+
+        Parameters
+        ----------
+        start : Event
+            The earlier event.
+
+        Returns
+        -------
+        float
+            Milliseconds elapsed between ``start`` and this event.
+
+        Raises
+        ------
+        ShmemStateError
+            When either host event has not been reached yet.
+        """
         if self._impl is not None and start._impl is not None:
             return float(self._impl - start._impl)
         if not (self._done.is_set() and start._done.is_set()):
@@ -128,13 +188,23 @@ class Event:
         return self.elapsed_time(start)
 
 
-class DeviceContext(SeedContextMethods):
+class DeviceContext(DeviceContextAliases):
     """A stream of execution on ``device`` (default: the host). A context manager: leaving
     it synchronizes and closes the stream.
 
     Every ``enqueue_*`` call is stream-ordered and returns at once; ``*_sync`` forms return
     when the work is done; :meth:`synchronize` waits for everything queued so far and raises
     :class:`AsyncExecutionError` if queued work failed.
+
+    Parameters
+    ----------
+    device : Device or str, optional
+        The device: a :class:`Device`, ``"cpu"`` or ``"cuda:N"``; ``None`` is the host.
+
+    Raises
+    ------
+    ArgumentError
+        When ``device`` is none of those.
     """
 
     def __init__(self, device: Device | str | None = None) -> None:
@@ -169,21 +239,70 @@ class DeviceContext(SeedContextMethods):
             raise ShmemStateError(f"DeviceContext.{where}: the context is closed")
 
     def enqueue_create_buffer(self, dtype: DTypeLike, count: int) -> Buffer:
-        """A new buffer of ``count`` elements on this device, ordered on this stream."""
+        """A new buffer of ``count`` elements on this device, ordered on this stream.
+
+        Parameters
+        ----------
+        dtype : dtype-like
+            The elements' dtype.
+        count : int
+            Number of elements.
+
+        Returns
+        -------
+        Buffer
+            A one-dimensional buffer on this context's device.
+
+        Raises
+        ------
+        ShmemStateError
+            When the context is closed.
+        """
         from .memory import Buffer
 
         self._live("enqueue_create_buffer")
         return Buffer(dtype, (count,), device=self.device, stream=self)
 
     def create_buffer_sync(self, dtype: DTypeLike, count: int) -> Buffer:
-        """Like :meth:`enqueue_create_buffer`, ready to use on return."""
+        """Like :meth:`enqueue_create_buffer`, ready to use on return.
+
+        Parameters
+        ----------
+        dtype : dtype-like
+            The elements' dtype.
+        count : int
+            Number of elements.
+
+        Returns
+        -------
+        Buffer
+            A one-dimensional buffer on this context's device, allocated (host-blocking).
+        """
         buf = self.enqueue_create_buffer(dtype, count)
         self.synchronize()
         return buf
 
     def enqueue_create_host_buffer(self, dtype: DTypeLike, count: int) -> Buffer:
-        """A host buffer for transfers with this device (pinned when the device is a GPU)."""
-        from .device import CPU
+        """A host buffer for transfers with this device (pinned when the device is a GPU).
+
+        Parameters
+        ----------
+        dtype : dtype-like
+            The elements' dtype.
+        count : int
+            Number of elements.
+
+        Returns
+        -------
+        Buffer
+            A one-dimensional host buffer.
+
+        Raises
+        ------
+        ShmemStateError
+            When the context is closed.
+        """
+        from .devices import CPU
         from .memory import Buffer
 
         self._live("enqueue_create_host_buffer")
@@ -191,13 +310,32 @@ class DeviceContext(SeedContextMethods):
 
     def malloc_host(self, dtype: DTypeLike, count: int) -> Buffer:
         """Host memory for fast transfers (pinned on a GPU context); release with
-        :meth:`free_host`."""
+        :meth:`free_host`.
+
+        Parameters
+        ----------
+        dtype : dtype-like
+            The elements' dtype.
+        count : int
+            Number of elements.
+
+        Returns
+        -------
+        Buffer
+            A one-dimensional host buffer, allocated (host-blocking).
+        """
         buf = self.enqueue_create_host_buffer(dtype, count)
         self.synchronize()
         return buf
 
     def free_host(self, buf: Buffer) -> None:
-        """Release a buffer from :meth:`malloc_host` once queued work using it is done."""
+        """Release a buffer from :meth:`malloc_host` once queued work using it is done.
+
+        Parameters
+        ----------
+        buf : Buffer
+            The buffer to release; this call synchronizes the stream first.
+        """
         self.synchronize()
         buf.close()
 
@@ -206,6 +344,21 @@ class DeviceContext(SeedContextMethods):
 
         Both must be contiguous with the same dtype and element count; numpy arrays are
         accepted on either side (as zero-copy host buffers).
+
+        Parameters
+        ----------
+        dst : Buffer or numpy.ndarray
+            Where the elements go.
+        src : Buffer or numpy.ndarray
+            Where they come from.
+
+        Raises
+        ------
+        ArgumentError
+            When a side is neither a Buffer nor a numpy array, or dtypes or element counts
+            differ, or a side is not contiguous.
+        ShmemStateError
+            When the context is closed.
         """
         from .memory import Buffer
 
@@ -216,15 +369,41 @@ class DeviceContext(SeedContextMethods):
         d._copy_from(s, self)
 
     def enqueue_copy_sync(self, dst: Any, src: Any) -> None:
+        """Like :meth:`enqueue_copy`, complete on return (host-blocking).
+
+        Parameters
+        ----------
+        dst : Buffer or numpy.ndarray
+            Where the elements go.
+        src : Buffer or numpy.ndarray
+            Where they come from.
+        """
         self.enqueue_copy(dst, src)
         self.synchronize()
 
     def enqueue_memset(self, buf: Buffer, value: Any) -> None:
-        """Set every element of ``buf`` to ``value`` (cast to its dtype), stream-ordered."""
+        """Set every element of ``buf`` to ``value`` (cast to its dtype), stream-ordered.
+
+        Parameters
+        ----------
+        buf : Buffer
+            The buffer to fill.
+        value : scalar
+            The value every element gets, cast to ``buf``'s dtype.
+        """
         self._live("enqueue_memset")
         buf._fill(value, self)
 
     def memset_sync(self, buf: Buffer, value: Any) -> None:
+        """Like :meth:`enqueue_memset`, complete on return (host-blocking).
+
+        Parameters
+        ----------
+        buf : Buffer
+            The buffer to fill.
+        value : scalar
+            The value every element gets, cast to ``buf``'s dtype.
+        """
         self.enqueue_memset(buf, value)
         self.synchronize()
 
@@ -234,6 +413,16 @@ class DeviceContext(SeedContextMethods):
 
         Host buffers are mapped in place; device buffers go through a host copy that is
         written back at exit (stream-ordered, and synchronized).
+
+        Parameters
+        ----------
+        buf : Buffer
+            The buffer to map; queued work is synchronized first.
+
+        Yields
+        ------
+        numpy.ndarray
+            The host view (``buf`` itself on the host, a copy written back on a GPU).
         """
         self._live("map_to_host")
         self.synchronize()
@@ -258,6 +447,20 @@ class DeviceContext(SeedContextMethods):
         Host: a Python callable ``fn(block, *args)``, or Python source text defining ``name``.
         GPU: CUDA C++ source compiled with NVRTC for this device's architecture; ``name`` is
         the ``extern "C" __global__`` function.
+
+        Parameters
+        ----------
+        source_or_callable : callable or str
+            A host callable, Python source (host) or CUDA C++ source (GPU).
+        name : str, optional
+            The function to take from the source (required for source text).
+        options : object, optional
+            Compiler options for the device kind (NVRTC options on a GPU).
+
+        Returns
+        -------
+        Function
+            The kernel, launchable on contexts of this device.
         """
         self._live("compile_function")
         return self._impl.compile(source_or_callable, name, options)
@@ -273,9 +476,30 @@ class DeviceContext(SeedContextMethods):
         """Launch ``fn`` over ``grid_dim`` blocks of ``block_dim`` threads, stream-ordered.
 
         Host: ``fn(block, *args)`` runs once per block index (``block`` is a :class:`Block`),
-        blocks spread over a thread pool; :class:`~shmem.memory.Buffer` arguments arrive as
+        blocks spread over a thread pool; :class:`~shmem.Buffer` arguments arrive as
         zero-copy numpy arrays. GPU: a :class:`Function` from :meth:`compile_function`;
         buffers are passed as device pointers, Python ints and floats must be numpy scalars.
+
+        Parameters
+        ----------
+        fn : Function or callable
+            The kernel; a host callable is compiled first.
+        *args : object
+            The kernel's arguments after ``block``.
+        grid_dim : int or sequence of int
+            Blocks in the grid: 1 to 3 positive extents, ``x`` fastest.
+        block_dim : int or sequence of int, default 1
+            Threads per block: 1 to 3 positive extents.
+        shared_mem_bytes : int, optional
+            Shared memory per block in bytes (``None``: 0).
+
+        Raises
+        ------
+        ArgumentError
+            When ``grid_dim`` or ``block_dim`` is not 1 to 3 positive ints, when
+            ``shared_mem_bytes`` is negative, or when ``fn`` was compiled for another device.
+        ShmemStateError
+            When the context is closed.
         """
         self._live("enqueue_function")
         grid = as_dim3(grid_dim, "DeviceContext.enqueue_function", "grid_dim")
@@ -296,7 +520,27 @@ class DeviceContext(SeedContextMethods):
 
     def execution_time(self, fn: Callable[[DeviceContext], object], num_iters: int) -> int:
         """Nanoseconds for ``num_iters`` calls of ``fn(ctx)`` and the work they queue
-        (CUDA events on a GPU; the host clock between synchronizations on the host)."""
+        (CUDA events on a GPU; the host clock between synchronizations on the host).
+
+        Parameters
+        ----------
+        fn : callable
+            Called as ``fn(ctx)`` with this context; it queues the work to time.
+        num_iters : int
+            How many calls (>= 1).
+
+        Returns
+        -------
+        int
+            Nanoseconds for all ``num_iters`` calls together.
+
+        Raises
+        ------
+        ArgumentError
+            When ``num_iters`` is less than 1.
+        ShmemStateError
+            When the context is closed.
+        """
         self._live("execution_time")
         if num_iters < 1:
             raise ArgumentError(
@@ -313,13 +557,25 @@ class DeviceContext(SeedContextMethods):
     # -- events and ordering ---------------------------------------------------------------------
 
     def record_event(self) -> Event:
-        """An event at the current end of this stream."""
+        """An event at the current end of this stream.
+
+        Returns
+        -------
+        Event
+            Done once everything queued before it has run.
+        """
         self._live("record_event")
         return self._impl.record()
 
     def enqueue_wait_for(self, other: DeviceContext | Event) -> None:
         """Work queued here after this call waits for everything queued on ``other`` (or for
-        ``other`` the event) so far."""
+        ``other`` the event) so far.
+
+        Parameters
+        ----------
+        other : DeviceContext or Event
+            The stream (everything queued on it so far) or the event to wait for.
+        """
         self._live("enqueue_wait_for")
         ev = other.record_event() if isinstance(other, DeviceContext) else other
         self._impl.wait(ev)
@@ -331,7 +587,13 @@ class DeviceContext(SeedContextMethods):
         self._impl.synchronize(self.device.label)
 
     def get_driver_version(self) -> DriverVersion:
-        """The CUDA driver version on a GPU; this package's version on the host."""
+        """The CUDA driver version on a GPU; this package's version on the host.
+
+        Returns
+        -------
+        DriverVersion
+            ``(major, minor)``.
+        """
         return self._impl.driver_version()
 
     # -- lifetime ---------------------------------------------------------------------

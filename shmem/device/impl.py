@@ -1,8 +1,8 @@
 """What a device kind implements: one :class:`DeviceImpl` and its :class:`StreamImpl`.
 
 Every :class:`~shmem.Device` holds one implementation object (``device.impl``), chosen when
-the device is made: :class:`shmem.host_impl.HostImpl` for the host, the CUDA one
-(``shmem._cuda.CudaImpl``, loaded only when a CUDA device is asked for) for GPUs. The generic
+the device is made: :class:`shmem.device.host.HostImpl` for the host, the CUDA one
+(``shmem.device.cuda.CudaImpl``, loaded only when a CUDA device is asked for) for GPUs. The generic
 classes (:class:`~shmem.Buffer`, :class:`~shmem.DeviceContext`) call these methods and never
 branch on the device kind; adding a device kind means adding a file with these two classes.
 """
@@ -16,7 +16,7 @@ import numpy as np
 
 if TYPE_CHECKING:
     from .context import DeviceContext, Dim3, DriverVersion, Event, Function
-    from .device import Device
+    from .devices import Device
     from .dlpack import DLPackView
     from .memory import Buffer
 
@@ -99,6 +99,11 @@ class DeviceImpl(Protocol):
 
     def import_dlpack(self, view: DLPackView) -> Buffer:
         """A Buffer over a DLPack tensor's memory on this kind of device (zero-copy)."""
+        ...
+
+    def wrap(self, device: Device, ptr: int, nbytes: int) -> Buffer:
+        """A uint8 Buffer over ``nbytes`` at address ``ptr`` of ``device`` (not owned: the
+        memory must outlive it)."""
         ...
 
 

@@ -8,16 +8,16 @@ import importlib
 import os
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from .device import Device, DeviceAttributes, MemoryInfo
-from .errors import CudaError, DeviceUnavailableError
+from ...errors import CudaError, DeviceUnavailableError
+from ..devices import Device, DeviceAttributes, MemoryInfo
 
 if TYPE_CHECKING:
-    from ._cuda_memory import CudaImpl
+    from ..impl import DeviceImpl
 
 
-KERNEL_DIR = Path(__file__).resolve().parent / "kernels"
+KERNEL_DIR = Path(__file__).resolve().parents[2] / "kernels"  # shmem/kernels
 _THREADS = 256
 _PEER_ALREADY_ENABLED = 704  # CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED
 
@@ -47,7 +47,7 @@ def _driver_present() -> bool:
 
 def gpu_required() -> bool:
     """``SHMEM_REQUIRE_GPU=1``: a GPU run, where "no GPU" can only be a failure."""
-    from .config import env_value
+    from ...config import env_value
 
     return env_value("SHMEM_REQUIRE_GPU") == "1"
 
@@ -109,11 +109,18 @@ class CudaDevice(Device):
                 cls._instances[device_id] = cls(device_id)
             return cls._instances[device_id]
 
-    @property
-    def impl(self) -> CudaImpl:
-        from ._cuda_memory import CUDA  # the memory module builds on this one
+    # The CUDA implementation builds on this module; shmem.device.cuda's face lends it.
+    _impl: ClassVar[DeviceImpl | None] = None
 
-        return CUDA
+    @classmethod
+    def lend_impl(cls, impl: DeviceImpl) -> None:
+        """Serve every CUDA device with ``impl`` (called once, by :mod:`shmem.device.cuda`)."""
+        cls._impl = impl
+
+    @property
+    def impl(self) -> DeviceImpl:
+        assert self._impl is not None, "shmem.device.cuda lends the implementation on import"
+        return self._impl
 
     def current(self) -> Any:
         """Make this device current in this thread and return the cuda.core Device."""

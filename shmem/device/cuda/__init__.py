@@ -1,22 +1,23 @@
 """The CUDA device kind, loaded only when a CUDA device is asked for (or pinned memory).
 
-Split by responsibility: :mod:`shmem._cuda_device` (devices, driver handles),
-:mod:`shmem._cuda_memory` (memory, copies, fills, ``CudaImpl``) and :mod:`shmem._cuda_kernels`
-(kernel loading, launches, ``GpuStream``). This module gathers their names. Without a driver
-or without cuda.core everything degrades to "no GPU": :func:`device_count` is 0,
-:func:`pinned_host_array` returns None, :func:`CudaDevice.get` raises
+Split by responsibility, bottom up: :mod:`.device` (devices, driver handles), :mod:`.kernels`
+(kernel loading, launches, ``GpuStream``), :mod:`.memory` (memory, copies, fills,
+``CudaImpl``), and :mod:`.nvrtc` (compiling ``.cu`` sources). This module gathers their names
+and lends ``CUDA`` to :class:`CudaDevice` (the device module sits below the implementation).
+Without a driver or without cuda.core everything degrades to "no GPU": :func:`device_count`
+is 0, :func:`pinned_host_array` returns None, :func:`CudaDevice.get` raises
 ``DeviceUnavailableError``.
 """
 
 from __future__ import annotations
 
-from ._cuda_device import (
+from .device import (
     CudaDevice,
     device_count,
     device_sync,
     kernel_sources,
 )
-from ._cuda_kernels import (
+from .kernels import (
     GpuStream,
     foreign_stream,
     is_capturing,
@@ -28,7 +29,7 @@ from ._cuda_kernels import (
     record_event,
     wait_event,
 )
-from ._cuda_memory import (
+from .memory import (
     CUDA,
     CudaImpl,
     allocate,
@@ -63,3 +64,5 @@ __all__ = [
     "record_event",
     "wait_event",
 ]
+
+CudaDevice.lend_impl(CUDA)

@@ -4,10 +4,14 @@ A memory resource is an object that allocates :class:`~shmem.Buffer` s of raw by
 (``mr.allocate(size)``) and says who can reach them. Three kinds:
 
 * :class:`HostMemoryResource`: ordinary (or, with ``pinned=True``, page-locked) host memory.
-* :class:`IpcHostMemoryResource`: host memory in a ``memfd`` that other processes of the same
-  user import (``buf.get_ipc_descriptor()`` / ``Buffer.from_ipc_descriptor(mr, desc)``).
+* :class:`~shmem.ipc.IpcHostMemoryResource` (in :mod:`shmem.ipc`): host memory in a ``memfd``
+  that other processes of the same user import (``buf.get_ipc_descriptor()`` /
+  ``Buffer.from_ipc_descriptor(mr, desc)``).
 * :class:`DeviceMemoryResource`: GPU memory of one device; ``ipc_enabled=True`` gives an
   IPC-enabled pool (cuda.core's ``DeviceMemoryResource`` with IPC), the same flow as above.
+
+IPC sits above this layer: :mod:`shmem.ipc` lends itself here on import (:func:`lend_ipc`;
+``import shmem`` imports it), so the IPC names of this module reach it without importing it.
 
 The IPC flow then reads as in cuda.core::
 
@@ -19,29 +23,68 @@ The IPC flow then reads as in cuda.core::
 
 from __future__ import annotations
 
-import ctypes
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from .device import CPU, Device, as_device
-from .errors import ArgumentError, DescriptorError
+from ..errors import ArgumentError, ShmemStateError
+from .devices import CPU, Device, as_device
 
 if TYPE_CHECKING:
     from .context import DeviceContext
-    from .ipc import IpcDescriptor
     from .memory import Buffer
 
 __all__ = [
     "DeviceMemoryResource",
     "HostMemoryResource",
-    "IpcHostMemoryResource",
+    "IpcLayer",
     "MemoryResource",
+    "lend_ipc",
+    "nbytes_arg",
     "wrap_handle",
 ]
 
 
-def _size(where: str, size: object) -> int:
+class IpcLayer(Protocol):
+    """What the IPC layer above lends the memory resources and :class:`~shmem.Buffer`."""
+
+    def allocate(self, nbytes: int, device: Device) -> Buffer:
+        """``nbytes`` of exportable memory on ``device``."""
+        ...
+
+    def export(self, buf: Buffer) -> Any:
+        """``Buffer.get_ipc_descriptor``: the descriptor of ``buf``."""
+        ...
+
+    def import_(self, mr: MemoryResource, desc: Any) -> Buffer:
+        """``Buffer.from_ipc_descriptor``: the memory ``desc`` names, through ``mr``."""
+        ...
+
+
+_ipc: IpcLayer | None = None
+
+
+def lend_ipc(layer: IpcLayer) -> None:
+    """Called once by :mod:`shmem.ipc` on import: the IPC names here go through ``layer``.
+
+    Parameters
+    ----------
+    layer : IpcLayer
+        The IPC layer's allocate/export/import.
+    """
+    global _ipc
+    _ipc = layer
+
+
+def ipc_layer(where: str) -> IpcLayer:
+    """The IPC layer lent by :mod:`shmem.ipc`; raises naming ``where`` when it is not loaded."""
+    if _ipc is None:
+        raise ShmemStateError(f"{where}: IPC is not loaded (import shmem.ipc first)")
+    return _ipc
+
+
+def nbytes_arg(where: str, size: object) -> int:
+    """``size`` as a byte count; raises ArgumentError naming ``where`` unless an int >= 0."""
     if isinstance(size, bool) or not isinstance(size, int | np.integer) or size < 0:
         raise ArgumentError(f"{where}: invalid size (got {size!r}; expected an int >= 0 bytes)")
     return int(size)
@@ -68,11 +111,38 @@ class MemoryResource:
         return -1 if self.device.is_host else int(self.device.id)
 
     def allocate(self, size: int, stream: DeviceContext | None = None) -> Buffer:
-        """A new buffer of ``size`` bytes (uint8), made by this resource."""
+        """A new buffer of ``size`` bytes (uint8), made by this resource.
+
+        Parameters
+        ----------
+        size : int
+            Bytes to allocate (an int >= 0).
+        stream : DeviceContext, optional
+            The stream the allocation is ordered on (``None``: ready on return).
+
+        Returns
+        -------
+        Buffer
+            A one-dimensional ``uint8`` buffer whose ``memory_resource`` is this resource.
+
+        Raises
+        ------
+        NotImplementedError
+            On the base class; each resource kind allocates for itself.
+        """
         raise NotImplementedError
 
     def deallocate(self, buf: Buffer, stream: DeviceContext | None = None) -> None:
-        """Release ``buf`` (after ``stream``'s queued work when given)."""
+        """Release ``buf`` (after ``stream``'s queued work when given).
+
+        Parameters
+        ----------
+        buf : Buffer
+            A buffer this resource allocated.
+        stream : DeviceContext, optional
+            The stream whose queued work must finish before the memory is released
+            (``None``: released now).
+        """
         buf.close(stream=stream)
 
     def _own(self, buf: Buffer) -> Buffer:
@@ -101,28 +171,8 @@ class HostMemoryResource(MemoryResource):
         from .memory import Buffer
 
         return self._own(
-            Buffer("uint8", _size("HostMemoryResource.allocate", size), pinned=self.pinned)
+            Buffer("uint8", nbytes_arg("HostMemoryResource.allocate", size), pinned=self.pinned)
         )
-
-
-class IpcHostMemoryResource(MemoryResource):
-    """Host memory other processes can import (a ``memfd``; see :mod:`shmem.ipc`)."""
-
-    is_ipc_enabled = True
-    ipc_kind = "host"
-
-    @property
-    def is_device_accessible(self) -> bool:
-        return False
-
-    @property
-    def is_host_accessible(self) -> bool:
-        return True
-
-    def allocate(self, size: int, stream: DeviceContext | None = None) -> Buffer:
-        from . import ipc
-
-        return self._own(ipc.allocate(_size("IpcHostMemoryResource.allocate", size), "uint8"))
 
 
 class DeviceMemoryResource(MemoryResource):
@@ -151,11 +201,11 @@ class DeviceMemoryResource(MemoryResource):
         return False
 
     def allocate(self, size: int, stream: DeviceContext | None = None) -> Buffer:
-        nbytes = _size("DeviceMemoryResource.allocate", size)
+        nbytes = nbytes_arg("DeviceMemoryResource.allocate", size)
         if self.is_ipc_enabled:
-            from . import ipc
-
-            return self._own(ipc.allocate(nbytes, "uint8", device=self.device))
+            return self._own(
+                ipc_layer("DeviceMemoryResource.allocate").allocate(nbytes, self.device)
+            )
         from .memory import Buffer
 
         return self._own(Buffer("uint8", nbytes, device=self.device, stream=stream))
@@ -164,59 +214,19 @@ class DeviceMemoryResource(MemoryResource):
 def wrap_handle(ptr: int, size: int, mr: MemoryResource | None) -> Buffer:
     """A uint8 Buffer over ``size`` bytes at address ``ptr`` (not owned: the memory must
     outlive it), host memory unless ``mr`` is a device resource."""
-    from .memory import Buffer
 
     where = "Buffer.from_handle"
     if isinstance(ptr, bool) or not isinstance(ptr, int | np.integer) or ptr <= 0:
         raise ArgumentError(f"{where}: invalid pointer (got {ptr!r}; expected a non-zero int)")
-    nbytes = _size(where, size)
+    nbytes = nbytes_arg(where, size)
     if mr is not None and not isinstance(mr, MemoryResource):
         raise ArgumentError(
             f"{where}: invalid mr (got {type(mr).__name__}; expected a MemoryResource or None)"
         )
-    if mr is None or mr.is_host_accessible:
-        raw = (ctypes.c_uint8 * nbytes).from_address(int(ptr))
-        buf = Buffer._host(np.ctypeslib.as_array(raw).reshape(nbytes), keepalive=raw)
-    else:
-        from ._cuda_memory import _DeviceMemory
-
-        buf = Buffer._device_view(
-            mr.device, _DeviceMemory(int(ptr), nbytes, None), np.dtype(np.uint8), (nbytes,), (1,)
-        )
+    device = CPU() if mr is None or mr.is_host_accessible else mr.device
+    buf = device.impl.wrap(device, int(ptr), nbytes)
     buf._mr = mr
     return buf
-
-
-def import_descriptor(mr: MemoryResource, desc: IpcDescriptor | str | bytes) -> Buffer:
-    """``Buffer.from_ipc_descriptor``: import ``desc`` and check it matches ``mr``."""
-    from . import ipc
-
-    if not isinstance(mr, MemoryResource) or not mr.is_ipc_enabled:
-        raise ArgumentError(
-            "Buffer.from_ipc_descriptor: mr must be an IPC-enabled memory resource (got "
-            f"{mr!r}; expected IpcHostMemoryResource or DeviceMemoryResource(ipc_enabled=True))"
-        )
-    d = desc if isinstance(desc, ipc.IpcDescriptor) else ipc.IpcDescriptor.parse(desc)
-    if d.kind != mr.ipc_kind:
-        raise DescriptorError(
-            f"Buffer.from_ipc_descriptor: the descriptor is for {d.kind} memory (got mr {mr!r}; "
-            f"expected a resource of {d.kind} memory)"
-        )
-    buf = ipc.import_(d)
-    buf._mr = mr
-    return buf
-
-
-def export_descriptor(buf: Buffer) -> IpcDescriptor:
-    """``Buffer.get_ipc_descriptor``: the buffer must come from an IPC-enabled resource."""
-    from . import ipc
-
-    if not isinstance(buf, ipc.IpcBuffer):
-        raise ArgumentError(
-            "Buffer.get_ipc_descriptor: the buffer's memory is not IPC-enabled (allocate it "
-            "from IpcHostMemoryResource or DeviceMemoryResource(ipc_enabled=True))"
-        )
-    return ipc.export(buf)
 
 
 def as_stream(where: str, stream: Any) -> DeviceContext | None:

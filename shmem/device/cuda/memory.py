@@ -8,15 +8,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ._cuda_device import _THREADS, CudaDevice, _cc, _check, _drv, device_count
-from ._cuda_kernels import GpuStream, _kernel, memcpy_async
-from .device import Device
-from .views import is_contiguous
+from ..devices import Device
+from ..views import is_contiguous
+from .device import _THREADS, CudaDevice, _cc, _check, _drv, device_count
+from .kernels import GpuStream, _kernel, memcpy_async
 
 if TYPE_CHECKING:
-    from .context import DeviceContext
-    from .dlpack import DLPackView
-    from .memory import Buffer
+    from ..context import DeviceContext
+    from ..dlpack import DLPackView
+    from ..memory import Buffer
 
 
 class _DeviceMemory:
@@ -80,7 +80,7 @@ def default_sync(device: Device) -> None:
 
 def buffer_from_dlpack(view: DLPackView) -> Buffer:
     """A device Buffer over a DLPack tensor's memory (zero-copy; ``view`` keeps it alive)."""
-    from .memory import Buffer
+    from ..memory import Buffer
 
     itemsize = view.dtype.itemsize
     shape = tuple(view.shape)
@@ -247,7 +247,7 @@ def _copy_between_gpus(dst: Buffer, src: Buffer, ctx: Any, stream: Any) -> None:
 
 
 def _contig(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
-    from .views import contiguous_strides
+    from ..views import contiguous_strides
 
     return contiguous_strides(shape, itemsize)
 
@@ -258,7 +258,7 @@ def fill(buf: Buffer, scalar: np.ndarray[Any, Any], ctx: Any) -> None:
     if n == 0:
         return
     if not is_contiguous(buf.shape, buf.strides, buf.dtype.itemsize):
-        from .memory import Buffer
+        from ..memory import Buffer
 
         own = ctx if ctx is not None and ctx.device == buf.device else None
         tmp = Buffer(buf.dtype, buf.shape, device=buf.device, stream=own)
@@ -327,6 +327,12 @@ class CudaImpl:
 
     def import_dlpack(self, view: DLPackView) -> Buffer:
         return buffer_from_dlpack(view)
+
+    def wrap(self, device: Device, ptr: int, nbytes: int) -> Buffer:
+        from ..memory import Buffer
+
+        mem = _DeviceMemory(ptr, nbytes, None)
+        return Buffer._device_view(device, mem, np.dtype(np.uint8), (nbytes,), (1,))
 
 
 CUDA = CudaImpl()

@@ -1,0 +1,245 @@
+"""The all-reduce's cached plans: a small call of a shape seen before replays one.
+
+:class:`TinyPlan` (one node: the one-shot exchange, then a reduction in rank order; also a
+small reduce-scatter's shard) and :class:`NodesPlan` (uniform nodes: the node's partial,
+one persistent MPI all-gather between nodes, the partials in node order), both over
+:class:`collectives.replay.ReplayPlan`; the general path (:mod:`collectives.allreduce`)
+makes them on a shape's first call, and the host engine's fast path replays them.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, cast
+
+import numpy as np
+
+from shmem import SHMEMBuffer
+from shmem.errors import CollectiveMismatchError, PeerFailedError
+
+from .channel import Channel, Flag
+from .operand import Operand
+from .ops import UFUNCS, canonical_padding, int_avg, reduce_into, widen
+from .replay import TINY_NBYTES, ReplayPlan, c_reduce_codes, cached_plan
+from .signed import PersistentGather
+
+if TYPE_CHECKING:
+    from mpi4py import MPI
+
+__all__ = ["NodesPlan", "TinyPlan", "shard_plan", "tiny_plan"]
+
+DONE = Flag.DONE
+_DONE = int(DONE)
+
+
+class TinyPlan(ReplayPlan):
+    """A one-shot all-reduce of one shape, made once and replayed with nothing else.
+
+    The replay does only what the protocol needs: wait for the previous call's ``DONE``,
+    publish the input (a copy into my staging view, or the SHMEMBuffer's offset), raise
+    ``READY``, wait for the peers', reduce in rank order, raise ``DONE`` (and, for a zero-copy
+    input, wait for the peers' ``DONE``). The reduction is the same expression as
+    :func:`ops.reduce_into`'s, so results are bitwise the same as every other path.
+
+    Where the C replay applies (:func:`replay_status`; native float32/float64 sum and prod,
+    every op but avg on native integers) it runs those steps out of Python on the same
+    words, and hands the call back to this code at the step it cannot finish within its
+    spin (a late peer, new inputs, a mismatch): the protocol, and every wait with a
+    deadline, stay the same.
+    """
+
+    algorithm = "one_shot"
+
+    def __init__(
+        self,
+        ch: Channel,
+        count: int,
+        dtype: np.dtype[Any],
+        op: str,
+        acc: np.dtype[Any],
+        shard: tuple[int, int] | None = None,
+    ) -> None:
+        super().__init__(ch, count, dtype, op, acc)
+        if shard is not None:  # a reduce-scatter: my shard [lo, hi) of the reduction
+            self.algorithm = "reduce_scatter"
+            self.where = "Communicator.reduce_scatter"
+            self.auto = True
+            self.extra = op
+            self.out_count = shard[1] - shard[0]
+        self.shard = shard
+        self.sliced: list[np.ndarray[Any, Any]] = []  # the inputs' shards (reduce-scatter)
+        self.sliced_of: list[np.ndarray[Any, Any]] | None = None
+        lo, hi = (0, count) if shard is None else shard
+        self.ufunc = UFUNCS[op]
+        self.divide = acc.type(ch.world_size) if op == "avg" else None
+        self.widen = acc != dtype  # low precision: accumulate in float32, round once
+        self.padded = dtype == np.dtype(np.longdouble)
+        self.acc_buf = np.empty(hi - lo if self.widen else 0, acc)
+        self.tmp_buf = np.empty(hi - lo if self.widen else 0, acc)
+        codes = None if self.widen else c_reduce_codes(dtype, op)
+        if codes is not None:
+            self.make_fast(ch, "reduce", ctype=codes[0], op=codes[1], lo=lo, n=hi - lo)
+
+    def wait_inputs(self, ch: Channel, s: int) -> list[np.ndarray[Any, Any]]:
+        inputs = super().wait_inputs(ch, s)
+        if self.shard is None:
+            return inputs
+        if inputs is not self.sliced_of:  # new inputs: their shards, once
+            lo, hi = self.shard
+            self.sliced, self.sliced_of = [x[lo:hi] for x in inputs], inputs
+        return self.sliced
+
+    def finish(
+        self,
+        ch: Channel,
+        s: int,
+        inputs: list[np.ndarray[Any, Any]],
+        shm: SHMEMBuffer | None,
+        dst: np.ndarray[Any, Any],
+        in_place: bool,
+    ) -> None:
+        """Reduce call ``s``'s inputs (rank order) into ``dst``, raise ``DONE``."""
+        target = np.empty_like(dst) if (in_place and shm is not None) else dst
+        if self.widen:
+            a = widen(inputs[0], self.acc_buf)
+            if a is not self.acc_buf:
+                np.copyto(self.acc_buf, a)
+            for src in inputs[1:]:
+                self.ufunc(self.acc_buf, widen(src, self.tmp_buf), out=self.acc_buf)
+            if self.divide is not None:
+                np.divide(self.acc_buf, self.divide, out=self.acc_buf)
+            np.copyto(target, self.acc_buf, casting="unsafe")  # the one rounding
+        elif len(inputs) == 1:
+            if not np.may_share_memory(target, inputs[0]):
+                np.copyto(target, inputs[0])
+        else:
+            ufunc = self.ufunc
+            ufunc(inputs[0], inputs[1], out=target)
+            for src in inputs[2:]:
+                ufunc(target, src, out=target)
+        if self.divide is not None and not self.widen:
+            if target.dtype.kind in "fc":
+                np.divide(target, self.divide, out=target)
+            else:
+                int_avg(target, int(self.divide))
+        if self.padded:
+            canonical_padding(target)
+        if self.fence_needed:
+            ch.world.heap.fence()  # release: my reads of peers' memory are done
+        ch.my_flags[DONE] = s
+        ch.stats.calls += 1
+        if shm is not None:  # the caller owns x again once every peer has read it
+            self.await_done(ch, s)
+            if target is not dst:
+                np.copyto(dst, target)
+
+
+def tiny_plan(
+    ch: Channel, count: int, dtype: np.dtype[Any], op: str, acc: np.dtype[Any]
+) -> TinyPlan | NodesPlan | None:
+    """The cached plan for this shape, or None when the call does not qualify (too large,
+    debug checks on, nodes of different sizes): a :class:`TinyPlan` on one node, a
+    :class:`NodesPlan` across nodes."""
+    if count * dtype.itemsize > TINY_NBYTES or ch.check_args:
+        return None
+    kind: type[TinyPlan] | type[NodesPlan] = TinyPlan
+    if ch.num_nodes > 1:
+        if not ch.uniform_nodes or ch.cross is None:
+            return None
+        kind = NodesPlan
+    plan = cached_plan(ch, (count, dtype, op), lambda: kind(ch, count, dtype, op, acc), acc)
+    return cast("TinyPlan | NodesPlan", plan)
+
+
+def shard_plan(
+    ch: Channel, xin: Operand, op: str, acc: np.dtype[Any], shard: tuple[int, int]
+) -> TinyPlan | None:
+    """The cached plan of a small node-local reduce-scatter of this shape (a
+    :class:`TinyPlan` reducing only my ``shard`` of the inputs), or None where the call
+    does not qualify (the general path)."""
+    count, dtype = xin.count, xin.dtype
+    if count * dtype.itemsize > TINY_NBYTES or ch.check_args or ch.num_nodes > 1:
+        return None
+    key = ("reduce_scatter", count, dtype, op)
+    return cast(
+        TinyPlan, cached_plan(ch, key, lambda: TinyPlan(ch, count, dtype, op, acc, shard), acc)
+    )
+
+
+class NodesPlan(ReplayPlan):
+    """The cached plan of a small all-reduce across nodes (uniform nodes): every rank
+    reduces its node's inputs (the one-shot exchange, in rank order, unrounded), exchanges
+    that partial with the ranks of the same local index on the other nodes (one MPI
+    all-gather, the call signature behind the data), and reduces the partials in node order:
+    the operations of :func:`_hierarchical`, in its order, so bitwise the same result,
+    without its reduce-scatter, shard exchange and per-call argument handling."""
+
+    algorithm = "hierarchical"
+
+    def __init__(
+        self, ch: Channel, count: int, dtype: np.dtype[Any], op: str, acc: np.dtype[Any]
+    ) -> None:
+        super().__init__(ch, count, dtype, op, acc)
+        self.partial_op = "sum" if op == "avg" else op
+        cross = cast("MPI.Intracomm", ch.cross)
+        # the partials' exchange, set up once (a persistent all-gather; its signature is
+        # this plan's)
+        self.gather = PersistentGather(cross, count * acc.itemsize, self.signature)
+        self.partial = self.gather.data_out.view(acc)
+        self.nodes = list(self.gather.data.view(acc))  # one row per node, in node order
+        self.ufunc = UFUNCS[op]
+        self.partial_ufunc = UFUNCS[self.partial_op]
+        # the common case (the input's dtype is the accumulation dtype): the reductions are
+        # ufunc chains in order, the operations reduce_into makes, without its checks
+        self.direct = dtype == acc and dtype != np.dtype(np.longdouble)
+        self.divide = acc.type(ch.world_size) if op == "avg" else None
+
+    def close(self) -> None:
+        self.auto = False  # a remembered plan is not replayed once dropped
+        self.gather.close()
+
+    def run(
+        self,
+        ch: Channel,
+        x: np.ndarray[Any, Any],
+        shm: SHMEMBuffer | None,
+        dst: np.ndarray[Any, Any],
+        in_place: bool,
+    ) -> None:
+        s = ch.seq = ch.seq + 1
+        ch.signature = self.signature
+        try:
+            inputs = self.exchange(ch, s, x, shm)
+        except (CollectiveMismatchError, PeerFailedError):
+            self.gather.abandon(ch, "all_reduce")  # other nodes wait: tell them at once
+            raise
+        partial = self.partial
+        target = np.empty_like(dst) if (in_place and shm is not None) else dst
+        if self.direct:
+            if len(inputs) == 1:
+                np.copyto(partial, inputs[0])
+            else:
+                self.partial_ufunc(inputs[0], inputs[1], out=partial)
+                for src in inputs[2:]:
+                    self.partial_ufunc(partial, src, out=partial)
+            self.gather.run(ch, "all_reduce")
+            nodes, ufunc = self.nodes, self.ufunc
+            ufunc(nodes[0], nodes[1], out=target)  # a plan across nodes has 2 or more
+            for src in nodes[2:]:
+                ufunc(target, src, out=target)
+            if self.divide is not None:
+                if target.dtype.kind in "fc":
+                    np.divide(target, self.divide, out=target)
+                else:
+                    int_avg(target, int(self.divide))
+        else:
+            reduce_into(partial, inputs, self.partial_op, self.acc)
+            self.gather.run(ch, "all_reduce")
+            reduce_into(target, self.nodes, self.op, self.acc, avg_count=ch.world_size)
+        if self.fence_needed:  # release (Channel.post, inlined)
+            ch.world.heap.fence()
+        ch.my_flags[_DONE] = s
+        ch.stats.calls += 1
+        if shm is not None:  # the caller owns x again once every node-local peer read it
+            ch.wait_peers(DONE, s, "all_reduce")
+            if target is not dst:
+                np.copyto(dst, target)

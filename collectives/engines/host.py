@@ -1,0 +1,338 @@
+"""The host engine: the channel's collectives on the host backend.
+
+It owns one :class:`~collectives.channel.Channel` (flags, scratch and sequence numbers in the
+symmetric heap); each collective lives in its own module (``allreduce``, ``broadcast``, ...)
+and drives the channel. A small call of a shape seen before skips all of that: the fast path
+here replays the channel's cached plan (:mod:`collectives.replay`) with no key to build and
+no argument handling. A call that fails after exchanging flags leaves the peers mid-call, so
+the engine then refuses later calls (:meth:`HostEngine._call`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from shmem import SHMEMBuffer, World
+from shmem.errors import ShmemStateError
+
+from ..all_gather import all_gather as _all_gather
+from ..all_to_all import all_to_all as _all_to_all
+from ..allreduce import all_reduce as _all_reduce
+from ..allreduce import choose as _choose
+from ..allreduce_plans import NodesPlan, TinyPlan
+from ..broadcast import broadcast as _broadcast
+from ..channel import Channel, CommStats
+from ..operand import Array
+from ..ops import ReduceOp
+from ..reduce_scatter import reduce_scatter as _reduce_scatter
+from ..schedule import Algorithm, AlgorithmTable
+from .base import (
+    Input,
+    Output,
+    Result,
+    check_live,
+    refuse_device_buffers,
+    single_node,
+    widened_all_reduce,
+)
+from .team import team_collectives
+
+__all__ = ["HostEngine"]
+
+log = logging.getLogger(__name__)
+
+
+class HostEngine:
+    """The collectives of a World's ranks over one channel (collective to create)."""
+
+    def __init__(
+        self, world: World, stats: CommStats, table: AlgorithmTable, acc32: np.dtype[Any]
+    ) -> None:
+        self.world = world
+        self.closed = False
+        self.acc32 = acc32
+        ch = self.ch = Channel(world, stats)
+        ch.table = table
+        # collect and alltoalls: made now, while every rank is here (it duplicates an MPI
+        # communicator: made lazily, a rank in collect against peers in another call
+        # blocked in MPI with no deadline), and run in step with the channel's calls
+        self.tc = team_collectives(world.team_world, acc32)
+        self.tc.board = ch
+        # the fast path's memory: the last plan replayed (no key to build or hash), the
+        # last out array checked, and (out, zero-copy input, whether out overlaps it)
+        self._last_plan: TinyPlan | NodesPlan | None = None
+        self._last_out: Array | None = None
+        self._alias: tuple[object, object, bool] | None = None
+        self._last_family: dict[str, Any] = {}  # kind -> the last family plan replayed
+        world.barrier()
+
+    def _live(self, where: str) -> Channel:
+        check_live(self.closed, self.world, where)
+        return self.ch
+
+    @contextlib.contextmanager
+    def _call(self, ch: Channel) -> Iterator[Channel]:
+        """Run one collective: if it raises after exchanging flags, peers may be mid-call, so
+        the channel is no longer in step: it retracts its flags and warns the peers
+        (``Channel.fail``), and the communicator refuses later calls."""
+        if ch.broken:
+            raise ShmemStateError(
+                "Communicator: a previous call failed, so the ranks are out of step; close "
+                "this communicator and make a new one"
+            )
+        seq = ch.seq
+        try:
+            yield ch
+        except BaseException as exc:
+            # an error every rank raised at the same point of a finished call (``agreed``,
+            # e.g. collect's out size, checked against the exchanged counts) leaves them in step
+            if ch.seq != seq and not getattr(exc, "agreed", False):
+                ch.fail()
+            raise
+
+    @property
+    def scratch_capacity(self) -> int:
+        return self.ch.scratch_capacity
+
+    @property
+    def scratch_nbytes(self) -> int:
+        return self.ch.scratch_buf.nbytes
+
+    @property
+    def cross(self) -> object:
+        if self.ch.cross is None:
+            raise single_node()
+        return self.ch.cross
+
+    def choose(self, algorithm: Algorithm | str, nbytes: int, where: str) -> str:
+        return _choose(self._live(where), algorithm, nbytes, where)
+
+    # -- the collectives -----------------------------------------------------------------------
+
+    def all_reduce(
+        self,
+        x: Any,
+        op: ReduceOp | str,
+        out: Any,
+        algorithm: Algorithm | str,
+        stream: object,
+        out_dtype: Any,
+        scale: float | None,
+    ) -> Result:
+        if out_dtype is not None or scale is not None:
+            self._live("all_reduce")
+            refuse_device_buffers(x, out)
+            return widened_all_reduce(
+                self.all_reduce, x, op, out, algorithm, out_dtype, scale, self.acc32
+            )
+        ch = self.ch
+        if algorithm == "auto" and not self.closed and (out is None or type(out) is np.ndarray):
+            # replay a cached small one-shot call (only where the table picks one-shot, so
+            # every rank runs the same protocol whatever kind of argument it passed)
+            shm: SHMEMBuffer | None = None
+            src: Array | None = None
+            plan = self._last_plan  # the last shape replayed: no key to build or hash
+            if type(x) is np.ndarray:
+                src, count, dtype = x, x.size, x.dtype  # any layout: the plan copies it
+            elif type(x) is SHMEMBuffer and not x.closed:
+                shm = x
+                if plan is not None and x is plan.shm:  # its shape and dtype are known
+                    count, dtype = plan.count, plan.dtype
+                else:
+                    count, dtype = x.count, x.dtype
+            if shm is not None or src is not None:
+                if plan is None or plan.count != count or plan.dtype is not dtype or plan.op != op:
+                    plan = ch.plans.get((count, dtype, op))
+                    self._last_plan = plan
+                if (
+                    plan is not None
+                    and plan.auto
+                    and plan.scratch is ch.scratch_buf
+                    and not ch.broken
+                    and (out is None or out is self._last_out or _fits(out, dtype, count))
+                ):
+                    if self.world.finalized:
+                        self._live("all_reduce")
+                    if out is None:
+                        res = np.empty(x.shape, dtype)
+                    else:
+                        # checked once per out array (a later writeable=False on it would
+                        # fail mid-call: the peers then stop with PeerFailedError)
+                        res = self._last_out = out
+                    flat = res if res.ndim == 1 else res.reshape(-1)
+                    if src is None:
+                        src = flat
+                    elif src.ndim != 1:
+                        src = src.reshape(-1)
+                    self._run_plan(ch, plan, src, shm, flat, out, plan.algorithm)
+                    return res
+        self._live("all_reduce")
+        refuse_device_buffers(x, out)
+        with self._call(ch):
+            return _all_reduce(ch, x, op, out, algorithm)
+
+    def reduce_scatter(self, x: Input, op: ReduceOp | str, out: Output, stream: object) -> Input:
+        if type(op) is str:
+            done = self._replay_family("reduce_scatter", x, out, op)
+            if done is not None:
+                return done  # type: ignore[no-any-return]
+        with self._call(self._live("reduce_scatter")) as ch:
+            return _reduce_scatter(ch, x, op, out)
+
+    def all_gather(self, x: Input, out: Output, stream: object) -> Input:
+        done = self._replay_family("all_gather", x, out, 0)
+        if done is not None:
+            return done  # type: ignore[no-any-return]
+        with self._call(self._live("all_gather")) as ch:
+            return _all_gather(ch, x, out)
+
+    def broadcast(self, x: Input, root: int, out: Output, stream: object) -> Input:
+        if type(root) is int:
+            done = self._replay_family("broadcast", x, out, root)
+            if done is not None:
+                return done  # type: ignore[no-any-return]
+        with self._call(self._live("broadcast")) as ch:
+            return _broadcast(ch, x, root, out)
+
+    def all_to_all(self, x: Input, out: Output, stream: object) -> Input:
+        done = self._replay_family("all_to_all", x, out, 0)  # (small calls across nodes)
+        if done is not None:
+            return done  # type: ignore[no-any-return]
+        with self._call(self._live("all_to_all")) as ch:
+            return _all_to_all(ch, x, out)
+
+    def collect(self, x: Input, out: Output) -> Input:
+        with self._call(self._live("collect")):
+            return self.tc.collect(x, out)
+
+    def alltoalls(
+        self, x: Input, nelems: int, dst_stride: int, src_stride: int, out: Output
+    ) -> Input:
+        with self._call(self._live("alltoalls")):
+            return self.tc.alltoalls(
+                x, nelems, dst_stride=dst_stride, src_stride=src_stride, out=out
+            )
+
+    def all_to_allv(
+        self, x: Input, send_counts: Sequence[int], recv_counts: Sequence[int], out: Output
+    ) -> Input:
+        with self._call(self._live("all_to_allv")):
+            return self.tc.all_to_allv(x, send_counts, recv_counts, out)
+
+    def barrier(self, timeout: float | None) -> None:
+        self.ch.pad.barrier(timeout)
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        # the remembered plan and out view scratch and flags: drop them before those close
+        # (a view kept across close() would keep its block held, shmem.quarantine)
+        self._last_plan = None
+        self._last_out = None
+        self._alias = None
+        self._last_family.clear()
+        if self.world.finalized:  # the heap is gone with the World: nothing left to free
+            self.closed = True
+            return
+        self.ch.close()  # waits for the peers' last DONE first
+        self.closed = True
+        self.tc.close()
+
+    # -- the fast path -------------------------------------------------------------------------
+
+    def _run_plan(
+        self,
+        ch: Channel,
+        plan: Any,
+        src: Any,
+        shm: SHMEMBuffer | None,
+        flat: Array,
+        out: object,
+        name: str,
+    ) -> None:
+        """Replay ``plan`` (input ``src`` or ``shm``, result into ``flat``, the flat view of
+        ``out`` or of a new array) and count it under ``name``."""
+        in_place = shm is not None and out is not None and self._over(out, flat, shm)
+        try:
+            plan.run(ch, src, shm, flat, in_place)
+        except BaseException:
+            ch.fail()  # flags moved: peers must not complete this call
+            raise
+        algos = ch.stats.algorithms
+        if algos is not None:
+            algos[name] += 1
+        else:
+            ch.stats.count(name)
+
+    def _over(self, out: object, flat: Array, shm: SHMEMBuffer) -> bool:
+        """Whether ``out`` (flat view ``flat``) overlaps my zero-copy input ``shm``, which
+        peers read until their ``DONE``: a cached replay then combines aside and copies the
+        result in after (checked once per pair of objects)."""
+        alias = self._alias
+        if alias is None or alias[0] is not out or alias[1] is not shm:
+            alias = self._alias = (out, shm, bool(np.may_share_memory(flat, shm.local())))
+        return alias[2]
+
+    def _replay_family(self, kind: str, x: object, out: object, extra: object) -> Any:
+        """Replay the cached plan of a small broadcast, all-gather, reduce-scatter or
+        all-to-all of this shape (node-local: :class:`collectives.family.FamilyPlan`, a
+        sharded :class:`collectives.allreduce_plans.TinyPlan`; across nodes:
+        :class:`collectives.cross_plan.CrossPlan`; ``extra``: the root or the op): the result,
+        or None when there is none yet or an argument needs the general path (which
+        validates it)."""
+        ch = self.ch
+        if self.closed or ch.broken:
+            return None
+        shm: SHMEMBuffer | None = None
+        flags: Any = None
+        if type(x) is np.ndarray:
+            flags = x.flags
+            if not flags.c_contiguous:
+                return None
+            count, dtype = x.size, x.dtype
+        elif type(x) is SHMEMBuffer and not x.closed:
+            shm, count, dtype = x, x.count, x.dtype
+        else:
+            return None
+        plan = self._last_family.get(kind)  # the last shape replayed: no key to build
+        if plan is None or plan.count != count or plan.dtype is not dtype or plan.extra != extra:
+            plan = ch.plans.get((kind, count, dtype, extra))
+            if plan is None:
+                return None
+            self._last_family[kind] = plan
+        if plan.scratch is not ch.scratch_buf:
+            return None
+        total = plan.out_count
+        res: Any
+        flat: Any
+        if out is None and kind == "broadcast":  # into x itself
+            if shm is None:
+                if not flags.writeable:
+                    return None
+                res, flat = x, x if x.ndim == 1 else x.reshape(-1)  # type: ignore[union-attr]
+            else:
+                res, flat = shm, shm.local().reshape(-1)
+        elif out is None:
+            shape = x.shape if total == count else (total,)
+            res = np.empty(shape, dtype)
+            flat = res.reshape(-1)
+        elif type(out) is np.ndarray and _fits(out, dtype, total):
+            res, flat = out, out.reshape(-1)
+        else:
+            return None
+        if self.world.finalized:
+            self._live(kind)
+        src = flat if shm is not None else x if x.ndim == 1 else x.reshape(-1)  # type: ignore[union-attr]
+        self._run_plan(ch, plan, src, shm, flat, out, kind)
+        return res
+
+
+def _fits(out: Array | None, dtype: np.dtype[np.generic], count: int) -> bool:
+    return out is None or (
+        out.dtype == dtype and out.size == count and out.flags.c_contiguous and out.flags.writeable
+    )
