@@ -7,7 +7,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 # Tiers: scripts/test.sh [TIER ...] runs those only (all of them by default).
-TIERS_KNOWN=(lint unit compile processes fakegpu mpi openmpi jobs examples gpu)
+TIERS_KNOWN=(lint unit compile processes fakegpu mpi openmpi jobs examples docs gpu)
 TIERS=("$@")
 for tier in "${TIERS[@]}"; do
     if [[ ! " ${TIERS_KNOWN[*]} " =~ [[:space:]]${tier}[[:space:]] ]]; then
@@ -135,6 +135,8 @@ if [ -n "${OMPI_PY:-}" ] && [ -x "$OMPI_PY" ]; then
 fi
 run_step jobs strict timeout 900 "${PYTEST[@]}" --timeout=300 $(junit jobs) tests/jobs
 run_step examples strict timeout 900 "${PYTEST[@]}" --timeout=300 $(junit examples) tests/examples
+# the API reference builds from the docstrings with every warning an error (./dev docs)
+run_step docs no-count timeout 300 env PY="$PY" bash scripts/docs.sh "$LOGS/docs-html"
 if [ -d tests/gpu ]; then
     run_step gpu empty-ok timeout 900 "${PYTEST[@]}" --timeout=300 $(junit gpu) tests/gpu
 fi

@@ -30,7 +30,8 @@ def _suite(logs: Path, *tiers: str) -> subprocess.CompletedProcess[str]:
 def test_an_unknown_tier_is_refused_naming_the_tiers(tmp_path: Path) -> None:
     proc = _suite(tmp_path / "logs", "unit", "nope")
     assert proc.returncode == 2
-    assert "unknown tier 'nope' (expected any of: lint unit compile" in proc.stderr
+    known = "lint unit compile processes fakegpu mpi openmpi jobs examples docs gpu"
+    assert f"unknown tier 'nope' (expected any of: {known})" in proc.stderr
     assert "== " not in proc.stdout  # nothing ran
 
 
