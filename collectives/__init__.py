@@ -15,10 +15,10 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .channel import CommStats
     from .communicator import Communicator
     from .ops import OPS, ReduceOp
     from .schedule import ALGORITHMS, Algorithm, AlgorithmTable, shard_bounds
+    from .stats import CommStats
 
 __all__ = [
     "ALGORITHMS",
@@ -32,7 +32,7 @@ __all__ = [
 ]
 
 _HOME = {
-    "CommStats": "channel",
+    "CommStats": "stats",
     "Communicator": "communicator",
     "OPS": "ops",
     "ReduceOp": "ops",

@@ -24,7 +24,6 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass, field
 from typing import Any, cast
 
 import numpy as np
@@ -44,8 +43,9 @@ from . import signed
 from .operand import Operand
 from .schedule import AlgorithmTable
 from .signature import describe
+from .stats import CommStats
 
-__all__ = ["BARRIER_SLOTS", "NUM_FLAGS", "Channel", "CommStats", "Flag"]
+__all__ = ["BARRIER_SLOTS", "NUM_FLAGS", "Channel", "Flag"]
 
 log = logging.getLogger(__name__)
 
@@ -71,48 +71,6 @@ class Flag(enum.IntEnum):
     INLINE = 7  # a cached plan's input of up to 8 bytes, in the cache line of READY
     XSEQ = 8  # the board: the call (sequence number) whose MPI exchange between nodes
     XSIG = 9  # this rank waits on (XSEQ), and its signature (XSIG): read by other nodes
-
-
-class Counts(dict[str, int]):
-    """A dict of counts whose missing keys read as 0 (``counts[k] += 1`` in one step)."""
-
-    def __missing__(self, key: str) -> int:
-        return 0
-
-
-@dataclass
-class CommStats:
-    """Counters: calls made, bytes of inputs copied into scratch (0 on the zero-copy path),
-    scratch growths, and calls per algorithm.
-
-    Parameters
-    ----------
-    calls : int
-        Collective calls made.
-    staged_bytes : int
-        Bytes of inputs copied into scratch (0 on the zero-copy path).
-    scratch_growths : int
-        Times the scratch space grew.
-    algorithms : dict of str to int, optional
-        Calls per algorithm name (None until the first call).
-    """
-
-    calls: int = 0
-    staged_bytes: int = 0
-    scratch_growths: int = 0
-    algorithms: dict[str, int] | None = field(default=None)
-
-    def count(self, algorithm: str) -> None:
-        """Count one call of ``algorithm``.
-
-        Parameters
-        ----------
-        algorithm : str
-            The algorithm's name (``"one_shot"``, ``"two_shot"``...).
-        """
-        if self.algorithms is None:
-            self.algorithms = Counts()
-        self.algorithms[algorithm] += 1
 
 
 _READY = int(Flag.READY)
@@ -190,6 +148,7 @@ class Channel:
         self.signature = 0  # the current call's (set by operand.agree)
         self.sig_seq = 0
         self.broken = False
+        self.board_seen: dict[int, int] = {}  # rank -> the call on its board, at the last read
         # exchanges given up on (a timeout, a mismatch): MPI may still write into their
         # buffers, so they are kept for the life of the process, past this channel's
         self.pending: list[tuple[MPI.Request, object]] = ABANDONED
@@ -413,15 +372,32 @@ class Channel:
                 self.pending.append((req, keep))
                 self.broken = True
         if not done:
+            absent = self.absent_ranks()
+            who = (
+                f"rank(s) {', '.join(map(str, absent))} never arrived: their board shows an "
+                "earlier call"
+                if absent
+                else "a rank on another node did not arrive"
+            )
             raise SignalTimeoutError(
                 f"{what}: rank {self.rank} timed out after {self.timeout_s:g} s in the MPI "
-                "exchange between nodes (a rank on another node did not arrive)",
+                f"exchange between nodes ({who})",
                 operation=what,
                 slot=-1,
                 expected="exchange complete",
                 last_value=0,
-                peers=(),
+                peers=absent,
             )
+
+    def absent_ranks(self) -> tuple[int, ...]:
+        """The ranks whose board, at this wait's last read, did not show this call: every
+        rank in it announced it long before a deadline, so these never arrived (empty when
+        some rank's board was not read)."""
+        others = [r for r in self.local_peers + self.remote_ranks if r != self.rank]
+        seen = self.board_seen
+        if not others or any(r not in seen for r in others):
+            return ()
+        return tuple(r for r in others if seen[r] != self.seq)
 
     # -- between nodes -------------------------------------------------------------------------
 
@@ -440,6 +416,7 @@ class Channel:
         Python may not do for a while (the node-local peer in the MPI exchange reads them)."""
         interval = BOARD_GRACE_S
         announced = False
+        self.board_seen = {}  # this wait's reads only
         while True:
             until = min(deadline, time.monotonic() + interval)
             # the first window only yields between probes, never sleeps: an MPI exchange
@@ -495,6 +472,7 @@ class Channel:
                     failed_rank=r,
                 )
             first = fetch(Flag.XSEQ)
+            self.board_seen[r] = int(first)
             self.heap.fence()  # the seqlock's reads in order (local views on weak CPUs)
             sig = fetch(Flag.XSIG)
             self.heap.fence()

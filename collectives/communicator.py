@@ -20,13 +20,14 @@ from shmem.config import parse_size
 from shmem.errors import CollectiveArgumentError, ShmemStateError
 from shmem.team import Team
 
-from .channel import Channel, CommStats
+from .channel import Channel
 from .engines.base import Engine, Input, Output
 from .engines.host import HostEngine
 from .engines.team import TeamEngine
 from .operand import Array
 from .ops import ReduceOp, accumulate_dtype, check_op
 from .schedule import Algorithm, AlgorithmTable
+from .stats import CommStats
 
 __all__ = ["CommStats", "Communicator"]
 

@@ -61,7 +61,7 @@ from .signature import describe, signature
 if TYPE_CHECKING:
     from shmem import World
 
-    from .channel import CommStats
+    from .stats import CommStats
 
 __all__ = ["GPU_DTYPES", "GPU_OPS", "GpuAllReduce", "check_reducible", "grid_blocks"]
 

@@ -25,6 +25,11 @@ A rank failing with an error that has a ``failed_rank`` (``PeerFailedError``: a 
 first) is a consequence: its record names that peer, and it waits up to
 ``_CONSEQUENCE_GRACE_S`` for the peer's own record before aborting, so the peer's exception
 and exit code, not the consequence, end up as the root cause.
+
+A rank failing with a timeout that names the ranks it waited for (``SignalTimeoutError.peers``)
+records them, and before aborting looks at those of its host: their state from ``/proc`` and
+their Python stacks (``SIGUSR1``, up to ``_STACK_WAIT_S``), so the launcher can name the rank
+everyone waited for and say what it was doing (:mod:`launch.stall`).
 """
 
 from __future__ import annotations
@@ -53,6 +58,7 @@ from .report import (
     load_starts,
     write_json_atomic,
 )
+from .stall import ask_for_stacks, process_state, waited_for
 
 ENV_LOG_DIR = "SHMEM_LAUNCH_LOG_DIR"
 ENV_GPU = "SHMEM_LAUNCH_GPU"
@@ -61,6 +67,8 @@ log = logging.getLogger("launch.rank")
 
 _failing = threading.Lock()
 _CONSEQUENCE_GRACE_S = 5.0  # how long a consequence waits for its cause's record
+_STACK_WAIT_S = 1.0  # how long a rank that timed out waits for the stalled rank's stack dump
+_CHAIN_GRACE_S = 1.0  # how long it waits for the waited-for rank's own record (if it has one)
 
 
 class _Rank:
@@ -99,6 +107,7 @@ class _Rank:
             if isinstance(exc, SystemExit):
                 what = f"SystemExit({int(exc.code) if isinstance(exc.code, int) else exc.code!r})"
             cause = self._cause_of(exc)
+            waited = waited_for(exc) if cause < 0 else []
             rec = ErrorRecord(
                 self.rank,
                 self.size,
@@ -109,6 +118,8 @@ class _Rank:
                 what,
                 tb,
                 cause,
+                waited,
+                self._look_at(waited),
             )
             if self.log_dir is not None:
                 with contextlib.suppress(OSError):
@@ -118,6 +129,10 @@ class _Rank:
             sys.stdout.flush()
             if cause >= 0 and self.log_dir is not None:
                 self._await_cause(cause)
+            elif waited and self.log_dir is not None:
+                # a rank waited for may be waiting itself (a barrier's rounds, a chain of
+                # ranks): let it record whom, so the launcher follows the chain to its end
+                self._await_records(waited, _CHAIN_GRACE_S)
             self.MPI.COMM_WORLD.Abort(exit_code)
         os._exit(exit_code)  # pragma: no cover - Abort does not return
 
@@ -132,15 +147,50 @@ class _Rank:
             cause = next((s.rank for s in starts if s.pid == pid), -1)
         return cause if isinstance(cause, int) and 0 <= cause < self.size else -1
 
+    def _look_at(self, ranks: list[int]) -> dict[str, str]:
+        """What each of ``ranks`` on this host is doing (``/proc``), and its Python stacks
+        dumped into its ``rank.<r>.stack`` (asked with SIGUSR1), before this rank's abort
+        ends it: a rank this one timed out waiting for."""
+        if not ranks or self.log_dir is None:
+            return {}
+        starts = load_starts(self.log_dir)
+        here = {r: starts[r].pid for r in ranks if r in starts and starts[r].host == self.host}
+        states = {str(r): process_state(pid) for r, pid in here.items()}
+        awake = {r: pid for r, pid in here.items() if not states[str(r)].startswith("stopped")}
+        mine = {r: pid for r, pid in awake.items() if self._first_to_ask(r)}  # one dump each
+        stacks = [self.log_dir / f"rank.{r}.stack" for r in awake]
+        ask_for_stacks(mine.values(), stacks, wait_s=_STACK_WAIT_S)
+        for r in ranks:
+            if r not in starts:
+                states[str(r)] = "never started (no start record)"
+            elif r not in here:
+                states[str(r)] = f"on {starts[r].host} (not inspected from {self.host})"
+        return states
+
+    def _first_to_ask(self, rank: int) -> bool:
+        """Whether this rank is the first to ask ``rank`` for its stacks (a marker file)."""
+        assert self.log_dir is not None
+        try:
+            os.close(os.open(self.log_dir / f"rank.{rank}.stack.asked", os.O_CREAT | os.O_EXCL))
+        except OSError:
+            return False
+        return True
+
     def _await_cause(self, cause: int) -> None:
         """Give the failed peer time to record its own error before this rank aborts the
         job (its abort would kill the peer mid-report)."""
+        self._await_records([cause], _CONSEQUENCE_GRACE_S)
+
+    def _await_records(self, ranks: list[int], grace_s: float) -> None:
+        """Wait up to ``grace_s`` until each of ``ranks`` has recorded how it ended."""
         assert self.log_dir is not None
-        names = [f"rank.{cause}.{kind}.json" for kind in ("error", "died", "done")]
+        kinds = ("error", "died", "done")
         progress = _heap_progress()
-        end = time.monotonic() + _CONSEQUENCE_GRACE_S
+        end = time.monotonic() + grace_s
         while time.monotonic() < end:
-            if any((self.log_dir / n).exists() for n in names):
+            if all(
+                any((self.log_dir / f"rank.{r}.{k}.json").exists() for k in kinds) for r in ranks
+            ):
                 return
             # the failed peer may still be telling this rank (a one-sided atomic off the
             # node): serve it, or it waits on us while we wait on its record

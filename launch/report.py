@@ -7,7 +7,8 @@ Files (all written atomically: a temporary file, then ``os.replace``):
 * ``rank.<r>.done.json``: a clean exit;
 * ``rank.<r>.died.json``: an end without a Python exception (a signal, ``os._exit``), written
   by the rank's monitor process the moment the rank process ends;
-* ``rank.<r>.stack``: Python stacks dumped on ``SIGUSR1`` (the launcher asks on timeout);
+* ``rank.<r>.stack``: Python stacks dumped on ``SIGUSR1`` (the launcher asks on timeout, a
+  rank that timed out waiting for it asks before it aborts the job);
 * ``rank.<r>.log``: the rank's stdout and stderr.
 """
 
@@ -19,7 +20,7 @@ import os
 import re
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 __all__ = [
@@ -72,6 +73,9 @@ class ErrorRecord:
     exception: str
     traceback: str
     consequence_of: int = -1  # the failed peer this rank stopped because of (-1: none)
+    waited_for: list[int] = field(default_factory=list)  # the ranks its timeout waited for
+    # what each waited-for rank of this host was doing when this rank gave up (/proc)
+    peer_states: dict[str, str] = field(default_factory=dict)
 
     def write(self, log_dir: Path) -> None:
         write_json_atomic(log_dir / f"rank.{self.rank}.error.json", asdict(self))

@@ -13,29 +13,22 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
 from .cleanup import remove_stale_segments
 from .command import LaunchCommand
 from .report import (
-    DeathRecord,
-    ErrorRecord,
-    load_deaths,
     load_done,
     load_errors,
-    load_exits,
     load_starts,
-    parse_mpiexec_failures,
 )
+from .verdict import JobResult, summarise
 
 __all__ = ["JobResult", "OutputForwarder", "console_ranks", "run_job"]
 
-TIMEOUT_EXIT = 124
 _POLL_S = 0.02
 _SETTLE_S = 2.0  # how long the clean-up waits for exiting ranks to unmap their segments
-_DEATH_LATENCY_S = 0.05
 
 
 def console_ranks(spec: str, nranks: int) -> set[int]:
@@ -112,13 +105,6 @@ class OutputForwarder:
         self._stop.set()
         self._thread.join()
         self.poll(final=True)
-
-
-@dataclass
-class JobResult:
-    exit_code: int
-    timed_out: bool
-    summary: list[str] = field(default_factory=list)
 
 
 def _pid_alive(pid: int) -> bool:
@@ -314,7 +300,7 @@ def run_job(
             raise KeyboardInterrupt
         raise SystemExit(128 + terminated)  # the shell's code for a signal
     rc = proc.returncode if proc.returncode >= 0 else 128 - proc.returncode
-    result = _summarise(logs, nranks, rc, timed_out, timeout_s, watch, verbose)
+    result = summarise(logs, nranks, rc, timed_out, timeout_s, watch.died, verbose)
     if result.exit_code != 0:  # dead ranks never unlinked their MPI shared memory
         removed, freed = _remove_segments(logs, job_started)
         if removed:
@@ -325,136 +311,3 @@ def run_job(
     if not keep_logs:
         shutil.rmtree(logs, ignore_errors=True)
     return result
-
-
-def _root_cause(
-    logs: Path, errors: list[ErrorRecord], deaths: list[DeathRecord], rc: int
-) -> JobResult:
-    """The rank that failed first, with its own error or end, and the ranks that stopped
-    because of it. Causes are errors that are not consequences of a peer's failure and
-    deaths the launcher did not inflict; the earliest cause is the root cause."""
-    causes: list[ErrorRecord | DeathRecord] = [e for e in errors if e.consequence_of < 0]
-    causes += [d for d in deaths if not d.terminated]
-    every: list[ErrorRecord | DeathRecord] = [*errors, *deaths]
-
-    def when(r: ErrorRecord | DeathRecord) -> tuple[float, int]:
-        # a death is stamped when its monitor wakes, which on a loaded node can be after a
-        # peer already recorded the error the death caused (an IPC import from the dead
-        # rank, a failed exchange): deaths get that much head start
-        return (r.time - (_DEATH_LATENCY_S if isinstance(r, DeathRecord) else 0.0), r.rank)
-
-    root = min(causes or every, key=when)
-    lines: list[str] = []
-    if isinstance(root, ErrorRecord):
-        lines.append(f"launch: job failed; root cause: {root.headline()}")
-        lines.extend("  " + ln for ln in root.traceback.rstrip().splitlines())
-        code = root.exit_code or rc or 1
-    else:
-        lines.append(
-            f"launch: job failed; root cause: {root.headline()} died first: {root.how()} "
-            "(no Python exception was recorded)"
-        )
-        lines.extend("  " + ln for ln in _fatal_report(logs / f"rank.{root.rank}.log"))
-        code = root.exit_code
-    for e in errors:
-        if e is root:
-            continue
-        if e.consequence_of >= 0:
-            lines.append(f"  stopped because of rank {e.consequence_of}: {e.headline()}")
-        else:
-            lines.append(f"  also failed: {e.headline()}")
-    for d in deaths:
-        if d is not root and not d.terminated:
-            lines.append(f"  also died: {d.headline()}: {d.how()}")
-    return JobResult(code, False, lines)
-
-
-def _fatal_report(log: Path, limit: int = 40) -> list[str]:
-    """faulthandler's report of a fatal signal in a rank's log (empty when none)."""
-    try:
-        text = log.read_text(errors="replace")
-    except OSError:
-        return []
-    at = text.rfind("Fatal Python error")
-    return text[at:].strip().splitlines()[:limit] if at >= 0 else []
-
-
-def _summarise(
-    logs: Path,
-    nranks: int,
-    rc: int,
-    timed_out: bool,
-    timeout_s: float | None,
-    watch: _DeathWatch,
-    verbose: bool,
-) -> JobResult:
-    errors = load_errors(logs)
-    starts = load_starts(logs)
-    done = load_done(logs)
-    mpiexec_text = (logs / "mpiexec.log").read_text(errors="replace")
-    lines: list[str] = []
-    if timed_out:
-        running = [r for r in range(nranks) if r not in done and r not in {e.rank for e in errors}]
-        lines.append(
-            f"launch: job timed out after {timeout_s:g} s; rank(s) still running: {running}"
-        )
-        for r in running:
-            s = starts.get(r)
-            where = f" on {s.host} (pid {s.pid})" if s else " (never started)"
-            lines.append(f"  rank {r}{where}")
-            stack = logs / f"rank.{r}.stack"
-            if stack.exists() and stack.stat().st_size:
-                dump = stack.read_text(errors="replace").strip().splitlines()
-                lines.extend("    " + ln for ln in dump[:40])
-        return JobResult(TIMEOUT_EXIT, True, lines)
-    exits = load_exits(logs)
-    if exits:  # ended on purpose: whatever the other ranks recorded is a consequence
-        first = exits[0]
-        if first.status == 0:
-            return JobResult(0, False, [f"launch: job ended: {first.headline()}"])
-        return JobResult(
-            first.status, False, [f"launch: job ended by global_exit: {first.headline()}"]
-        )
-    deaths = load_deaths(logs)
-    if errors or deaths:
-        return _root_cause(logs, errors, deaths, rc)
-    if rc != 0:
-        by_pid = {s.pid: s for s in starts.values()}
-        reported = [
-            (r if r >= 0 else (by_pid[pid].rank if pid in by_pid else -1), pid, host, how)
-            for r, pid, host, how in parse_mpiexec_failures(mpiexec_text)
-        ]
-        done_or_failed = done | {e.rank for e in errors}
-        watched = sorted((t, r) for r, t in watch.died.items() if r not in done_or_failed)
-        earliest = [r for t, r in watched if t - watched[0][0] < 0.002] if watched else []
-        named = [r for r, _, _, _ in reported if r >= 0]
-        if len(earliest) > 1 and named and named[0] in earliest:
-            earliest = [named[0]]  # a tie within 2 ms: mpiexec's report decides
-        if earliest:
-            r = earliest[0]
-            s = starts[r]
-            how = next((w for rr, _, _, w in reported if rr == r), None)
-            how = how or f"mpiexec exit code {rc}"
-            lines.append(
-                f"launch: job failed; root cause: rank {r} of {nranks} on {s.host} "
-                f"(pid {s.pid}) died first: {how} (no Python exception was recorded)"
-            )
-        elif named:
-            r, pid, host, how = next(x for x in reported if x[0] >= 0)
-            # the pid watcher saw no death (the rank died before it was watched, on a loaded
-            # machine): mpiexec's first bad termination is the evidence, in the same words
-            lines.append(
-                f"launch: job failed; root cause: rank {r} of {nranks} on {host} (pid {pid}) "
-                f"died first: {how} (as mpiexec reports; no Python exception was recorded)"
-            )
-        else:
-            lines.append(f"launch: job failed: mpiexec exited with code {rc}; its output:")
-            lines.extend("  " + ln for ln in mpiexec_text.strip().splitlines()[-20:])
-        return JobResult(rc, False, lines)
-    missing = [r for r in range(nranks) if r not in done]
-    if missing:
-        lines.append(f"launch: warning: rank(s) {missing} exited without a completion record")
-    if verbose and mpiexec_text.strip():
-        lines.append("launch: mpiexec output:")
-        lines.extend("  " + ln for ln in mpiexec_text.strip().splitlines())
-    return JobResult(0, False, lines)

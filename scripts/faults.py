@@ -8,6 +8,13 @@ Columns: case, ranks, runs, right rank (%), right exit code (%), slowest end aft
 (seconds, from the fault's timestamp to the launcher's exit). Exit status 1 when any run
 named the wrong rank or code. Not part of CI (it runs hundreds of jobs); the CI tests
 (tests/jobs/test_launcher.py) run one job of each kind.
+
+    python scripts/faults.py --stalls               # the stall cells (issue 33)
+
+The stall cells: rank 1 stops making progress at its 21st call (SIGSTOP, a Python loop, a
+sleep in C, a lock deadlock) inside an all-reduce or a barrier, with a 3 s signal timeout
+(scripts/stall_job.py). Columns: case, ranks, node split, runs, rank 1 named as the stalled
+root cause (%), what it was doing reported (%), slowest report after the stall (seconds).
 """
 
 from __future__ import annotations
@@ -60,6 +67,55 @@ def one_run(
     return named, proc.returncode == EXPECTED_EXIT[kind], end - fault_at, proc.stderr
 
 
+STALLS = ("stop", "spin", "sleep", "lock")
+STALL_WHERE = ("all_reduce", "barrier")
+STALL_STATE = {"stop": "stopped", "spin": "running", "sleep": "sleeping", "lock": "sleeping"}
+
+
+def one_stall(mode: str, where: str, ranks: int, split: str) -> tuple[bool, bool, float, str]:
+    """``(rank 1 named as stalled, its state reported, seconds from stall to end, stderr)``."""
+    with tempfile.TemporaryDirectory() as tmp:
+        event = Path(tmp) / "event"
+        cmd = [sys.executable, "-m", "launch", "-n", str(ranks), "--timeout", "60"]
+        cmd += [str(ROOT / "scripts" / "stall_job.py"), mode, where, str(event)]
+        env = {**os.environ, "SHMEM_BACKEND": "host", "SHMEM_HEAP_NODE_SPLIT": split}
+        proc = subprocess.run(
+            cmd, capture_output=True, text=True, timeout=120, cwd=ROOT, env=env, check=False
+        )
+        end = time.time()
+        stalled_at = float(event.read_text()) if event.exists() else end
+    named = re.search(rf"root cause: rank 1 of {ranks} .* stalled: ", proc.stderr) is not None
+    state = f"what rank 1 was doing: {STALL_STATE[mode]}" in proc.stderr
+    return named, state, end - stalled_at, proc.stderr
+
+
+def stall_matrix(runs: int, ranks: list[int], show: bool) -> int:
+    """Print the stall cells' table; the number of runs that named the wrong rank."""
+    bad = 0
+    print("| stall | ranks | node split | runs | rank named | state reported | slowest (s) |")
+    print("|---|---|---|---|---|---|---|")
+    for where in STALL_WHERE:
+        for mode in STALLS:
+            for n in ranks:
+                for split in ("node", "rank"):
+                    ok = told = 0
+                    slowest = 0.0
+                    for _ in range(runs):
+                        named, state, took, err = one_stall(mode, where, n, split)
+                        ok += named
+                        told += state
+                        slowest = max(slowest, took)
+                        if show and not (named and state):
+                            print(err[-2000:], file=sys.stderr)
+                    bad += runs - ok
+                    print(
+                        f"| {mode} in {where} | {n} | {split} | {runs} | "
+                        f"{100 * ok / runs:.0f}% | {100 * told / runs:.0f}% | {slowest:.1f} |",
+                        flush=True,
+                    )
+    return bad
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=1)
@@ -69,7 +125,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ranks", default="2,3,4")
     parser.add_argument("--split", default="node", help='heap.node_split: "node" or "rank" (RMA)')
     parser.add_argument("--show-failures", action="store_true")
+    parser.add_argument("--stalls", action="store_true", help="the stall cells instead")
     args = parser.parse_args(argv)
+    if args.stalls:
+        counts = [int(n) for n in args.ranks.split(",")]
+        return 1 if stall_matrix(args.runs, counts, args.show_failures) else 0
     bad = 0
     print("| case | ranks | runs | right rank | right exit code | slowest end (s) |")
     print("|---|---|---|---|---|---|")

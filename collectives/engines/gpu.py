@@ -15,10 +15,10 @@ import numpy as np
 
 from shmem import World
 
-from ..channel import CommStats
 from ..gpu_family import GpuCollectives
 from ..ops import ReduceOp
 from ..schedule import Algorithm
+from ..stats import CommStats
 from ..team import TeamCollectives
 from .base import Input, Output, Result, check_live, not_on_channel, single_node
 from .team import team_collectives

@@ -26,11 +26,12 @@ from ..allreduce import all_reduce as _all_reduce
 from ..allreduce import choose as _choose
 from ..allreduce_plans import NodesPlan, TinyPlan
 from ..broadcast import broadcast as _broadcast
-from ..channel import Channel, CommStats
+from ..channel import Channel
 from ..operand import Array
 from ..ops import ReduceOp
 from ..reduce_scatter import reduce_scatter as _reduce_scatter
 from ..schedule import Algorithm, AlgorithmTable
+from ..stats import CommStats
 from .base import (
     Input,
     Output,

@@ -1,0 +1,220 @@
+"""What the launcher says when a job ends: the root cause of a failure (the rank that failed
+first with its own error or end, or the rank everyone waited for when the others timed out
+waiting), the ranks that stopped because of it, and the exit code the job ends with."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .report import (
+    DeathRecord,
+    ErrorRecord,
+    load_deaths,
+    load_done,
+    load_errors,
+    load_exits,
+    load_starts,
+    parse_mpiexec_failures,
+)
+from .stall import stalled_ranks
+
+__all__ = ["TIMEOUT_EXIT", "JobResult", "root_cause", "summarise"]
+
+TIMEOUT_EXIT = 124
+# a death is stamped when its monitor wakes: on a loaded node that can be after a peer
+# recorded the error the death caused, so deaths get this much head start
+_DEATH_LATENCY_S = 0.05
+_STACK_LINES = 60  # of a stalled rank's stack dump, in the report
+
+
+@dataclass
+class JobResult:
+    """How a job ended: its exit code, whether the launcher's deadline ended it, and the
+    summary lines printed for it."""
+
+    exit_code: int
+    timed_out: bool
+    summary: list[str] = field(default_factory=list)
+
+
+def root_cause(
+    logs: Path, errors: list[ErrorRecord], deaths: list[DeathRecord], rc: int
+) -> JobResult:
+    """The rank that failed first, with its own error or end, and the ranks that stopped
+    because of it. Causes are errors that are not consequences of a peer's failure and
+    deaths the launcher did not inflict; the earliest cause is the root cause. A timeout
+    that names the ranks it waited for is a consequence of them: when the waits lead to a
+    rank that did not fail (it stalled), that rank is the root cause."""
+    waits = {e.rank: e.waited_for for e in errors if e.consequence_of < 0 and e.waited_for}
+    own = [e for e in errors if e.consequence_of < 0 and not e.waited_for]
+    dead = [d for d in deaths if not d.terminated]
+    stalled = stalled_ranks(waits, {e.rank for e in own} | {d.rank for d in dead})
+    if stalled and not own and not dead:
+        return _stall_report(logs, errors, deaths, stalled, rc)
+    causes: list[ErrorRecord | DeathRecord] = [*own, *dead]
+    if not causes:
+        causes = [e for e in errors if e.consequence_of < 0]
+    every: list[ErrorRecord | DeathRecord] = [*errors, *deaths]
+
+    def when(r: ErrorRecord | DeathRecord) -> tuple[float, int]:
+        # a death is stamped when its monitor wakes, which on a loaded node can be after a
+        # peer already recorded the error the death caused (an IPC import from the dead
+        # rank, a failed exchange): deaths get that much head start
+        return (r.time - (_DEATH_LATENCY_S if isinstance(r, DeathRecord) else 0.0), r.rank)
+
+    root = min(causes or every, key=when)
+    lines: list[str] = []
+    if isinstance(root, ErrorRecord):
+        lines.append(f"launch: job failed; root cause: {root.headline()}")
+        lines.extend("  " + ln for ln in root.traceback.rstrip().splitlines())
+        code = root.exit_code or rc or 1
+    else:
+        lines.append(
+            f"launch: job failed; root cause: {root.headline()} died first: {root.how()} "
+            "(no Python exception was recorded)"
+        )
+        lines.extend("  " + ln for ln in _fatal_report(logs / f"rank.{root.rank}.log"))
+        code = root.exit_code
+    lines += _others(errors, deaths, root)
+    return JobResult(code, False, lines)
+
+
+def _others(errors: list[ErrorRecord], deaths: list[DeathRecord], root: object) -> list[str]:
+    """The report's lines for the ranks that failed after the root cause."""
+    lines = []
+    for e in errors:
+        if e is root:
+            continue
+        if e.consequence_of >= 0:
+            lines.append(f"  stopped because of rank {e.consequence_of}: {e.headline()}")
+        elif e.waited_for:
+            whom = ", ".join(str(w) for w in e.waited_for)
+            lines.append(f"  timed out waiting for rank {whom}: {e.headline()}")
+        else:
+            lines.append(f"  also failed: {e.headline()}")
+    for d in deaths:
+        if d is not root and not d.terminated:
+            lines.append(f"  also died: {d.headline()}: {d.how()}")
+    return lines
+
+
+def _stall_report(
+    logs: Path,
+    errors: list[ErrorRecord],
+    deaths: list[DeathRecord],
+    stalled: list[int],
+    rc: int,
+) -> JobResult:
+    """The root cause when ranks timed out waiting for ranks that did not fail: each stalled
+    rank, who waited for it, what it was doing (its state, its Python stacks)."""
+    starts = load_starts(logs)
+    waiting = sorted((e for e in errors if e.waited_for), key=lambda e: (e.time, e.rank))
+    nranks = waiting[0].world_size
+    lines: list[str] = []
+    for i, r in enumerate(stalled):
+        s = starts.get(r)
+        who = f"rank {r} of {nranks}" + (f" on {s.host} (pid {s.pid})" if s else "")
+        by = ", ".join(str(e.rank) for e in waiting if r in e.waited_for)
+        head = "launch: job failed; root cause:" if i == 0 else "  also stalled:"
+        lines.append(f"{head} {who} stalled: rank(s) {by} timed out waiting for it")
+        state = next((e.peer_states[str(r)] for e in waiting if str(r) in e.peer_states), "")
+        lines.append(f"  what rank {r} was doing: {state or 'not inspected'}")
+        stack = logs / f"rank.{r}.stack"
+        dump = stack.read_text(errors="replace").strip() if stack.exists() else ""
+        if dump:
+            lines.append(f"  its Python stacks (rank.{r}.stack):")
+            lines.extend("    " + ln for ln in dump.splitlines()[:_STACK_LINES])
+    lines += _others(errors, deaths, None)
+    return JobResult(waiting[0].exit_code or rc or 1, False, lines)
+
+
+def _fatal_report(log: Path, limit: int = 40) -> list[str]:
+    """faulthandler's report of a fatal signal in a rank's log (empty when none)."""
+    try:
+        text = log.read_text(errors="replace")
+    except OSError:
+        return []
+    at = text.rfind("Fatal Python error")
+    return text[at:].strip().splitlines()[:limit] if at >= 0 else []
+
+
+def summarise(
+    logs: Path,
+    nranks: int,
+    rc: int,
+    timed_out: bool,
+    timeout_s: float | None,
+    died: dict[int, float],
+    verbose: bool,
+) -> JobResult:
+    errors = load_errors(logs)
+    starts = load_starts(logs)
+    done = load_done(logs)
+    mpiexec_text = (logs / "mpiexec.log").read_text(errors="replace")
+    lines: list[str] = []
+    if timed_out:
+        running = [r for r in range(nranks) if r not in done and r not in {e.rank for e in errors}]
+        lines.append(
+            f"launch: job timed out after {timeout_s:g} s; rank(s) still running: {running}"
+        )
+        for r in running:
+            s = starts.get(r)
+            where = f" on {s.host} (pid {s.pid})" if s else " (never started)"
+            lines.append(f"  rank {r}{where}")
+            stack = logs / f"rank.{r}.stack"
+            if stack.exists() and stack.stat().st_size:
+                dump = stack.read_text(errors="replace").strip().splitlines()
+                lines.extend("    " + ln for ln in dump[:40])
+        return JobResult(TIMEOUT_EXIT, True, lines)
+    exits = load_exits(logs)
+    if exits:  # ended on purpose: whatever the other ranks recorded is a consequence
+        first = exits[0]
+        if first.status == 0:
+            return JobResult(0, False, [f"launch: job ended: {first.headline()}"])
+        return JobResult(
+            first.status, False, [f"launch: job ended by global_exit: {first.headline()}"]
+        )
+    deaths = load_deaths(logs)
+    if errors or deaths:
+        return root_cause(logs, errors, deaths, rc)
+    if rc != 0:
+        by_pid = {s.pid: s for s in starts.values()}
+        reported = [
+            (r if r >= 0 else (by_pid[pid].rank if pid in by_pid else -1), pid, host, how)
+            for r, pid, host, how in parse_mpiexec_failures(mpiexec_text)
+        ]
+        done_or_failed = done | {e.rank for e in errors}
+        watched = sorted((t, r) for r, t in died.items() if r not in done_or_failed)
+        earliest = [r for t, r in watched if t - watched[0][0] < 0.002] if watched else []
+        named = [r for r, _, _, _ in reported if r >= 0]
+        if len(earliest) > 1 and named and named[0] in earliest:
+            earliest = [named[0]]  # a tie within 2 ms: mpiexec's report decides
+        if earliest:
+            r = earliest[0]
+            s = starts[r]
+            how = next((w for rr, _, _, w in reported if rr == r), None)
+            how = how or f"mpiexec exit code {rc}"
+            lines.append(
+                f"launch: job failed; root cause: rank {r} of {nranks} on {s.host} "
+                f"(pid {s.pid}) died first: {how} (no Python exception was recorded)"
+            )
+        elif named:
+            r, pid, host, how = next(x for x in reported if x[0] >= 0)
+            # the pid watcher saw no death (the rank died before it was watched, on a loaded
+            # machine): mpiexec's first bad termination is the evidence, in the same words
+            lines.append(
+                f"launch: job failed; root cause: rank {r} of {nranks} on {host} (pid {pid}) "
+                f"died first: {how} (as mpiexec reports; no Python exception was recorded)"
+            )
+        else:
+            lines.append(f"launch: job failed: mpiexec exited with code {rc}; its output:")
+            lines.extend("  " + ln for ln in mpiexec_text.strip().splitlines()[-20:])
+        return JobResult(rc, False, lines)
+    missing = [r for r in range(nranks) if r not in done]
+    if missing:
+        lines.append(f"launch: warning: rank(s) {missing} exited without a completion record")
+    if verbose and mpiexec_text.strip():
+        lines.append("launch: mpiexec output:")
+        lines.extend("  " + ln for ln in mpiexec_text.strip().splitlines())
+    return JobResult(0, False, lines)
