@@ -81,6 +81,32 @@ class Engine(Protocol):
     def close(self) -> None: ...
 
 
+class ChannelFree:
+    """What the engines without a channel (the GPU and team engines) answer alike: no
+    scratch of their own, one node's algorithms, no algorithm to choose."""
+
+    world: World
+
+    def _live(self, where: str) -> object:
+        raise NotImplementedError
+
+    @property
+    def scratch_capacity(self) -> int:
+        return max(int(self.world.config.collectives.scratch_nbytes), 1 << 20)
+
+    @property
+    def scratch_nbytes(self) -> int:
+        return 0
+
+    @property
+    def cross(self) -> object:
+        raise single_node()
+
+    def choose(self, algorithm: Algorithm | str, nbytes: int, where: str) -> str:
+        self._live(where)
+        raise not_on_channel(where)
+
+
 def check_live(closed: bool, world: World, where: str) -> None:
     """Raise :class:`~shmem.errors.ShmemStateError` when the communicator is closed or its
     World is finalized (``where``: the Communicator method)."""

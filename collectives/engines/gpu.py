@@ -20,13 +20,13 @@ from ..ops import ReduceOp
 from ..schedule import Algorithm
 from ..stats import CommStats
 from ..team import TeamCollectives
-from .base import Input, Output, Result, check_live, not_on_channel, single_node
+from .base import ChannelFree, Input, Output, Result, check_live
 from .team import team_collectives
 
 __all__ = ["GpuEngine"]
 
 
-class GpuEngine:
+class GpuEngine(ChannelFree):
     """The GPU collectives of a World's ranks (collective to create)."""
 
     def __init__(self, world: World, stats: CommStats, acc32: np.dtype[Any]) -> None:
@@ -46,22 +46,6 @@ class GpuEngine:
         if self._tc is None:  # collective: every rank makes it on the same call
             self._tc = team_collectives(self.world.team_world, self.acc32)
         return self._tc
-
-    @property
-    def scratch_capacity(self) -> int:
-        return max(int(self.world.config.collectives.scratch_nbytes), 1 << 20)
-
-    @property
-    def scratch_nbytes(self) -> int:
-        return 0
-
-    @property
-    def cross(self) -> object:
-        raise single_node()
-
-    def choose(self, algorithm: Algorithm | str, nbytes: int, where: str) -> str:
-        self._live(where)
-        raise not_on_channel(where)
 
     def all_reduce(
         self,

@@ -19,13 +19,12 @@ from ..ops import ReduceOp
 from ..schedule import Algorithm
 from ..team import TeamCollectives
 from .base import (
+    ChannelFree,
     Input,
     Output,
     Result,
     check_live,
-    not_on_channel,
     refuse_device_buffers,
-    single_node,
     widened_all_reduce,
 )
 
@@ -38,7 +37,7 @@ def team_collectives(team: Team, acc32: np.dtype[Any]) -> TeamCollectives:
     return TeamCollectives(team, cfg.collectives.check_args, cfg.signal.timeout_s, acc32)
 
 
-class TeamEngine:
+class TeamEngine(ChannelFree):
     """The collectives of a proper team (collective over its members to create)."""
 
     def __init__(self, team: Team, acc32: np.dtype[Any]) -> None:
@@ -50,22 +49,6 @@ class TeamEngine:
     def _live(self, where: str) -> TeamCollectives:
         check_live(self.closed, self.world, where)
         return self.tc
-
-    @property
-    def scratch_capacity(self) -> int:
-        return max(int(self.world.config.collectives.scratch_nbytes), 1 << 20)
-
-    @property
-    def scratch_nbytes(self) -> int:
-        return 0
-
-    @property
-    def cross(self) -> object:
-        raise single_node()
-
-    def choose(self, algorithm: Algorithm | str, nbytes: int, where: str) -> str:
-        self._live(where)
-        raise not_on_channel(where)
 
     def all_reduce(
         self,
