@@ -30,6 +30,7 @@ __all__ = [
     "CollectivesConfig",
     "Config",
     "DeviceConfig",
+    "FlightConfig",
     "HeapConfig",
     "LogConfig",
     "NvshmemConfig",
@@ -214,6 +215,20 @@ class NvshmemConfig:
 
 
 @dataclass(frozen=True)
+class FlightConfig:
+    """The flight recorder (:mod:`shmem.flight`) and stalls.
+
+    records: the calls each rank keeps (collective and synchronisation calls: the last
+    ``records`` of them; 0 turns the recorder off). stall_timeout_s: ``python -m launch``
+    declares the job stalled when no rank has completed a recorded call for this long (0:
+    never; ``--stall-timeout`` overrides it).
+    """
+
+    records: int = 64
+    stall_timeout_s: float = 0.0
+
+
+@dataclass(frozen=True)
 class Config:
     """The whole configuration; ``source`` says where the file part came from.
 
@@ -231,6 +246,8 @@ class Config:
         The ``[device]`` section: the backend and device selection.
     nvshmem : NvshmemConfig
         The ``[nvshmem]`` section: the GPU backend's settings.
+    flight : FlightConfig
+        The ``[flight]`` section: the flight recorder's size and the launcher's stall timeout.
     source : str
         Where the file part came from (a path, or ``"<defaults>"``).
 
@@ -245,6 +262,7 @@ class Config:
     log: LogConfig = field(default_factory=LogConfig)
     device: DeviceConfig = field(default_factory=DeviceConfig)
     nvshmem: NvshmemConfig = field(default_factory=NvshmemConfig)
+    flight: FlightConfig = field(default_factory=FlightConfig)
     source: str = "<defaults>"
 
 
@@ -328,6 +346,16 @@ def _validate(cfg: Config) -> Config:
     if not cfg.signal.timeout_s > 0:
         raise ConfigError(
             f"{cfg.source}: [signal] timeout_s: invalid (got {cfg.signal.timeout_s}; expected > 0)"
+        )
+    if not 0 <= cfg.flight.records <= 1 << 20:
+        raise ConfigError(
+            f"{cfg.source}: [flight] records: invalid (got {cfg.flight.records}; expected 0 "
+            "(off) to 1048576 calls)"
+        )
+    if not cfg.flight.stall_timeout_s >= 0:
+        raise ConfigError(
+            f"{cfg.source}: [flight] stall_timeout_s: invalid (got {cfg.flight.stall_timeout_s}; "
+            "expected seconds >= 0, 0: off)"
         )
     return cfg
 

@@ -19,6 +19,7 @@ __all__ = [
     "DTypeLike",
     "ShapeLike",
     "as_dtype",
+    "as_shape",
     "dtype_name",
     "int_operand",
 ]
@@ -120,6 +121,24 @@ def as_dtype(dtype: Any, where: str = "as_dtype") -> np.dtype[Any]:
     raise ArgumentError(
         f"{where}: unsupported dtype (got {dtype!r}; expected one of {sorted(SUPPORTED_DTYPES)})"
     )
+
+
+def as_shape(where: str, shape: Any) -> tuple[int, ...]:
+    """A shape as a tuple of non-negative ints (``ArgumentError`` naming ``where`` if not)."""
+    if isinstance(shape, int | np.integer) and not isinstance(shape, bool):
+        shape = (shape,)
+    try:
+        dims = tuple(shape)
+    except TypeError:
+        raise ArgumentError(
+            f"{where}: invalid shape (got {shape!r}; expected an int or a tuple of ints)"
+        ) from None
+    for d in dims:
+        if isinstance(d, bool) or not isinstance(d, int | np.integer) or d < 0:
+            raise ArgumentError(
+                f"{where}: invalid shape (got {shape!r}; expected non-negative integers)"
+            )
+    return tuple(int(d) for d in dims)
 
 
 def dtype_name(dtype: np.dtype[Any]) -> str:

@@ -27,7 +27,7 @@ from .buffer import SHMEMBuffer
 from .config import Config, load_config
 from .device.context import DeviceContext
 from .device.devices import CPU
-from .dtypes import DTypeLike, ShapeLike, as_dtype, dtype_name
+from .dtypes import DTypeLike, ShapeLike, as_dtype, as_shape, dtype_name
 from .errors import (
     ArgumentError,
     CollectiveMismatchError,
@@ -35,6 +35,7 @@ from .errors import (
     ShmemStateError,
     SignalTimeoutError,
 )
+from .flight import recorded
 from .heap import SymmetricHeap
 from .quarantine import FREED_BIT, MAX_HELD, Quarantine, ViewRef
 from .signals import Cmp, SignalOp, SignalPad
@@ -52,23 +53,6 @@ log = logging.getLogger(__name__)
 
 _lock = threading.Lock()
 _current: World | None = None
-
-
-def _normalise_shape(where: str, shape: Any) -> tuple[int, ...]:
-    if isinstance(shape, int | np.integer) and not isinstance(shape, bool):
-        shape = (shape,)
-    try:
-        dims = tuple(shape)
-    except TypeError:
-        raise ArgumentError(
-            f"{where}: invalid shape (got {shape!r}; expected an int or a tuple of ints)"
-        ) from None
-    for d in dims:
-        if isinstance(d, bool) or not isinstance(d, int | np.integer) or d < 0:
-            raise ArgumentError(
-                f"{where}: invalid shape (got {shape!r}; expected non-negative integers)"
-            )
-    return tuple(int(d) for d in dims)
 
 
 class World:
@@ -365,7 +349,7 @@ class World:
         self._check_open("World.empty")
         error = None
         try:
-            dims = _normalise_shape("World.empty", shape)
+            dims = as_shape("World.empty", shape)
             dt = as_dtype(dtype, "World.empty")
             align = self._check_alignment("World.empty", alignment)
             record: tuple[Any, ...] = (
@@ -488,6 +472,7 @@ class World:
             self._check_open("World.signal")
         self.signals.signal(rank, slot, value, op)
 
+    @recorded("wait_until")
     def wait_until(
         self,
         slot: int,
@@ -528,6 +513,7 @@ class World:
             self._check_open("World.wait_until")
         return self.signals.wait_until(slot, cmp, value, timeout, peers=peers)
 
+    @recorded("barrier")
     def barrier(self, timeout: float | None = None) -> None:
         """Complete this rank's operations on the default context, then wait for every rank
         (collective; ``shmem_barrier_all``: a quiet of the default context and a sync of the
@@ -554,6 +540,7 @@ class World:
             ctx.quiet()
         self.signals.barrier(timeout)
 
+    @recorded("sync_all")
     def sync_all(self, timeout: float | None = None) -> None:
         """Wait for every rank (collective; ``shmem_sync_all``): earlier stores (blocking
         puts, stores into peer views) are complete and visible, but non-blocking operations
@@ -774,6 +761,7 @@ class World:
 
     # -- teardown ---------------------------------------------------------------------------
 
+    @recorded("finalize")
     def finalize(self) -> None:
         """Release the heap and communicators (collective). Open buffers become unusable.
 
@@ -836,6 +824,7 @@ class World:
             self._abandon()
 
 
+@recorded("init")
 def init(
     config: Config | str | os.PathLike[str] | None = None,
     comm: MPI.Intracomm | None = None,
