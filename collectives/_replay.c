@@ -36,9 +36,15 @@
  * copy), an all-gather concatenates every input in rank order (mode 2); both count bytes.
  * A small zero-copy input may be given as its address instead: it is staged like a numpy
  * input (a copy costs less than waiting for every peer's DONE).
+ *
+ * The flight recorder (shmem.flight): given a ring with flight(), a run records its call
+ * there as Python would (a pending record once it starts waiting, made done when it
+ * returns 0); a run that hands the call back leaves the record pending and says which it
+ * is (the slot attribute), for the Python replay to end. Two clock reads and a few stores.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h>
 #include <fenv.h>
 #include <stdint.h>
 #include <string.h>
@@ -63,6 +69,32 @@ static inline int64_t now_ns(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* a record of the flight recorder's ring (shmem.flight: "=qqddqihhi12s", 64 bytes) */
+typedef struct {
+    int64_t seq, nbytes;
+    double t_start, t_end;
+    int64_t number;
+    int32_t stream;
+    int16_t op, state;
+    int32_t peer;
+    char dtype[12];
+} FlightRecord;
+_Static_assert(sizeof(FlightRecord) == 64, "shmem.flight's records are 64 bytes");
+enum { FLIGHT_HEADER = 128, FLIGHT_STREAMS = 64, FLIGHT_NEXT = 4, FLIGHT_ENABLED = 5 };
+enum { FLIGHT_PENDING = 1, FLIGHT_DONE = 2 };
+
+/* the wall clock at the kernel tick's resolution (a few ms; 6 ns a read where the precise
+ * clock takes 26: two precise reads were 2.5% of a 2 us call) */
+static inline double wall_s(void) {
+    struct timespec ts;
+#ifdef CLOCK_REALTIME_COARSE
+    clock_gettime(CLOCK_REALTIME_COARSE, &ts);
+#else
+    clock_gettime(CLOCK_REALTIME, &ts);
+#endif
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
 static inline int64_t load_acquire(const int64_t *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
@@ -212,7 +244,38 @@ typedef struct {
     PyObject *input_objs;
     int closed;
     long long answers[4]; /* how many runs gave each answer */
+    /* the flight recorder's ring (NULL: none) and what this plan's records say */
+    Py_buffer ring;
+    int64_t *ring_words, *counter;
+    FlightRecord *records;
+    int64_t capacity, mask; /* mask: capacity - 1 for a power of two (no division), else 0 */
+    FlightRecord proto;
+    long long slot; /* the record the last run began (-1: none) */
 } Replay;
+
+static int64_t flight_begin(Replay *self) {
+    int64_t *w = self->ring_words;
+    if (w == NULL || !w[FLIGHT_ENABLED])
+        return -1;
+    int64_t n = w[FLIGHT_NEXT];
+    w[FLIGHT_NEXT] = n + 1;
+    FlightRecord *r = self->records + (self->mask ? (n & self->mask) : n % self->capacity);
+    *r = self->proto;
+    r->seq = ++*self->counter;
+    r->number = n;
+    r->t_start = wall_s();
+    return n;
+}
+
+static void flight_end(Replay *self, int64_t n) {
+    if (n < 0 || self->ring_words == NULL)
+        return;
+    FlightRecord *r = self->records + (self->mask ? (n & self->mask) : n % self->capacity);
+    if (r->number != n)
+        return; /* overwritten by a newer record */
+    r->t_end = wall_s();
+    r->state = FLIGHT_DONE;
+}
 
 static void Replay_release(Replay *self) {
     PyMem_Free(self->peers);
@@ -226,6 +289,10 @@ static void Replay_release(Replay *self) {
     self->inputs = NULL;
     Py_CLEAR(self->keep);
     Py_CLEAR(self->input_objs);
+    if (self->ring_words != NULL) {
+        PyBuffer_Release(&self->ring);
+        self->ring_words = NULL;
+    }
     self->closed = 1;
 }
 
@@ -282,6 +349,7 @@ static PyObject *Replay_new(PyTypeObject *type, PyObject *args, PyObject *kwds) 
     self->nranks = PyTuple_GET_SIZE(words);
     self->lo = lo;
     self->n = n;
+    self->slot = -1;
     self->out_bytes = mode == M_CONCAT ? self->nbytes * self->nranks
                                         : (mode == M_REDUCE ? n * type_size[ctype] : self->nbytes);
     self->keep = PyList_New(0);
@@ -355,12 +423,14 @@ static PyObject *Replay_set_inputs(Replay *self, PyObject *const *args, Py_ssize
     Py_RETURN_NONE;
 }
 
-/* run(s, x, shm_word, out) -> 0, 1, 2 or 3 (see the module's docstring) */
+/* run(s, x, shm_word, out, record=False) -> 0, 1, 2 or 3 (see the module's docstring) */
 static PyObject *Replay_run(Replay *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 4) {
-        PyErr_SetString(PyExc_TypeError, "Replay.run(s, x, shm_word, out)");
+    if (nargs != 4 && nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "Replay.run(s, x, shm_word, out, record=False)");
         return NULL;
     }
+    int record = nargs == 5 && args[4] == Py_True;
+    self->slot = -1;
     if (self->closed || self->input_objs == NULL) {
         self->answers[UNTOUCHED]++;
         return PyLong_FromLong(UNTOUCHED); /* the Python replay sets the inputs */
@@ -412,6 +482,8 @@ static PyObject *Replay_run(Replay *self, PyObject *const *args, Py_ssize_t narg
         if (out < in + self->nbytes && in < out + self->out_bytes)
             goto end;
     }
+    if (record)
+        self->slot = flight_begin(self);
     if (!spin_all(self->peers, self->npeers, self->done, s - 1, self->spin_ns))
         goto end; /* my stage may still be read: the Python replay waits */
     if (have_x) {
@@ -460,6 +532,7 @@ static PyObject *Replay_run(Replay *self, PyObject *const *args, Py_ssize_t narg
     if (!have_x && !spin_all(self->peers, self->npeers, self->done, s, self->spin_ns))
         goto end; /* the peers still read my SHMEMBuffer */
     code = DONE_ALL;
+    flight_end(self, self->slot);
 end:
     PyBuffer_Release(&ov);
     if (x_view)
@@ -467,6 +540,56 @@ end:
     self->answers[code]++;
     return PyLong_FromLong(code);
 }
+
+/* flight(ring, capacity, stream, op, nbytes, dtype): record every run in the flight
+ * recorder's ring (shmem.flight's layout) as call op of stream */
+static PyObject *Replay_flight(Replay *self, PyObject *args) {
+    PyObject *ring;
+    Py_ssize_t capacity, nbytes, dlen;
+    int stream, op;
+    const char *dtype;
+    if (!PyArg_ParseTuple(args, "Oniiny#", &ring, &capacity, &stream, &op, &nbytes, &dtype,
+                          &dlen))
+        return NULL;
+    if (self->closed || self->ring_words != NULL || capacity < 1 || stream < 0 ||
+        stream >= FLIGHT_STREAMS || dlen > 12) {
+        PyErr_SetString(PyExc_ValueError,
+                        "Replay.flight: closed, already given a ring, or an argument out of "
+                        "range");
+        return NULL;
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(ring, &view, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0)
+        return NULL;
+    Py_ssize_t need =
+        FLIGHT_HEADER + FLIGHT_STREAMS * 8 + capacity * (Py_ssize_t)sizeof(FlightRecord);
+    if (view.len < need) {
+        PyBuffer_Release(&view);
+        PyErr_Format(PyExc_ValueError, "Replay.flight: the ring has %zd bytes, %zd needed",
+                     view.len, need);
+        return NULL;
+    }
+    self->ring = view;
+    self->ring_words = (int64_t *)view.buf;
+    self->counter = (int64_t *)((char *)view.buf + FLIGHT_HEADER) + stream;
+    self->records = (FlightRecord *)((char *)view.buf + FLIGHT_HEADER + FLIGHT_STREAMS * 8);
+    self->capacity = capacity;
+    self->mask = (capacity & (capacity - 1)) == 0 ? capacity - 1 : 0;
+    memset(&self->proto, 0, sizeof self->proto);
+    self->proto.nbytes = nbytes;
+    self->proto.stream = stream;
+    self->proto.op = (int16_t)op;
+    self->proto.state = FLIGHT_PENDING;
+    self->proto.peer = -1;
+    memcpy(self->proto.dtype, dtype, (size_t)dlen);
+    Py_RETURN_NONE;
+}
+
+static PyMemberDef Replay_members[] = {
+    {"slot", T_LONGLONG, offsetof(Replay, slot), READONLY,
+     "the flight record the last run began and left pending (-1: none)"},
+    {NULL, 0, 0, 0, NULL},
+};
 
 static PyObject *Replay_close(Replay *self, PyObject *unused) {
     Replay_release(self);
@@ -482,12 +605,15 @@ static PyMethodDef Replay_methods[] = {
     {"answers", (PyCFunction)Replay_answers, METH_NOARGS,
      "answers() -> (done, untouched, after_ready, after_done): how many runs gave each."},
     {"run", (PyCFunction)(void (*)(void))Replay_run, METH_FASTCALL,
-     "run(s, x, shm_word, out) -> int: replay call s with the numpy input x (an int: the "
-     "address of the input, staged; None: a SHMEMBuffer published as shm_word) into out; 0 "
-     "done, 1 nothing done, 2 READY raised, 3 DONE raised (the Python replay goes on from "
-     "there)."},
+     "run(s, x, shm_word, out, record=False) -> int: replay call s with the numpy input x "
+     "(an int: the address of the input, staged; None: a SHMEMBuffer published as shm_word) "
+     "into out; 0 done, 1 nothing done, 2 READY raised, 3 DONE raised (the Python replay "
+     "goes on from there); record: in the flight recorder's ring, if given one."},
     {"set_inputs", (PyCFunction)(void (*)(void))Replay_set_inputs, METH_FASTCALL,
      "set_inputs(expected, inputs): every rank's expected SRC word and input, in rank order."},
+    {"flight", (PyCFunction)Replay_flight, METH_VARARGS,
+     "flight(ring, capacity, stream, op, nbytes, dtype): record every run in the flight "
+     "recorder's ring."},
     {"close", (PyCFunction)Replay_close, METH_NOARGS,
      "close(): forget every address; run returns 1 from now on."},
     {NULL, NULL, 0, NULL},
@@ -497,6 +623,7 @@ static PyType_Slot Replay_slots[] = {
     {Py_tp_new, Replay_new},
     {Py_tp_dealloc, Replay_dealloc},
     {Py_tp_methods, Replay_methods},
+    {Py_tp_members, Replay_members},
     {Py_tp_doc, "The C replay of one cached small all-reduce (see the module docstring)."},
     {0, NULL},
 };

@@ -204,6 +204,7 @@ class NodesPlan(ReplayPlan):
         shm: SHMEMBuffer | None,
         dst: np.ndarray[Any, Any],
         in_place: bool,
+        record: bool = False,
     ) -> None:
         s = ch.seq = ch.seq + 1
         ch.signature = self.signature

@@ -29,7 +29,7 @@ from typing import Any, cast
 import numpy as np
 from mpi4py import MPI  # the collectives need MPI anyway (the exchanges between nodes)
 
-from shmem import SHMEMBuffer, SignalPad, World
+from shmem import SHMEMBuffer, SignalPad, World, flight
 from shmem.errors import (
     CollectiveMismatchError,
     PeerFailedError,
@@ -135,8 +135,7 @@ class Channel:
         self.heap = world.heap
         self.progress = world.heap.progress  # served while waiting on MPI exchanges
         self.stats = stats
-        self.rank, self.world_size = world.rank, world.world_size
-        self.num_nodes = world.num_nodes
+        self.rank, self.world_size, self.num_nodes = world.rank, world.world_size, world.num_nodes
         self.timeout_s = world.config.signal.timeout_s
         self.spin_s = spin_seconds(world.heap.host_size)
         self.check_args = cfg.check_args
@@ -144,6 +143,7 @@ class Channel:
         self.release_fence_needed = world.heap.release_fence_needed or self.num_nodes > 1
         self.table = AlgorithmTable()  # the owner sets its configured table
         self.seq = 0
+        self.stream = flight.recorder().new_stream()  # its calls' in the flight recorder
         self.calls = 0  # calls checked across ranks (debug mode's call number)
         self.signature = 0  # the current call's (set by operand.agree)
         self.sig_seq = 0

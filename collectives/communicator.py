@@ -87,13 +87,13 @@ class Communicator:
                 f"Communicator: invalid team (got {team!r}; expected a Team that is not destroyed)"
             )
         self.world = world
-        self.rank, self.world_size = world.rank, world.world_size
-        self.num_nodes = world.num_nodes
+        self.rank, self.world_size, self.num_nodes = world.rank, world.world_size, world.num_nodes
         self.stats = CommStats()
         self._acc32 = np.dtype(world.config.collectives.float32_accumulate)
         self.team: Team = world.team_world if team is None else team
         self.table = AlgorithmTable()
         self._engine: Engine = self._make_engine(world)
+        self.stream = self._engine.stream  # its calls' number in the flight recorder
 
     def _make_engine(self, world: World) -> Engine:
         """This communicator's engine, made once (collective)."""

@@ -45,6 +45,7 @@ class CrossPlan:
     Made collectively (see the module); :meth:`run` replays it."""
 
     algorithm = "cross"
+    fast = None  # no C replay: the host engine records its calls in the flight recorder
 
     def __init__(
         self,

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from shmem import SHMEMBuffer
+from shmem import SHMEMBuffer, flight
 
 from .channel import Channel, Flag, source_tag
 
@@ -152,6 +152,7 @@ class ReplayPlan:
         self.scratch = ch.scratch_buf
         # x86-64 orders loads before a later store (TSO): the release fence is a no-op there
         self.fence_needed = ch.release_fence_needed
+        self.flight, self.stream = flight.recorder(), ch.stream  # where its calls are recorded
         # the fast path may replay this plan for algorithm="auto" only if the table agrees
         choice = ch.table.choose(self.nbytes, ch.world_size, ch.num_nodes)
         self.auto = choice == self.algorithm
@@ -258,6 +259,11 @@ class ReplayPlan:
             lo,
             n,
         )
+        rec = self.flight
+        if rec.capacity:  # the C replay records its calls itself
+            code = flight.op_code(self.where.rpartition(".")[2])
+            dtype = self.dtype.name.encode()[:12]
+            self.fast.flight(rec.buffer, rec.capacity, self.stream, code, self.nbytes, dtype)
 
     def run(
         self,
@@ -266,36 +272,48 @@ class ReplayPlan:
         shm: SHMEMBuffer | None,
         dst: np.ndarray[Any, Any],
         in_place: bool,
+        record: bool = False,
     ) -> None:
         """Replay one call: in C where it applies (the Python replay goes on from the step
-        it hands back), else in Python."""
+        it hands back), else in Python; ``record``: in the flight recorder (a call the
+        fast path replays: the general path records its calls itself)."""
         s = ch.seq = ch.seq + 1
         ch.signature = self.signature  # what a slow wait announces (Channel.announce)
         fast = self.fast
+        code, n = _C_UNTOUCHED, -1
         if fast is not None and ch.sig_seq != s - 1 and not (in_place and shm is not None):
             if shm is None:
-                code = fast.run(s, x, 0, dst)
+                code = fast.run(s, x, 0, dst, record)
             elif self.nbytes <= STAGE_SMALL:  # copied in, as a numpy input: no DONE wait
                 if shm is not self.staged_shm:
                     self.staged_addr = ch.world.heap.address(shm.offset)
                     self.staged_shm = shm
-                code = fast.run(s, self.staged_addr, 0, dst)
+                code = fast.run(s, self.staged_addr, 0, dst, record)
                 if code != _C_UNTOUCHED:
                     shm = None  # from here on the call is a staged one
             else:
-                code = fast.run(s, None, self.shm_src(shm), dst)
-            if code != _C_UNTOUCHED:
-                if shm is None:
-                    ch.stats.staged_bytes += self.nbytes
-                if code == _C_DONE:
-                    ch.stats.calls += 1
-                elif code == _C_AFTER_READY:  # the Python replay goes on from READY
-                    self.finish(ch, s, self.wait_inputs(ch, s), shm, dst, in_place)
-                else:  # DONE is raised: wait for the peers' (they read my SHMEMBuffer)
-                    ch.stats.calls += 1
-                    self.await_done(ch, s)
+                code = fast.run(s, None, self.shm_src(shm), dst, record)
+            if code != _C_UNTOUCHED and shm is None:
+                ch.stats.staged_bytes += self.nbytes
+            if code == _C_DONE:  # (the C replay recorded the whole call)
+                ch.stats.calls += 1
                 return
-        self.finish(ch, s, self.exchange(ch, s, x, shm), shm, dst, in_place)
+            n = fast.slot  # the record it began, pending, or -1
+        if n < 0 and record:
+            op = self.where.rpartition(".")[2]
+            n = self.flight.begin(self.stream, op, self.nbytes, self.dtype)
+        try:
+            if code == _C_UNTOUCHED:
+                self.finish(ch, s, self.exchange(ch, s, x, shm), shm, dst, in_place)
+            elif code == _C_AFTER_READY:  # the Python replay goes on from READY
+                self.finish(ch, s, self.wait_inputs(ch, s), shm, dst, in_place)
+            else:  # DONE is raised: wait for the peers' (they read my SHMEMBuffer)
+                ch.stats.calls += 1
+                self.await_done(ch, s)
+        except BaseException:
+            self.flight.end(n, True)
+            raise
+        self.flight.end(n)
 
     def finish(
         self,

@@ -6,12 +6,13 @@ each call to it whole: liveness, the choice of path and the call itself are the 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, cast
 
 import numpy as np
 
-from shmem import Buffer, SHMEMBuffer, World
+from shmem import Buffer, SHMEMBuffer, World, flight
 from shmem.dtypes import dtype_name
 from shmem.errors import CollectiveArgumentError, ShmemStateError
 
@@ -41,10 +42,12 @@ class Engine(Protocol):
     """What a Communicator hands its calls to (one engine per communicator, chosen once).
 
     Every method is the Communicator method of the same name, with its semantics and errors
-    (see :class:`collectives.Communicator`); ``closed`` is the communicator's state.
+    (see :class:`collectives.Communicator`); ``closed`` is the communicator's state,
+    ``stream`` its calls' number in the flight recorder (:mod:`shmem.flight`).
     """
 
     closed: bool
+    stream: int
 
     @property
     def scratch_capacity(self) -> int: ...
@@ -81,11 +84,44 @@ class Engine(Protocol):
     def close(self) -> None: ...
 
 
+_RECORDED = (
+    "all_reduce",
+    "reduce_scatter",
+    "all_gather",
+    "broadcast",
+    "all_to_all",
+    "collect",
+    "alltoalls",
+    "all_to_allv",
+    "barrier",
+)
+
+
+def _recording(op: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn``, an engine's method, with its calls recorded as ``op`` on the engine's
+    stream in the flight recorder (:mod:`shmem.flight`)."""
+
+    def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+        with flight.recording(self.stream, op, args[0] if args and op != "barrier" else None):
+            return fn(self, *args, **kwargs)
+
+    return functools.update_wrapper(call, fn)
+
+
 class ChannelFree:
     """What the engines without a channel (the GPU and team engines) answer alike: no
-    scratch of their own, one node's algorithms, no algorithm to choose."""
+    scratch of their own, one node's algorithms, no algorithm to choose; and their calls
+    recorded in the flight recorder (each subclass's collectives and barrier; a GPU call
+    as it is enqueued: it ends when it returns, not when its kernels do)."""
 
     world: World
+    stream = 0  # the engine's number in the flight recorder (each sets its own)
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for op in _RECORDED:
+            if op in cls.__dict__:
+                setattr(cls, op, _recording(op, cls.__dict__[op]))
 
     def _live(self, where: str) -> object:
         raise NotImplementedError

@@ -13,7 +13,7 @@ from typing import Any, cast
 
 import numpy as np
 
-from shmem import World
+from shmem import World, flight
 
 from ..gpu_family import GpuCollectives
 from ..ops import ReduceOp
@@ -35,6 +35,7 @@ class GpuEngine(ChannelFree):
         self.acc32 = acc32
         self.gpu = GpuCollectives(world, stats, acc32)
         self._tc: TeamCollectives | None = None  # collect and alltoalls (made on first use)
+        self.stream = flight.recorder().new_stream()
         world.barrier()
 
     def _live(self, where: str) -> GpuCollectives:

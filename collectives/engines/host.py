@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from shmem import SHMEMBuffer, World
+from shmem import SHMEMBuffer, World, flight
 from shmem.errors import ShmemStateError
 
 from ..all_gather import all_gather as _all_gather
@@ -59,6 +59,7 @@ class HostEngine:
         self.acc32 = acc32
         ch = self.ch = Channel(world, stats)
         ch.table = table
+        self.stream = ch.stream
         # collect and alltoalls: made now, while every rank is here (it duplicates an MPI
         # communicator: made lazily, a rank in collect against peers in another call
         # blocked in MPI with no deadline), and run in step with the channel's calls
@@ -77,10 +78,11 @@ class HostEngine:
         return self.ch
 
     @contextlib.contextmanager
-    def _call(self, ch: Channel) -> Iterator[Channel]:
-        """Run one collective: if it raises after exchanging flags, peers may be mid-call, so
-        the channel is no longer in step: it retracts its flags and warns the peers
-        (``Channel.fail``), and the communicator refuses later calls."""
+    def _call(self, ch: Channel, op: str, x: object = None) -> Iterator[Channel]:
+        """Run one collective, ``op`` of input ``x``, recorded in the flight recorder: if it
+        raises after exchanging flags, peers may be mid-call, so the channel is no longer in
+        step: it retracts its flags and warns the peers (``Channel.fail``), and the
+        communicator refuses later calls."""
         if ch.broken:
             raise ShmemStateError(
                 "Communicator: a previous call failed, so the ranks are out of step; close "
@@ -88,7 +90,8 @@ class HostEngine:
             )
         seq = ch.seq
         try:
-            yield ch
+            with flight.recording(ch.stream, op, x):
+                yield ch
         except BaseException as exc:
             # an error every rank raised at the same point of a finished call (``agreed``,
             # e.g. collect's out size, checked against the exchanged counts) leaves them in step
@@ -174,7 +177,7 @@ class HostEngine:
                     return res
         self._live("all_reduce")
         refuse_device_buffers(x, out)
-        with self._call(ch):
+        with self._call(ch, "all_reduce", x):
             return _all_reduce(ch, x, op, out, algorithm)
 
     def reduce_scatter(self, x: Input, op: ReduceOp | str, out: Output, stream: object) -> Input:
@@ -182,14 +185,14 @@ class HostEngine:
             done = self._replay_family("reduce_scatter", x, out, op)
             if done is not None:
                 return done  # type: ignore[no-any-return]
-        with self._call(self._live("reduce_scatter")) as ch:
+        with self._call(self._live("reduce_scatter"), "reduce_scatter", x) as ch:
             return _reduce_scatter(ch, x, op, out)
 
     def all_gather(self, x: Input, out: Output, stream: object) -> Input:
         done = self._replay_family("all_gather", x, out, 0)
         if done is not None:
             return done  # type: ignore[no-any-return]
-        with self._call(self._live("all_gather")) as ch:
+        with self._call(self._live("all_gather"), "all_gather", x) as ch:
             return _all_gather(ch, x, out)
 
     def broadcast(self, x: Input, root: int, out: Output, stream: object) -> Input:
@@ -197,24 +200,24 @@ class HostEngine:
             done = self._replay_family("broadcast", x, out, root)
             if done is not None:
                 return done  # type: ignore[no-any-return]
-        with self._call(self._live("broadcast")) as ch:
+        with self._call(self._live("broadcast"), "broadcast", x) as ch:
             return _broadcast(ch, x, root, out)
 
     def all_to_all(self, x: Input, out: Output, stream: object) -> Input:
         done = self._replay_family("all_to_all", x, out, 0)  # (small calls across nodes)
         if done is not None:
             return done  # type: ignore[no-any-return]
-        with self._call(self._live("all_to_all")) as ch:
+        with self._call(self._live("all_to_all"), "all_to_all", x) as ch:
             return _all_to_all(ch, x, out)
 
     def collect(self, x: Input, out: Output) -> Input:
-        with self._call(self._live("collect")):
+        with self._call(self._live("collect"), "collect", x):
             return self.tc.collect(x, out)
 
     def alltoalls(
         self, x: Input, nelems: int, dst_stride: int, src_stride: int, out: Output
     ) -> Input:
-        with self._call(self._live("alltoalls")):
+        with self._call(self._live("alltoalls"), "alltoalls", x):
             return self.tc.alltoalls(
                 x, nelems, dst_stride=dst_stride, src_stride=src_stride, out=out
             )
@@ -222,11 +225,12 @@ class HostEngine:
     def all_to_allv(
         self, x: Input, send_counts: Sequence[int], recv_counts: Sequence[int], out: Output
     ) -> Input:
-        with self._call(self._live("all_to_allv")):
+        with self._call(self._live("all_to_allv"), "all_to_allv", x):
             return self.tc.all_to_allv(x, send_counts, recv_counts, out)
 
     def barrier(self, timeout: float | None) -> None:
-        self.ch.pad.barrier(timeout)
+        with flight.recording(self.ch.stream, "barrier"):
+            self.ch.pad.barrier(timeout)
 
     def close(self) -> None:
         if self.closed:
@@ -260,7 +264,11 @@ class HostEngine:
         ``out`` or of a new array) and count it under ``name``."""
         in_place = shm is not None and out is not None and self._over(out, flat, shm)
         try:
-            plan.run(ch, src, shm, flat, in_place)
+            if plan.fast is not None:  # it records the call in the flight recorder itself
+                plan.run(ch, src, shm, flat, in_place, True)
+            else:
+                with flight.recording(ch.stream, plan.where.rpartition(".")[2], flat):
+                    plan.run(ch, src, shm, flat, in_place)
         except BaseException:
             ch.fail()  # flags moved: peers must not complete this call
             raise

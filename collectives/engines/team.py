@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from shmem import flight
 from shmem.team import Team
 
 from ..ops import ReduceOp
@@ -45,6 +46,7 @@ class TeamEngine(ChannelFree):
         self.closed = False
         self.acc32 = acc32
         self.tc = team_collectives(team, acc32)
+        self.stream = flight.recorder().new_stream()
 
     def _live(self, where: str) -> TeamCollectives:
         check_live(self.closed, self.world, where)

@@ -28,13 +28,14 @@ Arguments are agreed across ranks before any symmetric allocation (``_sp_setup.p
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
-from collections.abc import Iterator
-from typing import Any, Literal, Unpack, overload
+from collections.abc import Callable, Iterator
+from typing import Any, Literal, TypeVar, Unpack, cast, overload
 
 import numpy as np
 
-from shmem import Buffer
+from shmem import Buffer, flight
 from shmem.dtypes import dtype_name
 from shmem.errors import SequenceParallelError
 
@@ -105,6 +106,21 @@ def simulate_straggler(factor: float) -> Iterator[None]:
         HOOKS.slowdown = before
 
 
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _recorded(fn: _F) -> _F:
+    """``fn`` (a collective of ``comm``) with its calls recorded on the communicator's stream
+    in the flight recorder, its first array as the input."""
+
+    def call(comm: Any, *args: Any, **kwargs: Any) -> Any:
+        x = args[0] if args else None
+        with flight.recording(getattr(comm, "stream", 0), fn.__name__, x):
+            return fn(comm, *args, **kwargs)
+
+    return cast(_F, functools.update_wrapper(call, fn))
+
+
 @overload
 def sequence_parallel_attention(
     comm: Communicator,
@@ -153,6 +169,7 @@ def sequence_parallel_attention(
     stats: SequenceParallelStats | None = ...,
     **overrides: Unpack[SequenceParallelKeywords],
 ) -> tuple[Any, Any]: ...
+@_recorded
 def sequence_parallel_attention(
     comm: Communicator,
     q: Any,
@@ -249,6 +266,7 @@ def sequence_parallel_attention_backward(  # GPU arrays: gradients of each input
     stats: SequenceParallelStats | None = ...,
     **overrides: Unpack[SequenceParallelKeywords],
 ) -> tuple[Any, Any, Any]: ...
+@_recorded
 def sequence_parallel_attention_backward(
     comm: Communicator,
     dout: Any,
