@@ -28,7 +28,8 @@ from .supervisor import console_ranks, run_job
 __all__ = ["main", "parse_args"]
 
 USAGE = (
-    "python -m launch -n N [--config FILE] [--timeout S] [--log-dir DIR] [--env K=V]... "
+    "python -m launch -n N [--config FILE] [--timeout S] [--stall-timeout S] [--log-dir DIR] "
+    "[--env K=V]... "
     "[--hostfile F] [--mpi auto|mpich|openmpi] [--launcher auto|mpiexec|srun] "
     "[--allow-gpu-sharing] [--console 0|all|none|R,R] [--dry-run] (script.py | -m module) "
     "[args...]"
@@ -39,6 +40,7 @@ _VALUED = {
     "--np",
     "--config",
     "--timeout",
+    "--stall-timeout",
     "--log-dir",
     "--env",
     "--hostfile",
@@ -60,6 +62,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("-n", "--np", dest="nranks", type=int, required=True, help="number of ranks")
     p.add_argument("--config", help="TOML configuration for every rank (sets SHMEM_CONFIG)")
     p.add_argument("--timeout", type=float, help="kill the job after S seconds (exit code 124)")
+    p.add_argument(
+        "--stall-timeout",
+        type=float,
+        metavar="S",
+        help="end the job when no rank has completed a collective or synchronisation call "
+        "for S seconds, naming the rank the others wait for (exit code 125; default: "
+        "[flight] stall_timeout_s, 0 = never)",
+    )
     p.add_argument("--log-dir", help="keep one log file per rank and the error records here")
     p.add_argument(
         "--env",
@@ -118,6 +128,10 @@ def parse_args(argv: list[str]) -> LaunchOptions:
         env.append((key, value))
     if ns.timeout is not None and ns.timeout <= 0:
         parser.error(f"--timeout: invalid (got {ns.timeout}; expected seconds > 0)")
+    if ns.stall_timeout is not None and not ns.stall_timeout >= 0:
+        parser.error(
+            f"--stall-timeout: invalid (got {ns.stall_timeout}; expected seconds > 0, or 0: never)"
+        )
     return LaunchOptions(
         nranks=ns.nranks,
         target=tuple(target),
@@ -133,6 +147,7 @@ def parse_args(argv: list[str]) -> LaunchOptions:
         dry_run=ns.dry_run,
         verbose=ns.verbose,
         mpiexec=ns.mpiexec,
+        stall_timeout_s=ns.stall_timeout,
     )
 
 
@@ -188,6 +203,21 @@ def _first_host(hostfile: str | None) -> str | None:
     return None
 
 
+def stall_timeout(opts: LaunchOptions) -> float | None:
+    """The stall timeout in seconds (``--stall-timeout``, else ``[flight] stall_timeout_s``
+    of the job's configuration), or None for none; it needs the flight recorder on."""
+    from shmem.config import load_config
+
+    cfg = load_config(opts.config)
+    seconds = cfg.flight.stall_timeout_s if opts.stall_timeout_s is None else opts.stall_timeout_s
+    if seconds and not cfg.flight.records:
+        raise UsageError(
+            f"launch: a stall timeout ({seconds:g} s) needs the flight recorder, which "
+            "[flight] records = 0 turns off (expected records > 0, or no stall timeout)"
+        )
+    return seconds or None
+
+
 def resolve(opts: LaunchOptions) -> tuple[str, str, str]:
     """(mpiexec path, MPI flavour, launcher) for this machine."""
     launcher = resolve_launcher(opts.launcher, os.environ, shutil.which("srun") is not None)
@@ -212,7 +242,8 @@ def resolve(opts: LaunchOptions) -> tuple[str, str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point; returns the job's exit code (124 on timeout, 2 on usage errors)."""
+    """Entry point; returns the job's exit code (124 on timeout, 125 on a stall, 2 on usage
+    errors)."""
     opts = parse_args(sys.argv[1:] if argv is None else argv)
     try:
         mpiexec, flavour, launcher = resolve(opts)
@@ -228,6 +259,7 @@ def main(argv: list[str] | None = None) -> int:
             environ=os.environ,
         )
         console = console_ranks(opts.console, opts.nranks)
+        stall_s = stall_timeout(opts)
     except (UsageError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -241,6 +273,7 @@ def main(argv: list[str] | None = None) -> int:
         timeout_s=opts.timeout_s,
         console=console,
         verbose=opts.verbose,
+        stall_timeout_s=stall_s,
     )
     for line in result.summary:
         print(line, file=sys.stderr)

@@ -85,6 +85,7 @@ class LaunchOptions:
     dry_run: bool = False
     verbose: bool = False
     mpiexec: str | None = None  # an explicit mpiexec (default: the one next to python)
+    stall_timeout_s: float | None = None  # None: [flight] stall_timeout_s (0: never)
 
 
 @dataclass(frozen=True)

@@ -58,7 +58,7 @@ from .report import (
     load_starts,
     write_json_atomic,
 )
-from .stall import ask_for_stacks, process_state, waited_for
+from .stall import ask_for_stacks, flight_verdict, process_state, read_rings, waited_for
 
 ENV_LOG_DIR = "SHMEM_LAUNCH_LOG_DIR"
 ENV_GPU = "SHMEM_LAUNCH_GPU"
@@ -108,6 +108,10 @@ class _Rank:
                 what = f"SystemExit({int(exc.code) if isinstance(exc.code, int) else exc.code!r})"
             cause = self._cause_of(exc)
             waited = waited_for(exc) if cause < 0 else []
+            timed_out = _timed_out(exc)
+            inferred = not waited and cause < 0 and timed_out
+            if inferred:  # a timeout that names nobody: whom the flight recorder says
+                waited = self._never_arrived()
             rec = ErrorRecord(
                 self.rank,
                 self.size,
@@ -120,6 +124,8 @@ class _Rank:
                 cause,
                 waited,
                 self._look_at(waited),
+                timed_out,
+                "flight recorder" if inferred and waited else "",
             )
             if self.log_dir is not None:
                 with contextlib.suppress(OSError):
@@ -167,6 +173,15 @@ class _Rank:
                 states[str(r)] = f"on {starts[r].host} (not inspected from {self.host})"
         return states
 
+    def _never_arrived(self) -> list[int]:
+        """The ranks the flight recorder says never arrived at the call this rank and the
+        others wait in (the rings of this host's ranks: the others are not read here)."""
+        if self.log_dir is None:
+            return []
+        with contextlib.suppress(Exception):
+            return list(flight_verdict(read_rings(self.log_dir, self.size), self.size).behind)
+        return []
+
     def _first_to_ask(self, rank: int) -> bool:
         """Whether this rank is the first to ask ``rank`` for its stacks (a marker file)."""
         assert self.log_dir is not None
@@ -211,6 +226,23 @@ class _Rank:
                 self.log_dir / f"rank.{self.rank}.done.json",
                 {"rank": self.rank, "exit_code": exit_code, "time": time.time()},
             )
+
+    def open_flight(self) -> None:
+        """This rank's flight recorder, a ring file the launcher reads (:mod:`shmem.flight`),
+        in place before the program runs (so its first calls, ``init`` too, are in it)."""
+        from shmem import flight
+        from shmem.config import load_config
+
+        if self.log_dir is None:
+            return
+        path = self.log_dir / f"rank.{self.rank}.flight"
+        records = load_config().flight.records
+        try:
+            ring = flight.FlightRecorder(records, path, rank=self.rank, world_size=self.size)
+        except OSError as exc:  # the job runs on; its reports lack this rank's calls
+            log.warning("rank %d: no flight recorder file (%s)", self.rank, exc)
+            return
+        flight.install(ring)
 
     def configure_logging(self) -> None:
         from shmem.config import load_config
@@ -261,6 +293,18 @@ class _Rank:
             gpu,
             gpus[gpu].pci_bus_id,
         )
+
+
+def _timed_out(exc: BaseException) -> bool:
+    """Whether ``exc``, or an exception it came from, is a timeout."""
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, TimeoutError):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
 
 
 def _user_frames(exc: BaseException) -> TracebackType | None:
@@ -391,6 +435,7 @@ def main(argv: list[str] | None = None) -> int:
     code = 0
     try:
         rank.configure_logging()
+        rank.open_flight()
         rank.bind_gpu()
         run(args)
     except SystemExit as exc:

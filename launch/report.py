@@ -7,6 +7,8 @@ Files (all written atomically: a temporary file, then ``os.replace``):
 * ``rank.<r>.done.json``: a clean exit;
 * ``rank.<r>.died.json``: an end without a Python exception (a signal, ``os._exit``), written
   by the rank's monitor process the moment the rank process ends;
+* ``rank.<r>.flight``: the rank's flight recorder ring, its last calls (:mod:`shmem.flight`);
+* ``flight.json``: every rank's ring and the launcher's verdict, after a failure or stall;
 * ``rank.<r>.stack``: Python stacks dumped on ``SIGUSR1`` (the launcher asks on timeout, a
   rank that timed out waiting for it asks before it aborts the job);
 * ``rank.<r>.log``: the rank's stdout and stderr.
@@ -76,6 +78,10 @@ class ErrorRecord:
     waited_for: list[int] = field(default_factory=list)  # the ranks its timeout waited for
     # what each waited-for rank of this host was doing when this rank gave up (/proc)
     peer_states: dict[str, str] = field(default_factory=dict)
+    timed_out: bool = False  # the error is (or came from) a timeout
+    # how waited_for was found: "" (the timeout named them) or "flight recorder" (the
+    # ranks that never arrived at the call this one waited in)
+    waited_how: str = ""
 
     def write(self, log_dir: Path) -> None:
         write_json_atomic(log_dir / f"rank.{self.rank}.error.json", asdict(self))

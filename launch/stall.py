@@ -16,9 +16,22 @@ import os
 import signal
 import time
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["ask_for_stacks", "process_state", "stalled_ranks", "waited_for"]
+from shmem.flight import OPS, FlightLog, FlightRecord, read_flight
+
+__all__ = [
+    "FlightVerdict",
+    "ask_for_stacks",
+    "flight_lines",
+    "flight_verdict",
+    "process_state",
+    "read_rings",
+    "stalled_ranks",
+    "waited_for",
+    "write_flight_json",
+]
 
 _STATES = {
     "R": "running on a CPU (busy: a loop that never reaches the next call?)",
@@ -157,3 +170,210 @@ def stalled_ranks(waits: dict[int, list[int]], failed: set[int]) -> list[int]:
                 elif w not in failed:
                     roots.add(w)
     return sorted(roots)
+
+
+# -- the flight recorder's view: who never arrived at the call the others are in ---------------
+
+_COLLECTIVE = frozenset(OPS) - {"unknown", "wait_until"}  # every rank makes them, in order
+
+
+def read_rings(logs: Path, nranks: int) -> dict[int, FlightLog]:
+    """Every rank's flight recorder ring in ``logs`` (``rank.<r>.flight``) that can be read.
+
+    Parameters
+    ----------
+    logs : Path
+        The job's log directory.
+    nranks : int
+        The job's ranks.
+
+    Returns
+    -------
+    dict
+        Rank -> its ring; ranks without a readable ring are left out.
+    """
+    rings = {}
+    for r in range(nranks):
+        with contextlib.suppress(OSError, ValueError):
+            rings[r] = read_flight(logs / f"rank.{r}.flight")
+    return rings
+
+
+@dataclass(frozen=True)
+class FlightVerdict:
+    """What the rings say: the call most waiting ranks are in (``target``, None when no
+    rank is in a recorded call), the ranks in it, and the ranks that never arrived there
+    (``behind``): in no recorded call, or in an earlier one."""
+
+    target: FlightRecord | None
+    waiting: tuple[int, ...]
+    behind: tuple[int, ...]
+    elsewhere: dict[int, FlightRecord]  # ranks in another call than the target
+
+
+def _key(rec: FlightRecord) -> tuple[int, str, int]:
+    return (rec.stream, rec.op, rec.seq if rec.op in _COLLECTIVE else 0)
+
+
+def flight_verdict(rings: dict[int, FlightLog], nranks: int) -> FlightVerdict:
+    """The call the most ranks wait in, and who never arrived at it.
+
+    A rank arrived when its ring holds that call (pending, failed, or done: it went
+    past); for a collective, a rank whose calls on that stream stop short of its number
+    never arrived (it stalled before it, in its own code or in another call). For a
+    ``wait_until`` (no rank's number matches another's), the ranks in no recorded call are
+    the ones the waits are for. A rank without a ring never arrived at anything.
+
+    Parameters
+    ----------
+    rings : dict
+        Rank -> its ring (:func:`read_rings`).
+    nranks : int
+        The job's ranks.
+
+    Returns
+    -------
+    FlightVerdict
+        The target call, the ranks in it, and the ranks behind it.
+    """
+    pending = {r: log.pending() for r, log in rings.items()}
+    groups: dict[tuple[int, str, int], list[int]] = {}
+    for r, rec in pending.items():
+        if rec is not None:
+            groups.setdefault(_key(rec), []).append(r)
+    if not groups:
+        return FlightVerdict(None, (), (), {})
+    key = max(groups, key=lambda k: (len(groups[k]), -min(groups[k])))
+    waiting = groups[key]
+    target = next(pending[r] for r in waiting if pending[r] is not None)
+    assert target is not None
+    behind, elsewhere = [], {}
+    for r in range(nranks):
+        if r in waiting:
+            continue
+        log = rings.get(r)
+        rec = pending.get(r)
+        if rec is not None:
+            elsewhere[r] = rec
+        if log is None:
+            behind.append(r)
+        elif target.op in _COLLECTIVE:
+            mine = [x.seq for x in log.records if x.stream == target.stream]
+            # past it (a later call on the stream): it arrived; short of it: it never did
+            if (max(mine) if mine else 0) < target.seq:
+                behind.append(r)
+        elif rec is None:
+            behind.append(r)
+    return FlightVerdict(target, tuple(waiting), tuple(behind), elsewhere)
+
+
+def _ranks(rs: Iterable[int]) -> str:
+    rs = sorted(rs)
+    if len(rs) == 1:
+        return f"rank {rs[0]}"
+    return "ranks " + ", ".join(str(r) for r in rs[:-1]) + f" and {rs[-1]}"
+
+
+def flight_lines(rings: dict[int, FlightLog], nranks: int, now: float) -> list[str]:
+    """The report's lines from the rings: who is in which call since when, and each rank's
+    last completed and pending call.
+
+    Parameters
+    ----------
+    rings : dict
+        Rank -> its ring.
+    nranks : int
+        The job's ranks.
+    now : float
+        ``time.time()`` of the report (the "since" of pending calls).
+
+    Returns
+    -------
+    list of str
+        Unindented lines; empty when no rank has a ring.
+    """
+    if not rings:
+        return []
+    v = flight_verdict(rings, nranks)
+    lines = []
+    if v.target is not None:
+        since = now - min(
+            (r.t_start for r in (rings[w].pending() for w in v.waiting) if r is not None),
+            default=now,
+        )
+        head = f"{_ranks(v.waiting)} {'is' if len(v.waiting) == 1 else 'are'} in "
+        head += f"{v.target.describe()} since {since:.1f} s"
+        if v.behind:
+            lasts = []
+            for r in v.behind:
+                done = rings[r].last_completed() if r in rings else None
+                lasts.append(
+                    f"rank {r} last completed {done.describe()}"
+                    if done is not None
+                    else f"rank {r} completed no recorded call"
+                )
+            head = "; ".join(lasts) + "; " + head
+        lines.append(head)
+    for r in range(nranks):
+        log = rings.get(r)
+        if log is None:
+            lines.append(f"  rank {r}: no flight record (it never started, or not on this host)")
+            continue
+        done, rec = log.last_completed(), log.pending()
+        words = f"last completed {done.describe()}" if done else "no call completed"
+        if rec is not None and rec.state == "failed":
+            words += f"; failed in {rec.describe()} after {rec.t_end - rec.t_start:.1f} s"
+        elif rec is not None:
+            words += f"; in {rec.describe()} since {now - rec.t_start:.1f} s"
+        if rec is not None:
+            if rec.nbytes:
+                words += f" ({rec.nbytes} B {rec.dtype})".replace(" )", ")")
+        else:
+            words += "; in no recorded call (its own code)"
+        lines.append(f"  rank {r}: {words}")
+    return lines
+
+
+def write_flight_json(
+    logs: Path, rings: dict[int, FlightLog], nranks: int, verdict: FlightVerdict
+) -> Path:
+    """Write every rank's ring and the verdict to ``flight.json`` in ``logs``.
+
+    Parameters
+    ----------
+    logs : Path
+        The log directory.
+    rings : dict
+        Rank -> its ring.
+    nranks : int
+        The job's ranks.
+    verdict : FlightVerdict
+        :func:`flight_verdict` of the rings.
+
+    Returns
+    -------
+    Path
+        The file written.
+    """
+    import json
+
+    doc = {
+        "ranks": nranks,
+        "target": verdict.target.as_dict() if verdict.target else None,
+        "waiting": list(verdict.waiting),
+        "never_arrived": list(verdict.behind),
+        "rings": {
+            str(r): {
+                "pid": log.pid,
+                "capacity": log.capacity,
+                "recorded": log.recorded,
+                "records": [rec.as_dict() for rec in log.records],
+            }
+            for r, log in sorted(rings.items())
+        },
+    }
+    path = logs / "flight.json"
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(doc, indent=1))
+    os.replace(tmp, path)
+    return path

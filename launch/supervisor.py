@@ -18,11 +18,8 @@ from typing import IO, Any
 
 from .cleanup import remove_stale_segments
 from .command import LaunchCommand
-from .report import (
-    load_done,
-    load_errors,
-    load_starts,
-)
+from .report import load_done, load_errors, load_starts, write_json_atomic
+from .stall import ask_for_stacks, process_state, read_rings
 from .verdict import JobResult, summarise
 
 __all__ = ["JobResult", "OutputForwarder", "console_ranks", "run_job"]
@@ -177,6 +174,53 @@ class _DeathWatch:
                 self.died.setdefault(self._fds[fd], seen)
 
 
+class _StallWatch:
+    """Declares the job stalled when no rank has completed a recorded call (the flight
+    recorder's rings, :mod:`shmem.flight`) for ``after_s`` seconds, counted from the job's
+    start while no call has completed; ranks that finished are not waited for."""
+
+    def __init__(self, logs: Path, nranks: int, after_s: float) -> None:
+        self.logs, self.nranks, self.after_s = logs, nranks, after_s
+        self.last = time.time()  # the latest completion seen (the start, at first)
+        self._next_look = 0.0
+
+    def stalled(self) -> bool:
+        now = time.time()
+        if now < self._next_look:
+            return False
+        self._next_look = now + min(0.25, self.after_s / 4)
+        finished = load_done(self.logs) | {e.rank for e in load_errors(self.logs)}
+        if len(finished) >= self.nranks:
+            return False
+        for log in read_rings(self.logs, self.nranks).values():
+            done = log.last_completed()
+            if done is not None and done.t_end > self.last:
+                self.last = done.t_end
+        return now - self.last > self.after_s
+
+    def inspect(self) -> None:
+        """What every unfinished rank of this host is doing (``/proc``), into ``stall.json``,
+        and its Python stacks (``SIGUSR1``, into its ``rank.<r>.stack``), before the job is
+        ended."""
+        host = socket.gethostname()
+        finished = load_done(self.logs) | {e.rank for e in load_errors(self.logs)}
+        starts = load_starts(self.logs)
+        here = {r: s.pid for r, s in starts.items() if s.host == host and r not in finished}
+        states = {str(r): process_state(pid) for r, pid in here.items()}
+        for r in range(self.nranks):
+            if r not in starts:
+                states[str(r)] = "never started (no start record)"
+            elif r not in here and r not in finished:
+                states[str(r)] = f"on {starts[r].host} (not inspected from {host})"
+        awake = {r: pid for r, pid in here.items() if not states[str(r)].startswith("stopped")}
+        stacks = [self.logs / f"rank.{r}.stack" for r in awake]
+        ask_for_stacks(awake.values(), stacks, wait_s=1.0)
+        write_json_atomic(
+            self.logs / "stall.json",
+            {"after_s": self.after_s, "last_completed": self.last, "states": states},
+        )
+
+
 def _kill_job(proc: subprocess.Popen[bytes], log_dir: Path, dump_stacks: bool) -> None:
     host = socket.gethostname()
     finished = load_done(log_dir) | {e.rank for e in load_errors(log_dir)}
@@ -240,8 +284,11 @@ def run_job(
     console: set[int],
     out: IO[str] | None = None,
     verbose: bool = False,
+    stall_timeout_s: float | None = None,
 ) -> JobResult:
-    """Run the job to its end (or deadline) and return its exit code and summary lines."""
+    """Run the job to its end (or deadline, or stall) and return its exit code and summary
+    lines. ``stall_timeout_s``: end it when no rank has completed a recorded call for that
+    long (:class:`_StallWatch`)."""
     out = sys.stdout if out is None else out
     keep_logs = log_dir is not None
     logs = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="launch-"))
@@ -267,6 +314,8 @@ def run_job(
         watch = _DeathWatch(logs)
         watch.start()
         timed_out = False
+        stalled = None  # the stall timeout, once it ended the job
+        stall_watch = _StallWatch(logs, nranks, stall_timeout_s) if stall_timeout_s else None
         terminated = 0  # the signal that stopped the launcher, if one did
         # mpiexec runs in its own session: a launcher stopped by SIGTERM (``timeout``) or
         # SIGHUP (a closed terminal) must take the job down itself, or it is orphaned
@@ -277,6 +326,11 @@ def run_job(
                 if timeout_s and time.monotonic() - start > timeout_s:
                     timed_out = True
                     _kill_job(proc, logs, dump_stacks=True)
+                    break
+                if stall_watch is not None and stall_watch.stalled():
+                    stall_watch.inspect()
+                    stalled = stall_timeout_s
+                    _kill_job(proc, logs, dump_stacks=False)
                     break
         except KeyboardInterrupt:
             _kill_job(proc, logs, dump_stacks=False)
@@ -300,7 +354,9 @@ def run_job(
             raise KeyboardInterrupt
         raise SystemExit(128 + terminated)  # the shell's code for a signal
     rc = proc.returncode if proc.returncode >= 0 else 128 - proc.returncode
-    result = summarise(logs, nranks, rc, timed_out, timeout_s, watch.died, verbose)
+    result = summarise(
+        logs, nranks, rc, timed_out, timeout_s, watch.died, verbose, stalled_after_s=stalled
+    )
     if result.exit_code != 0:  # dead ranks never unlinked their MPI shared memory
         removed, freed = _remove_segments(logs, job_started)
         if removed:

@@ -4,8 +4,12 @@ waiting), the ranks that stopped because of it, and the exit code the job ends w
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import json
+import time
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+
+from shmem.flight import FlightLog
 
 from .report import (
     DeathRecord,
@@ -17,11 +21,12 @@ from .report import (
     load_starts,
     parse_mpiexec_failures,
 )
-from .stall import stalled_ranks
+from .stall import flight_lines, flight_verdict, read_rings, stalled_ranks, write_flight_json
 
-__all__ = ["TIMEOUT_EXIT", "JobResult", "root_cause", "summarise"]
+__all__ = ["STALL_EXIT", "TIMEOUT_EXIT", "JobResult", "root_cause", "summarise"]
 
-TIMEOUT_EXIT = 124
+TIMEOUT_EXIT = 124  # the launcher's --timeout ended the job (as timeout(1) says it)
+STALL_EXIT = 125  # --stall-timeout: no rank completed a recorded call for that long
 # a death is stamped when its monitor wakes: on a loaded node that can be after a peer
 # recorded the error the death caused, so deaths get this much head start
 _DEATH_LATENCY_S = 0.05
@@ -46,12 +51,20 @@ def root_cause(
     deaths the launcher did not inflict; the earliest cause is the root cause. A timeout
     that names the ranks it waited for is a consequence of them: when the waits lead to a
     rank that did not fail (it stalled), that rank is the root cause."""
+    nranks = max([e.world_size for e in errors] + [d.world_size for d in deaths] + [0])
+    rings = read_rings(logs, nranks)
+    behind = list(flight_verdict(rings, nranks).behind)
     waits = {e.rank: e.waited_for for e in errors if e.consequence_of < 0 and e.waited_for}
-    own = [e for e in errors if e.consequence_of < 0 and not e.waited_for]
+    for e in errors:  # a timeout that named nobody waited for whom the others waited for
+        if e.consequence_of < 0 and e.timed_out and not e.waited_for and behind:
+            waits[e.rank] = behind
+    own = [e for e in errors if e.consequence_of < 0 and e.rank not in waits]
     dead = [d for d in deaths if not d.terminated]
     stalled = stalled_ranks(waits, {e.rank for e in own} | {d.rank for d in dead})
     if stalled and not own and not dead:
-        return _stall_report(logs, errors, deaths, stalled, rc)
+        result = _stall_report(logs, errors, deaths, stalled, waits, rc)
+        result.summary += _flight_section(logs, rings, nranks)
+        return result
     causes: list[ErrorRecord | DeathRecord] = [*own, *dead]
     if not causes:
         causes = [e for e in errors if e.consequence_of < 0]
@@ -77,7 +90,21 @@ def root_cause(
         lines.extend("  " + ln for ln in _fatal_report(logs / f"rank.{root.rank}.log"))
         code = root.exit_code
     lines += _others(errors, deaths, root)
+    lines += _flight_section(logs, rings, nranks)
     return JobResult(code, False, lines)
+
+
+def _flight_section(logs: Path, rings: dict[int, FlightLog], nranks: int) -> list[str]:
+    """The report's flight recorder lines, and ``flight.json`` written (none without rings)."""
+    if not rings:
+        return []
+    lines = flight_lines(rings, nranks, time.time())
+    path = write_flight_json(logs, rings, nranks, flight_verdict(rings, nranks))
+    return [
+        f"  flight recorder (each rank's last calls; all of them in {path.name} in the log "
+        "directory, which --log-dir keeps):",
+        *("    " + ln.strip() for ln in lines),
+    ]
 
 
 def _others(errors: list[ErrorRecord], deaths: list[DeathRecord], root: object) -> list[str]:
@@ -104,20 +131,27 @@ def _stall_report(
     errors: list[ErrorRecord],
     deaths: list[DeathRecord],
     stalled: list[int],
+    waits: dict[int, list[int]],
     rc: int,
 ) -> JobResult:
     """The root cause when ranks timed out waiting for ranks that did not fail: each stalled
     rank, who waited for it, what it was doing (its state, its Python stacks)."""
     starts = load_starts(logs)
+    # the ranks whose waits the flight recorder found (their timeout named nobody)
+    inferred = {e.rank for e in errors if e.waited_how or (e.rank in waits and not e.waited_for)}
+    errors = [replace(e, waited_for=waits[e.rank]) if e.rank in waits else e for e in errors]
     waiting = sorted((e for e in errors if e.waited_for), key=lambda e: (e.time, e.rank))
     nranks = waiting[0].world_size
     lines: list[str] = []
     for i, r in enumerate(stalled):
         s = starts.get(r)
         who = f"rank {r} of {nranks}" + (f" on {s.host} (pid {s.pid})" if s else "")
-        by = ", ".join(str(e.rank) for e in waiting if r in e.waited_for)
+        by = ", ".join(str(w) for w in sorted(e.rank for e in waiting if r in e.waited_for))
         head = "launch: job failed; root cause:" if i == 0 else "  also stalled:"
-        lines.append(f"{head} {who} stalled: rank(s) {by} timed out waiting for it")
+        how = ""
+        if all(e.rank in inferred for e in waiting if r in e.waited_for):
+            how = " (it never arrived at their call, says the flight recorder)"
+        lines.append(f"{head} {who} stalled: rank(s) {by} timed out waiting for it{how}")
         state = next((e.peer_states[str(r)] for e in waiting if str(r) in e.peer_states), "")
         lines.append(f"  what rank {r} was doing: {state or 'not inspected'}")
         stack = logs / f"rank.{r}.stack"
@@ -127,6 +161,52 @@ def _stall_report(
             lines.extend("    " + ln for ln in dump.splitlines()[:_STACK_LINES])
     lines += _others(errors, deaths, None)
     return JobResult(waiting[0].exit_code or rc or 1, False, lines)
+
+
+def _stall_timeout_report(logs: Path, nranks: int, after_s: float) -> JobResult:
+    """The report of a job the stall timeout ended: the ranks that never arrived at the
+    call the others wait in (the flight recorder), what each rank was doing (``stall.json``)
+    and the stacks of the ranks behind (or of every rank when none is behind)."""
+    rings = read_rings(logs, nranks)
+    v = flight_verdict(rings, nranks)
+    starts = load_starts(logs)
+    try:
+        states: dict[str, str] = json.loads((logs / "stall.json").read_text())["states"]
+    except (OSError, ValueError, KeyError):
+        states = {}
+    head = f"launch: job stalled: no rank completed a recorded call for {after_s:g} s"
+    head += f" (--stall-timeout {after_s:g})"
+    lines: list[str] = []
+    if v.behind and v.target is not None:
+        r = v.behind[0]
+        s = starts.get(r)
+        where = f" on {s.host} (pid {s.pid})" if s else ""
+        others = ", ".join(str(w) for w in v.waiting)
+        lines.append(
+            f"{head}; root cause: rank {r} of {nranks}{where} stalled: it never arrived at "
+            f"{v.target.describe()}, which rank(s) {others} wait in"
+        )
+        shown = list(v.behind)
+        for extra in v.behind[1:]:
+            lines.append(f"  also never arrived: rank {extra}")
+    else:
+        why = (
+            "no rank is in a recorded call (every rank is in its own code)"
+            if v.target is None
+            else f"every rank is in {v.target.describe()} (or past it)"
+        )
+        lines.append(f"{head}; no rank is behind the others: {why}")
+        shown = list(range(nranks))
+    for r in range(nranks):
+        if r in shown or str(r) in states:
+            lines.append(f"  what rank {r} was doing: {states.get(str(r), 'not inspected')}")
+        stack = logs / f"rank.{r}.stack"
+        dump = stack.read_text(errors="replace").strip() if stack.exists() else ""
+        if r in shown and dump:
+            lines.append(f"  its Python stacks (rank.{r}.stack):")
+            lines.extend("    " + ln for ln in dump.splitlines()[:_STACK_LINES])
+    lines += _flight_section(logs, rings, nranks)
+    return JobResult(STALL_EXIT, False, lines)
 
 
 def _fatal_report(log: Path, limit: int = 40) -> list[str]:
@@ -147,7 +227,13 @@ def summarise(
     timeout_s: float | None,
     died: dict[int, float],
     verbose: bool,
+    stalled_after_s: float | None = None,
 ) -> JobResult:
+    """The job's exit code and summary lines, from the records in ``logs``: the root cause
+    of a failure, the ranks still running at the deadline (``timed_out``), or the stalled
+    job's report (``stalled_after_s``: the stall timeout ended it)."""
+    if stalled_after_s is not None:
+        return _stall_timeout_report(logs, nranks, stalled_after_s)
     errors = load_errors(logs)
     starts = load_starts(logs)
     done = load_done(logs)
@@ -166,6 +252,7 @@ def summarise(
             if stack.exists() and stack.stat().st_size:
                 dump = stack.read_text(errors="replace").strip().splitlines()
                 lines.extend("    " + ln for ln in dump[:40])
+        lines += _flight_section(logs, read_rings(logs, nranks), nranks)
         return JobResult(TIMEOUT_EXIT, True, lines)
     exits = load_exits(logs)
     if exits:  # ended on purpose: whatever the other ranks recorded is a consequence
