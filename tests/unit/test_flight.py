@@ -1,0 +1,224 @@
+"""The flight recorder's ring (shmem.flight) and what the launcher reads from the rings
+(launch.stall): who never arrived at the call the others wait in."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+from launch.stall import flight_lines, flight_verdict, read_rings, write_flight_json
+from shmem import flight
+from shmem.config import load_config
+from shmem.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_a_ring_keeps_the_last_calls_in_order_with_their_fields(tmp_path: Path) -> None:
+    rec = flight.FlightRecorder(4, tmp_path / "r.flight", rank=2, world_size=3)
+    s = rec.new_stream()
+    for _ in range(6):
+        rec.end(rec.begin(s, "all_reduce", 32, "float32"))
+    n = rec.begin(s, "broadcast", 8, "int64", peer=0)
+    log = flight.read_flight(tmp_path / "r.flight")
+    assert (log.rank, log.world_size, log.capacity, log.recorded) == (2, 3, 4, 7)
+    assert [r.number for r in log.records] == [3, 4, 5, 6]  # the oldest are overwritten
+    assert [r.seq for r in log.records] == [4, 5, 6, 7]
+    assert [r.state for r in log.records] == ["done", "done", "done", "pending"]
+    last = log.records[-1]
+    assert (last.op, last.nbytes, last.dtype, last.peer, last.stream) == (
+        "broadcast",
+        8,
+        "int64",
+        0,
+        s,
+    )
+    assert log.pending() is last and log.last_completed() == log.records[-2]
+    assert last.t_end == 0.0 and abs(last.t_start - time.time()) < 5
+    rec.end(n, failed=True)
+    again = rec.log().records[-1]
+    assert again.state == "failed" and again.t_end >= again.t_start
+    assert rec.log().pending() == again  # a failed last call is where the rank stopped
+
+
+def test_end_of_an_overwritten_record_changes_nothing() -> None:
+    rec = flight.FlightRecorder(2)
+    old = rec.begin(0, "barrier")
+    rec.begin(0, "barrier")
+    rec.begin(0, "barrier")  # overwrites old's slot
+    rec.end(old)
+    assert [r.state for r in rec.log().records] == ["pending", "pending"]
+    rec.end(-1)  # what begin returns when off: nothing
+
+
+def test_a_recorder_without_capacity_or_switched_off_records_nothing() -> None:
+    off = flight.FlightRecorder(0)
+    assert not off.enabled and off.begin(0, "init") == -1 and off.log().records == ()
+    off.enabled = True  # no room: stays off
+    assert not off.enabled
+    rec = flight.FlightRecorder(8)
+    rec.enabled = False
+    assert rec.begin(0, "barrier") == -1 and rec.log().recorded == 0
+    rec.enabled = True
+    assert rec.begin(0, "barrier") == 0
+
+
+def test_waits_are_numbered_apart_from_the_collectives_of_their_stream() -> None:
+    rec = flight.FlightRecorder(16)
+    for op in ("wait_until", "wait_until", "barrier", "wait_until", "barrier"):
+        rec.end(rec.begin(0, op))
+    seqs = [(r.op, r.seq) for r in rec.log().records]
+    assert seqs == [
+        ("wait_until", 1),
+        ("wait_until", 2),
+        ("barrier", 1),
+        ("wait_until", 3),
+        ("barrier", 2),
+    ]
+
+
+def test_recording_and_recorded_mark_a_call_pending_done_or_failed() -> None:
+    rec = flight.install(flight.FlightRecorder(8))
+    try:
+        with flight.recording(0, "all_gather", _Array()):
+            assert rec.log().pending() is not None
+        with pytest.raises(KeyError), flight.recording(0, "collect"):
+            raise KeyError("x")
+
+        @flight.recorded("sync_all")
+        def f(a: int) -> int:
+            """doc"""
+            return a + 1
+
+        assert f(1) == 2 and f.__doc__ == "doc" and f.__name__ == "f"
+        got = [(r.op, r.state, r.nbytes, r.dtype) for r in rec.log().records]
+        assert got == [
+            ("all_gather", "done", 64, "bfloat16"),
+            ("collect", "failed", 0, ""),
+            ("sync_all", "done", 0, ""),
+        ]
+        assert flight.recorder() is rec
+    finally:
+        flight.install(flight.FlightRecorder(64))
+
+
+class _Array:
+    nbytes = 64
+
+    class dtype:
+        name = "bfloat16"
+
+
+def test_bad_arguments_and_foreign_files_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"FlightRecorder: capacity out of range \(got -1"):
+        flight.FlightRecorder(-1)
+    (tmp_path / "x").write_bytes(b"NOTARING" + bytes(200))
+    with pytest.raises(ValueError, match="read_flight: not a flight recorder ring"):
+        flight.read_flight(tmp_path / "x")
+    (tmp_path / "y").write_bytes(b"short")
+    with pytest.raises(ValueError, match="too short"):
+        flight.read_flight(tmp_path / "y")
+    assert read_rings(tmp_path, 3) == {}  # no ring files: nothing, no error
+
+
+def test_the_config_section_is_checked() -> None:
+    assert load_config().flight.records == 64 and load_config().flight.stall_timeout_s == 0
+    with pytest.raises(ConfigError, match=r"\[flight\] records: invalid \(got -1"):
+        load_config(flight_records=-1)
+    with pytest.raises(ConfigError, match=r"\[flight\] stall_timeout_s: invalid"):
+        load_config(flight_stall_timeout_s=-2.0)
+
+
+def test_the_c_replay_writes_the_layout_this_module_reads() -> None:
+    """collectives/_replay.c writes records itself: its constants are flight.LAYOUT's (the
+    records it writes are read back in tests/mpi/test_flight.py)."""
+    src = (ROOT / "collectives" / "_replay.c").read_text()
+    consts = dict(re.findall(r"FLIGHT_(\w+) = (\d+)", src))
+    assert int(consts["HEADER"]) == flight.LAYOUT["header_bytes"]
+    assert int(consts["STREAMS"]) == flight.LAYOUT["max_streams"]
+    assert int(consts["NEXT"]) == flight.LAYOUT["next_word"]
+    assert int(consts["ENABLED"]) == flight.LAYOUT["enabled_word"]
+    assert int(consts["PENDING"]) == flight.PENDING and int(consts["DONE"]) == flight.DONE
+    assert "sizeof(FlightRecord) == 64" in src and flight.LAYOUT["record_bytes"] == 64
+
+
+# -- the launcher's reading of the rings ---------------------------------------------------------
+
+
+def _rings(tmp_path: Path, calls: dict[int, list[tuple[str, bool]]]) -> Path:
+    """Rank -> its calls on stream 1 (``(op, ended)``), as ring files in ``tmp_path``."""
+    for r, seq in calls.items():
+        rec = flight.FlightRecorder(8, tmp_path / f"rank.{r}.flight", rank=r, world_size=4)
+        s = rec.new_stream()
+        for op, ended in seq:
+            n = rec.begin(0 if op == "wait_until" else s, op, 32, "float32")
+            if ended:
+                rec.end(n)
+    return tmp_path
+
+
+def test_the_rank_that_never_arrived_at_the_call_the_others_wait_in_is_found(
+    tmp_path: Path,
+) -> None:
+    done20 = [("all_reduce", True)] * 20
+    logs = _rings(
+        tmp_path,
+        {0: [*done20, ("all_reduce", False)], 1: done20, 2: [*done20, ("all_reduce", False)]},
+    )
+    rings = read_rings(logs, 3)
+    v = flight_verdict(rings, 3)
+    assert v.target is not None and v.target.describe() == "all_reduce #21"
+    assert v.waiting == (0, 2) and v.behind == (1,) and v.elsewhere == {}
+    lines = flight_lines(rings, 3, time.time() + 10)
+    assert re.match(
+        r"rank 1 last completed all_reduce #20; ranks 0 and 2 are in all_reduce #21 since 10\.\d s",
+        lines[0],
+    ), lines
+    assert "rank 1: last completed all_reduce #20; in no recorded call" in lines[2]
+    assert "rank 0: last completed all_reduce #20; in all_reduce #21 since" in lines[1]
+    path = write_flight_json(logs, rings, 3, v)
+    doc = json.loads(path.read_text())
+    assert doc["never_arrived"] == [1] and doc["waiting"] == [0, 2]
+    assert len(doc["rings"]["1"]["records"]) == 8 and doc["target"]["seq"] == 21
+
+
+def test_a_rank_in_another_call_or_past_it_is_not_behind(tmp_path: Path) -> None:
+    base = [("all_reduce", True)] * 3
+    logs = _rings(
+        tmp_path,
+        {
+            0: [*base, ("all_reduce", False)],
+            1: [*base, ("all_reduce", False)],
+            2: [*base, ("all_reduce", True), ("broadcast", False)],  # went past it
+            3: [*base[:2], ("barrier", False)],  # stuck in an earlier, other call
+        },
+    )
+    v = flight_verdict(read_rings(logs, 4), 4)
+    assert v.waiting == (0, 1) and v.behind == (3,) and set(v.elsewhere) == {2, 3}
+
+
+def test_waits_point_at_the_ranks_in_no_recorded_call_and_missing_rings_are_behind(
+    tmp_path: Path,
+) -> None:
+    logs = _rings(
+        tmp_path,
+        {
+            0: [("wait_until", True), ("wait_until", False)],
+            2: [("wait_until", False)],  # another count of waits: the same wait
+            3: [("all_reduce", True)],
+        },
+    )
+    v = flight_verdict(read_rings(logs, 4), 4)
+    assert v.waiting == (0, 2) and v.behind == (1, 3)  # rank 1 has no ring
+    lines = flight_lines(read_rings(logs, 4), 4, time.time())
+    assert any("rank 1: no flight record" in ln for ln in lines)
+
+
+def test_no_target_when_every_rank_is_in_its_own_code(tmp_path: Path) -> None:
+    logs = _rings(tmp_path, {0: [("init", True)], 1: [("init", True)]})
+    v = flight_verdict(read_rings(logs, 2), 2)
+    assert v.target is None and v.behind == () and v.waiting == ()
