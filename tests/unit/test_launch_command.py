@@ -217,6 +217,8 @@ def test_parse_args() -> None:
         ["-n", "2"],
         ["-n", "2", "--env", "1A=2", "x.py"],
         ["-n", "2", "--timeout", "0", "x.py"],
+        ["-n", "2", "--stall-timeout", "-1", "x.py"],
+        ["-n", "2", "--stall-timeout", "nan", "x.py"],
         ["x.py"],
         ["-n", "2", "--mpi", "lam", "x.py"],
     ],
@@ -226,6 +228,29 @@ def test_parse_args_errors(argv: list[str], capsys: pytest.CaptureFixture[str]) 
         parse_args(argv)
     assert info.value.code == 2
     assert "error" in capsys.readouterr().err
+
+
+def test_the_stall_timeout_comes_from_the_option_or_the_config(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from launch.cli import stall_timeout
+
+    monkeypatch.delenv("SHMEM_CONFIG", raising=False)
+    monkeypatch.delenv("SHMEM_FLIGHT_STALL_TIMEOUT_S", raising=False)
+    assert stall_timeout(parse_args(["-n", "2", "x.py"])) is None  # default: never
+    opts = parse_args(["-n", "2", "--stall-timeout", "7.5", "x.py"])
+    assert opts.stall_timeout_s == 7.5 and stall_timeout(opts) == 7.5
+    assert opts.target == ("x.py",)  # the option's value is not taken for the target
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("[flight]\nstall_timeout_s = 30\n")
+    assert stall_timeout(parse_args(["-n", "2", "--config", str(cfg), "x.py"])) == 30.0
+    assert (
+        stall_timeout(parse_args(["-n", "2", "--config", str(cfg), "--stall-timeout", "0", "x.py"]))
+        is None
+    )
+    cfg.write_text("[flight]\nrecords = 0\nstall_timeout_s = 30\n")
+    with pytest.raises(UsageError, match=r"stall timeout \(30 s\) needs the flight recorder"):
+        stall_timeout(parse_args(["-n", "2", "--config", str(cfg), "x.py"]))
 
 
 def test_detect_mpi_flavour() -> None:
