@@ -19,7 +19,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from shmem.flight import OPS, FlightLog, FlightRecord, read_flight
+from shmem.flight import OPS, WAITS, FlightLog, FlightRecord, read_flight
 
 __all__ = [
     "FlightVerdict",
@@ -174,7 +174,7 @@ def stalled_ranks(waits: dict[int, list[int]], failed: set[int]) -> list[int]:
 
 # -- the flight recorder's view: who never arrived at the call the others are in ---------------
 
-_COLLECTIVE = frozenset(OPS) - {"unknown", "wait_until"}  # every rank makes them, in order
+_COLLECTIVE = frozenset(OPS) - WAITS - {"unknown"}  # every rank makes them, in order
 
 
 def read_rings(logs: Path, nranks: int) -> dict[int, FlightLog]:

@@ -43,6 +43,7 @@ from typing import Any, TypeVar, cast
 __all__ = [
     "LAYOUT",
     "OPS",
+    "WAITS",
     "FlightLog",
     "FlightRecord",
     "FlightRecorder",
@@ -93,12 +94,16 @@ OPS = (
     "sequence_parallel_attention",
     "sequence_parallel_attention_backward",
     "finalize",
+    "alloc",
+    "free",
+    "set_lock",
 )
 """The operations a record names, by code (the C replay is given the code)."""
 _OP_CODE = {name: i for i, name in enumerate(OPS)}
-# a rank's waits are numbered apart from its collectives (every rank makes the same
-# collectives, in order, but not the same waits): on the last counter, no stream's
-_WAIT_COUNTER = MAX_STREAMS - 1
+WAITS = frozenset({"wait_until", "set_lock"})
+"""The operations that are no collectives: a rank's own waits, numbered apart from its
+collectives (every rank makes the same collectives, in order, not the same waits)."""
+_WAIT_COUNTER = MAX_STREAMS - 1  # their counter: no stream's
 MAX_RECORDS = 1 << 20
 
 
@@ -221,7 +226,7 @@ class FlightRecorder:
         with self._lock:
             n = words[_NEXT_WORD]
             words[_NEXT_WORD] = n + 1
-            counter = _WAIT_COUNTER if op == "wait_until" else stream
+            counter = _WAIT_COUNTER if op in WAITS else stream
             seq = self._counters[counter] + 1
             self._counters[counter] = seq
         _RECORD.pack_into(

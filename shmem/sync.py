@@ -23,6 +23,7 @@ import numpy as np
 
 from .dtypes import dtype_name, int_operand
 from .errors import ArgumentError, LockTimeoutError, ShmemStateError, SignalTimeoutError
+from .flight import recorded
 from .rma import check_comparison
 from .signals import _SYMBOLS, COMPARISONS, check_timeout, poll_until, spin_seconds
 
@@ -143,6 +144,7 @@ def test_elements(
     return hits
 
 
+@recorded("wait_until")
 def wait_elements(
     buf: SHMEMBuffer,
     where: str,
@@ -219,6 +221,7 @@ def _word(buf: SHMEMBuffer, value: int) -> int:
     return v
 
 
+@recorded("set_lock")
 def set_lock(buf: SHMEMBuffer, index: int, timeout: float | None) -> None:
     """Draw a ticket and wait for its turn (``shmem_set_lock``), within the deadline."""
     off = _lock_offset(buf, "set_lock", index)

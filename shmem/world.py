@@ -312,6 +312,7 @@ class World:
 
     # -- allocation -------------------------------------------------------------------------
 
+    @recorded("alloc")
     def empty(
         self, shape: ShapeLike, dtype: DTypeLike = "float32", *, alignment: int | None = None
     ) -> SHMEMBuffer:
@@ -417,6 +418,7 @@ class World:
             )
         return int(alignment)
 
+    @recorded("free")
     def _free(self, buf: SHMEMBuffer) -> None:
         self._check_open("SHMEMBuffer.close")
         views = buf._view_refs()
