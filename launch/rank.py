@@ -179,7 +179,9 @@ class _Rank:
         if self.log_dir is None:
             return []
         with contextlib.suppress(Exception):
-            return list(flight_verdict(read_rings(self.log_dir, self.size), self.size).behind)
+            rings = read_rings(self.log_dir, self.size)
+            behind = flight_verdict(rings, self.size, self.rank).behind
+            return [r for r in behind if r != self.rank]
         return []
 
     def _first_to_ask(self, rank: int) -> bool:

@@ -215,14 +215,19 @@ def _key(rec: FlightRecord) -> tuple[int, str, int]:
     return (rec.stream, rec.op, rec.seq if rec.op in _COLLECTIVE else 0)
 
 
-def flight_verdict(rings: dict[int, FlightLog], nranks: int) -> FlightVerdict:
-    """The call the most ranks wait in, and who never arrived at it.
+def flight_verdict(
+    rings: dict[int, FlightLog], nranks: int, rank: int | None = None
+) -> FlightVerdict:
+    """The call ``rank`` is in (by default the call the most ranks are in), and who never
+    arrived at it.
 
     A rank arrived when its ring holds that call (pending, failed, or done: it went
-    past); for a collective, a rank whose calls on that stream stop short of its number
-    never arrived (it stalled before it, in its own code or in another call). For a
-    ``wait_until`` (no rank's number matches another's), the ranks in no recorded call are
-    the ones the waits are for. A rank without a ring never arrived at anything.
+    past); for a collective, a member of its communicator (a rank with a record on its
+    stream: each communicator's first record marks its members) whose calls on that stream
+    stop short of its number never arrived: it stalled before it, in its own code or in
+    another call (``elsewhere``). For a wait (``wait_until``, ``set_lock``: no rank's
+    number matches another's) the ranks in no recorded call are the ones the waits are for.
+    A rank without a ring never arrived at anything.
 
     Parameters
     ----------
@@ -230,6 +235,8 @@ def flight_verdict(rings: dict[int, FlightLog], nranks: int) -> FlightVerdict:
         Rank -> its ring (:func:`read_rings`).
     nranks : int
         The job's ranks.
+    rank : int, optional
+        The rank whose call is the target (a rank that timed out in it).
 
     Returns
     -------
@@ -241,26 +248,30 @@ def flight_verdict(rings: dict[int, FlightLog], nranks: int) -> FlightVerdict:
     for r, rec in pending.items():
         if rec is not None:
             groups.setdefault(_key(rec), []).append(r)
-    if not groups:
+    mine = pending.get(rank) if rank is not None else None
+    if mine is not None:
+        key = _key(mine)
+    elif rank is None and groups:
+        key = max(groups, key=lambda k: (len(groups[k]), -min(groups[k])))
+    else:
         return FlightVerdict(None, (), (), {})
-    key = max(groups, key=lambda k: (len(groups[k]), -min(groups[k])))
     waiting = groups[key]
-    target = next(pending[r] for r in waiting if pending[r] is not None)
-    assert target is not None
+    target = next(rec for r in waiting if (rec := pending[r]) is not None)
     behind, elsewhere = [], {}
     for r in range(nranks):
+        log, rec = rings.get(r), pending.get(r)
         if r in waiting:
             continue
-        log = rings.get(r)
-        rec = pending.get(r)
         if rec is not None:
             elsewhere[r] = rec
         if log is None:
             behind.append(r)
         elif target.op in _COLLECTIVE:
-            mine = [x.seq for x in log.records if x.stream == target.stream]
+            seqs = [x.seq for x in log.records if x.stream == target.stream]
+            if target.stream and not seqs:
+                continue  # no member of that communicator
             # past it (a later call on the stream): it arrived; short of it: it never did
-            if (max(mine) if mine else 0) < target.seq:
+            if max(seqs, default=0) < target.seq:
                 behind.append(r)
         elif rec is None:
             behind.append(r)
@@ -294,26 +305,26 @@ def flight_lines(rings: dict[int, FlightLog], nranks: int, now: float) -> list[s
     """
     if not rings:
         return []
-    v = flight_verdict(rings, nranks)
     lines = []
-    if v.target is not None:
-        since = now - min(
-            (r.t_start for r in (rings[w].pending() for w in v.waiting) if r is not None),
-            default=now,
-        )
+    groups: dict[tuple[int, str, int], list[int]] = {}
+    for r, ring in sorted(rings.items()):
+        if (rec := ring.pending()) is not None:
+            groups.setdefault(_key(rec), []).append(r)
+    for waiting in sorted(groups.values(), key=lambda g: (-len(g), g)):
+        v = flight_verdict(rings, nranks, waiting[0])
+        assert v.target is not None
+        since = now - min(p.t_start for w in waiting if (p := rings[w].pending()) is not None)
         head = f"{_ranks(v.waiting)} {'is' if len(v.waiting) == 1 else 'are'} in "
         head += f"{v.target.describe()} since {since:.1f} s"
-        if v.behind:
-            lasts = []
-            for r in v.behind:
-                done = rings[r].last_completed() if r in rings else None
-                lasts.append(
-                    f"rank {r} last completed {done.describe()}"
-                    if done is not None
-                    else f"rank {r} completed no recorded call"
-                )
-            head = "; ".join(lasts) + "; " + head
-        lines.append(head)
+        lasts = []
+        for r in v.behind:
+            done = rings[r].last_completed() if r in rings else None
+            lasts.append(
+                f"rank {r} last completed {done.describe()}"
+                if done is not None
+                else f"rank {r} completed no recorded call"
+            )
+        lines.append("; ".join([*lasts, head]))
     for r in range(nranks):
         log = rings.get(r)
         if log is None:

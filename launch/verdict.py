@@ -53,11 +53,12 @@ def root_cause(
     rank that did not fail (it stalled), that rank is the root cause."""
     nranks = max([e.world_size for e in errors] + [d.world_size for d in deaths] + [0])
     rings = read_rings(logs, nranks)
-    behind = list(flight_verdict(rings, nranks).behind)
     waits = {e.rank: e.waited_for for e in errors if e.consequence_of < 0 and e.waited_for}
-    for e in errors:  # a timeout that named nobody waited for whom the others waited for
-        if e.consequence_of < 0 and e.timed_out and not e.waited_for and behind:
-            waits[e.rank] = behind
+    for e in errors:  # a timeout that named nobody: whoever never arrived at its call
+        if e.consequence_of < 0 and e.timed_out and not e.waited_for:
+            behind = [r for r in flight_verdict(rings, nranks, e.rank).behind if r != e.rank]
+            if behind:
+                waits[e.rank] = behind
     own = [e for e in errors if e.consequence_of < 0 and e.rank not in waits]
     dead = [d for d in deaths if not d.terminated]
     stalled = stalled_ranks(waits, {e.rank for e in own} | {d.rank for d in dead})

@@ -10,11 +10,17 @@ named the wrong rank or code. Not part of CI (it runs hundreds of jobs); the CI 
 (tests/jobs/test_launcher.py) run one job of each kind.
 
     python scripts/faults.py --stalls               # the stall cells (issue 33)
+    python scripts/faults.py --stalls --mpi openmpi --where all_reduce,mpi --ranks 3
 
 The stall cells: rank 1 stops making progress at its 21st call (SIGSTOP, a Python loop, a
-sleep in C, a lock deadlock) inside an all-reduce or a barrier, with a 3 s signal timeout
-(scripts/stall_job.py). Columns: case, ranks, node split, runs, rank 1 named as the stalled
-root cause (%), what it was doing reported (%), slowest report after the stall (seconds).
+sleep in C, a lock deadlock) inside an all-reduce, the family, a barrier, a wait that names
+no peer, sequence-parallel attention or a team's collective, with a 3 s signal timeout; or,
+with nothing that has a deadline, before its first all-reduce (``first``: the others wait 60
+s) or while the others are in the user's own MPI_Barrier (``mpi``): those end at the
+launcher's ``--stall-timeout 2`` (scripts/stall_job.py). Columns: case, ranks, node split,
+runs, rank 1 named as the stalled root cause (%; for ``mpi``: the report says no rank is
+behind and shows every rank's stack), what it was doing reported (%), right exit code (%),
+slowest report after the stall (seconds).
 """
 
 from __future__ import annotations
@@ -68,49 +74,72 @@ def one_run(
 
 
 STALLS = ("stop", "spin", "sleep", "lock")
-STALL_WHERE = ("all_reduce", "barrier")
+STALL_WHERE = ("all_reduce", "family", "barrier", "wait_until", "attention", "team", "first", "mpi")
 STALL_STATE = {"stop": "stopped", "spin": "running", "sleep": "sleeping", "lock": "sleeping"}
+_NO_DEADLINE = {  # the cells only the stall timeout ends: the job's arguments
+    "first": ("all_reduce", "--at", "1", "--signal-timeout", "60"),
+    "mpi": ("mpi",),
+}
 
 
-def one_stall(mode: str, where: str, ranks: int, split: str) -> tuple[bool, bool, float, str]:
-    """``(rank 1 named as stalled, its state reported, seconds from stall to end, stderr)``."""
+def one_stall(
+    mode: str, where: str, ranks: int, split: str, mpi: str = "auto"
+) -> tuple[bool, bool, bool, float, str]:
+    """``(rank 1 named as stalled, its state reported, right exit code, seconds from the
+    stall to the end, stderr)``."""
     with tempfile.TemporaryDirectory() as tmp:
         event = Path(tmp) / "event"
         cmd = [sys.executable, "-m", "launch", "-n", str(ranks), "--timeout", "60"]
-        cmd += [str(ROOT / "scripts" / "stall_job.py"), mode, where, str(event)]
+        cmd += ["--mpi", mpi]
+        job = _NO_DEADLINE.get(where, (where,))
+        if where in _NO_DEADLINE:
+            cmd += ["--stall-timeout", "2"]
+        cmd += [str(ROOT / "scripts" / "stall_job.py"), mode, job[0], str(event), *job[1:]]
         env = {**os.environ, "SHMEM_BACKEND": "host", "SHMEM_HEAP_NODE_SPLIT": split}
         proc = subprocess.run(
             cmd, capture_output=True, text=True, timeout=120, cwd=ROOT, env=env, check=False
         )
         end = time.time()
         stalled_at = float(event.read_text()) if event.exists() else end
-    named = re.search(rf"root cause: rank 1 of {ranks} .* stalled: ", proc.stderr) is not None
+    if where == "mpi":  # nobody is behind: every rank's state and stack are the report
+        named = "no rank is behind the others" in proc.stderr
+        named = named and proc.stderr.count("its Python stacks (rank.") == ranks
+    else:
+        named = re.search(rf"root cause: rank 1 of {ranks} .* stalled: ", proc.stderr) is not None
     state = f"what rank 1 was doing: {STALL_STATE[mode]}" in proc.stderr
-    return named, state, end - stalled_at, proc.stderr
+    code = proc.returncode == (125 if where in _NO_DEADLINE else 1)
+    return named, state, code, end - stalled_at, proc.stderr
 
 
-def stall_matrix(runs: int, ranks: list[int], show: bool) -> int:
+def stall_matrix(
+    runs: int, ranks: list[int], show: bool, where: list[str], mpi: str, splits: list[str]
+) -> int:
     """Print the stall cells' table; the number of runs that named the wrong rank."""
     bad = 0
-    print("| stall | ranks | node split | runs | rank named | state reported | slowest (s) |")
-    print("|---|---|---|---|---|---|---|")
-    for where in STALL_WHERE:
+    print(
+        "| stall | ranks | node split | runs | rank named | state reported | exit code | "
+        "slowest (s) |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    for place in where:
         for mode in STALLS:
             for n in ranks:
-                for split in ("node", "rank"):
-                    ok = told = 0
+                for split in splits:
+                    ok = told = right = 0
                     slowest = 0.0
                     for _ in range(runs):
-                        named, state, took, err = one_stall(mode, where, n, split)
+                        named, state, code, took, err = one_stall(mode, place, n, split, mpi)
                         ok += named
                         told += state
+                        right += code
                         slowest = max(slowest, took)
-                        if show and not (named and state):
+                        if show and not (named and state and code):
                             print(err[-2000:], file=sys.stderr)
-                    bad += runs - ok
+                    bad += runs - min(ok, right)
                     print(
-                        f"| {mode} in {where} | {n} | {split} | {runs} | "
-                        f"{100 * ok / runs:.0f}% | {100 * told / runs:.0f}% | {slowest:.1f} |",
+                        f"| {mode} in {place} | {n} | {split} | {runs} | "
+                        f"{100 * ok / runs:.0f}% | {100 * told / runs:.0f}% | "
+                        f"{100 * right / runs:.0f}% | {slowest:.1f} |",
                         flush=True,
                     )
     return bad
@@ -123,13 +152,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--where", default=",".join(WHERE))
     parser.add_argument("--threads", default=",".join(THREADS))
     parser.add_argument("--ranks", default="2,3,4")
-    parser.add_argument("--split", default="node", help='heap.node_split: "node" or "rank" (RMA)')
+    parser.add_argument(
+        "--split", default="node", help='heap.node_split: "node", "rank" (RMA) or "both"'
+    )
+    parser.add_argument("--mpi", default="auto", help="python -m launch --mpi (the stall cells)")
     parser.add_argument("--show-failures", action="store_true")
     parser.add_argument("--stalls", action="store_true", help="the stall cells instead")
     args = parser.parse_args(argv)
     if args.stalls:
         counts = [int(n) for n in args.ranks.split(",")]
-        return 1 if stall_matrix(args.runs, counts, args.show_failures) else 0
+        places = args.where.split(",") if args.where != ",".join(WHERE) else list(STALL_WHERE)
+        splits = ["node", "rank"] if args.split == "both" else [args.split]
+        bad = stall_matrix(args.runs, counts, args.show_failures, places, args.mpi, splits)
+        return 1 if bad else 0
     bad = 0
     print("| case | ranks | runs | right rank | right exit code | slowest end (s) |")
     print("|---|---|---|---|---|---|")

@@ -97,6 +97,7 @@ OPS = (
     "alloc",
     "free",
     "set_lock",
+    "communicator",
 )
 """The operations a record names, by code (the C replay is given the code)."""
 _OP_CODE = {name: i for i, name in enumerate(OPS)}
@@ -185,7 +186,9 @@ class FlightRecorder:
 
     def new_stream(self) -> int:
         """A number for a new Communicator's calls (1, 2, ... in the order of the calls; the
-        last one is shared once ``MAX_STREAMS - 2`` are used).
+        last one is shared once ``MAX_STREAMS - 2`` are used), and its first record, a
+        ``communicator`` marker (number 0): the ranks with a record on a stream are its
+        members.
 
         Returns
         -------
@@ -195,10 +198,18 @@ class FlightRecorder:
         with self._lock:
             stream = min(self._streams, _WAIT_COUNTER - 1)
             self._streams += 1
+        self.end(self.begin(stream, "communicator", numbered=False))
         return stream
 
     def begin(
-        self, stream: int, op: str, nbytes: int = 0, dtype: object = "", peer: int = -1
+        self,
+        stream: int,
+        op: str,
+        nbytes: int = 0,
+        dtype: object = "",
+        peer: int = -1,
+        *,
+        numbered: bool = True,
     ) -> int:
         """Record the start of a call.
 
@@ -214,6 +225,8 @@ class FlightRecorder:
             Its dtype (a numpy dtype or its name).
         peer : int, optional
             The rank the call waits for or starts from (a wait's peer, a broadcast's root).
+        numbered : bool, optional
+            Give the call the next number of its stream (False: 0, a marker).
 
         Returns
         -------
@@ -227,8 +240,8 @@ class FlightRecorder:
             n = words[_NEXT_WORD]
             words[_NEXT_WORD] = n + 1
             counter = _WAIT_COUNTER if op in WAITS else stream
-            seq = self._counters[counter] + 1
-            self._counters[counter] = seq
+            seq = self._counters[counter] + 1 if numbered else 0
+            self._counters[counter] += numbered
         _RECORD.pack_into(
             self._map,
             self._records + (n % self.capacity) * RECORD_BYTES,
@@ -384,24 +397,12 @@ class FlightRecord:
     state: str
 
     def describe(self) -> str:
-        """``all_reduce #21`` (with its communicator when it is not the first).
-
-        Returns
-        -------
-        str
-            The call, in words.
-        """
+        """``all_reduce #21`` (with its communicator when it is not the first)."""
         where = "" if self.stream <= 1 else f" (communicator {self.stream})"
         return f"{self.op} #{self.seq}{where}"
 
     def as_dict(self) -> dict[str, object]:
-        """The record's fields, for JSON.
-
-        Returns
-        -------
-        dict
-            Field name -> value.
-        """
+        """The record's fields, for JSON."""
         return asdict(self)
 
 

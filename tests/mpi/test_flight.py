@@ -20,7 +20,9 @@ pytestmark = pytest.mark.mpi
 
 
 def _mine(rec: flight.FlightRecorder, stream: int, after: int) -> list[Any]:
-    return [r for r in rec.log().records if r.stream == stream and r.number >= after]
+    """The calls on ``stream`` since record ``after`` (not the stream's marker)."""
+    records = rec.log().records
+    return [r for r in records if r.stream == stream and r.number >= after and r.seq]
 
 
 @pytest.fixture

@@ -25,8 +25,9 @@ def test_a_ring_keeps_the_last_calls_in_order_with_their_fields(tmp_path: Path) 
         rec.end(rec.begin(s, "all_reduce", 32, "float32"))
     n = rec.begin(s, "broadcast", 8, "int64", peer=0)
     log = flight.read_flight(tmp_path / "r.flight")
-    assert (log.rank, log.world_size, log.capacity, log.recorded) == (2, 3, 4, 7)
-    assert [r.number for r in log.records] == [3, 4, 5, 6]  # the oldest are overwritten
+    # the stream's marker (number 0, seq 0), 6 all-reduces, a broadcast: the oldest are gone
+    assert (log.rank, log.world_size, log.capacity, log.recorded) == (2, 3, 4, 8)
+    assert [r.number for r in log.records] == [4, 5, 6, 7]
     assert [r.seq for r in log.records] == [4, 5, 6, 7]
     assert [r.state for r in log.records] == ["done", "done", "done", "pending"]
     last = log.records[-1]
@@ -43,6 +44,15 @@ def test_a_ring_keeps_the_last_calls_in_order_with_their_fields(tmp_path: Path) 
     again = rec.log().records[-1]
     assert again.state == "failed" and again.t_end >= again.t_start
     assert rec.log().pending() == again  # a failed last call is where the rank stopped
+
+
+def test_a_new_stream_is_marked_in_the_ring_without_a_number() -> None:
+    rec = flight.FlightRecorder(8)
+    s = rec.new_stream()
+    rec.end(rec.begin(s, "all_reduce"))
+    got = [(r.op, r.seq, r.stream, r.state) for r in rec.log().records]
+    assert got == [("communicator", 0, s, "done"), ("all_reduce", 1, s, "done")]
+    assert rec.new_stream() == s + 1
 
 
 def test_end_of_an_overwritten_record_changes_nothing() -> None:
