@@ -702,6 +702,20 @@ def main() -> None:
         check("a call recorded while capturing needs no host stage state", captured)
 
         check("Communicator barrier", comm.barrier)
+
+        def gpu_flight() -> str:  # the GPU engine's calls in the flight recorder
+            from shmem import flight
+
+            ring = flight.recorder().log().records
+            mine = [r for r in ring if r.stream == comm.stream and r.seq]
+            assert mine[-1].op == "barrier" and mine[-1].state == "done", mine[-1]
+            done = {r.op for r in mine if r.state == "done"}
+            assert {"all_reduce", "all_gather", "barrier"} <= done, done
+            failed = sum(r.state == "failed" for r in mine)  # the calls refused above
+            assert [r.seq for r in mine] == list(range(mine[0].seq, mine[-1].seq + 1))
+            return f"{len(mine)} calls, {failed} refused, last #{mine[-1].seq}"
+
+        check("GPU engine calls in the flight recorder", gpu_flight)
         check("Communicator close", comm.close)
     openshmem_refusals(w, buf, i32)
     attention_checks()

@@ -96,6 +96,7 @@ def test_gpu_paths_run_end_to_end_on_the_fake_driver(tmp_path: Path) -> None:
     assert summary and "; 0 failed" in summary[-1], output[-4000:]
     assert "OK   lock: set, test while held" in output and "OK   bitwise atomic" in output
     assert "OK   all_reduce honours check_args" in output, output[-4000:]
+    assert "OK   GPU engine calls in the flight recorder" in output, output[-4000:]
     assert "OK   family on the GPU stages" in output, output[-4000:]
     assert "OK   GPU attention backward" in output, output[-4000:]
     assert "OK   GPU attention unit: a query chunk" in output, output[-4000:]
