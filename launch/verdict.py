@@ -199,8 +199,11 @@ def _stall_timeout_report(logs: Path, nranks: int, after_s: float) -> JobResult:
         lines.append(f"{head}; no rank is behind the others: {why}")
         shown = list(range(nranks))
     for r in range(nranks):
+        state = states.get(str(r), "not inspected")
+        if r in v.waiting and v.target is not None:  # (a busy wait is no endless loop)
+            state = f"waiting in {v.target.describe()}: {state.split(' (busy')[0]}"
         if r in shown or str(r) in states:
-            lines.append(f"  what rank {r} was doing: {states.get(str(r), 'not inspected')}")
+            lines.append(f"  what rank {r} was doing: {state}")
         stack = logs / f"rank.{r}.stack"
         dump = stack.read_text(errors="replace").strip() if stack.exists() else ""
         if r in shown and dump:

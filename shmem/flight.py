@@ -236,6 +236,8 @@ class FlightRecorder:
         words = self._words
         if not words[_ENABLED_WORD]:
             return -1
+        # the lock orders this process's threads; the C replay's own records (which take no
+        # lock) cannot come in between: there is no call in here where the GIL could pass
         with self._lock:
             n = words[_NEXT_WORD]
             words[_NEXT_WORD] = n + 1
@@ -418,24 +420,12 @@ class FlightLog:
     records: tuple[FlightRecord, ...]
 
     def last_completed(self) -> FlightRecord | None:
-        """The newest call that ended well (None when there is none).
-
-        Returns
-        -------
-        FlightRecord or None
-            The record.
-        """
+        """The newest call that ended well (None when there is none)."""
         return next((r for r in reversed(self.records) if r.state == "done"), None)
 
     def pending(self) -> FlightRecord | None:
-        """The newest call that has not ended, or that failed, when it is the rank's newest
-        record (None when the rank is outside every recorded call).
-
-        Returns
-        -------
-        FlightRecord or None
-            The record.
-        """
+        """The rank's newest record when it has not ended or failed (None when the rank is
+        outside every recorded call)."""
         last = self.records[-1] if self.records else None
         return last if last is not None and last.state in ("pending", "failed") else None
 
