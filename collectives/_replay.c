@@ -83,6 +83,8 @@ typedef struct {
 } FlightRecord;
 _Static_assert(sizeof(FlightRecord) == 64, "shmem.flight's records are 64 bytes");
 enum { FLIGHT_HEADER = 128, FLIGHT_STREAMS = 64, FLIGHT_NEXT = 4, FLIGHT_ENABLED = 5 };
+/* the header, then each stream's counter and its members' CRC, then the records */
+enum { FLIGHT_RECORDS_AT = FLIGHT_HEADER + 2 * FLIGHT_STREAMS * 8 };
 enum { FLIGHT_PENDING = 1, FLIGHT_DONE = 2 };
 
 /* the wall clock at the kernel tick's resolution (a few ms; 6 ns a read where the precise
@@ -561,8 +563,7 @@ static PyObject *Replay_flight(Replay *self, PyObject *args) {
     Py_buffer view;
     if (PyObject_GetBuffer(ring, &view, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0)
         return NULL;
-    Py_ssize_t need =
-        FLIGHT_HEADER + FLIGHT_STREAMS * 8 + capacity * (Py_ssize_t)sizeof(FlightRecord);
+    Py_ssize_t need = FLIGHT_RECORDS_AT + capacity * (Py_ssize_t)sizeof(FlightRecord);
     if (view.len < need) {
         PyBuffer_Release(&view);
         PyErr_Format(PyExc_ValueError, "Replay.flight: the ring has %zd bytes, %zd needed",
@@ -572,7 +573,7 @@ static PyObject *Replay_flight(Replay *self, PyObject *args) {
     self->ring = view;
     self->ring_words = (int64_t *)view.buf;
     self->counter = (int64_t *)((char *)view.buf + FLIGHT_HEADER) + stream;
-    self->records = (FlightRecord *)((char *)view.buf + FLIGHT_HEADER + FLIGHT_STREAMS * 8);
+    self->records = (FlightRecord *)((char *)view.buf + FLIGHT_RECORDS_AT);
     self->capacity = capacity;
     self->mask = (capacity & (capacity - 1)) == 0 ? capacity - 1 : 0;
     memset(&self->proto, 0, sizeof self->proto);

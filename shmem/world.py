@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import numpy as np
 
+from . import flight
 from .agreement import (
     compare_across_ranks,
     describe_heap_call,
@@ -878,6 +879,7 @@ def init(
         cfg = config
     else:
         cfg = load_config(config, **overrides)
+    flight.configure(cfg.flight.records)  # (the launcher's ring, or one in memory)
     name, why = resolve_backend(backend)
     from mpi4py import MPI  # MPI starts here, not at ``import shmem``
 
