@@ -143,7 +143,7 @@ class Channel:
         self.release_fence_needed = world.heap.release_fence_needed or self.num_nodes > 1
         self.table = AlgorithmTable()  # the owner sets its configured table
         self.seq = 0
-        self.stream = flight.recorder().new_stream()  # its calls' in the flight recorder
+        self.stream = flight.recorder().new_stream(range(self.world_size), self.comm.allgather)
         self.calls = 0  # calls checked across ranks (debug mode's call number)
         self.signature = 0  # the current call's (set by operand.agree)
         self.sig_seq = 0

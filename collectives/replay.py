@@ -41,6 +41,8 @@ _SPIN = 64  # flag loads a replay makes itself before the bounded wait (a few mi
 try:  # the C replay (collectives/_replay.c), built by the install where a compiler is
     _c_replay: Any = importlib.import_module("collectives._replay")
     _C_REPLAY_WHY = "C"
+    if not hasattr(_c_replay.Replay, "flight"):  # a build older than its source
+        _c_replay, _C_REPLAY_WHY = None, "pure Python: collectives._replay is out of date"
 except ImportError as exc:
     _c_replay = None
     _C_REPLAY_WHY = f"pure Python: the C extension collectives._replay is not built ({exc})"

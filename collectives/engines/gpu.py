@@ -35,7 +35,7 @@ class GpuEngine(ChannelFree):
         self.acc32 = acc32
         self.gpu = GpuCollectives(world, stats, acc32)
         self._tc: TeamCollectives | None = None  # collect and alltoalls (made on first use)
-        self.stream = flight.recorder().new_stream()
+        self.stream = flight.recorder().new_stream(range(world.world_size), world.comm.allgather)
         world.barrier()
 
     def _live(self, where: str) -> GpuCollectives:

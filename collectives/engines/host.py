@@ -267,7 +267,8 @@ class HostEngine:
             if plan.fast is not None:  # it records the call in the flight recorder itself
                 plan.run(ch, src, shm, flat, in_place, True)
             else:
-                with flight.recording(ch.stream, plan.where.rpartition(".")[2], flat):
+                x = shm if shm is not None else src  # (the input, as the other paths record)
+                with flight.recording(ch.stream, plan.where.rpartition(".")[2], x):
                     plan.run(ch, src, shm, flat, in_place)
         except BaseException:
             ch.fail()  # flags moved: peers must not complete this call

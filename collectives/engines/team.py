@@ -46,7 +46,7 @@ class TeamEngine(ChannelFree):
         self.closed = False
         self.acc32 = acc32
         self.tc = team_collectives(team, acc32)
-        self.stream = flight.recorder().new_stream()
+        self.stream = flight.recorder().new_stream(team.members, self.tc.comm.allgather)
 
     def _live(self, where: str) -> TeamCollectives:
         check_live(self.closed, self.world, where)
