@@ -208,7 +208,7 @@ def stall_timeout(opts: LaunchOptions) -> float | None:
     of the job's configuration), or None for none; it needs the flight recorder on."""
     from shmem.config import load_config
 
-    cfg = load_config(opts.config)
+    cfg = load_config(opts.config, env={**os.environ, **dict(opts.env)})  # as the ranks see it
     seconds = cfg.flight.stall_timeout_s if opts.stall_timeout_s is None else opts.stall_timeout_s
     if seconds and not cfg.flight.records:
         raise UsageError(

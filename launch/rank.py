@@ -55,6 +55,7 @@ from .report import (
     ErrorRecord,
     ExitRecord,
     StartRecord,
+    load_done,
     load_starts,
     write_json_atomic,
 )
@@ -180,7 +181,8 @@ class _Rank:
             return []
         with contextlib.suppress(Exception):
             rings = read_rings(self.log_dir, self.size)
-            behind = flight_verdict(rings, self.size, self.rank).behind
+            done = load_done(self.log_dir)
+            behind = flight_verdict(rings, self.size, self.rank, finished=done).behind
             return [r for r in behind if r != self.rank]
         return []
 

@@ -15,7 +15,7 @@ import contextlib
 import os
 import signal
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -211,23 +211,29 @@ class FlightVerdict:
     elsewhere: dict[int, FlightRecord]  # ranks in another call than the target
 
 
-def _key(rec: FlightRecord) -> tuple[int, str, int]:
-    return (rec.stream, rec.op, rec.seq if rec.op in _COLLECTIVE else 0)
+def _key(rec: FlightRecord, log: FlightLog) -> tuple[int, int, str, int]:
+    """The call ``rec`` is, the same on every rank in it: its communicator (stream and
+    members), operation and number (waits: any number)."""
+    members = log.members[rec.stream] if 0 <= rec.stream < len(log.members) else 0
+    return (rec.stream, members, rec.op, rec.seq if rec.op in _COLLECTIVE else 0)
 
 
 def flight_verdict(
-    rings: dict[int, FlightLog], nranks: int, rank: int | None = None
+    rings: dict[int, FlightLog],
+    nranks: int,
+    rank: int | None = None,
+    finished: Collection[int] = (),
 ) -> FlightVerdict:
     """The call ``rank`` is in (by default the call the most ranks are in), and who never
     arrived at it.
 
-    A rank arrived when its ring holds that call (pending, failed, or done: it went
-    past); for a collective, a member of its communicator (a rank with a record on its
-    stream: each communicator's first record marks its members) whose calls on that stream
-    stop short of its number never arrived: it stalled before it, in its own code or in
-    another call (``elsewhere``). For a wait (``wait_until``, ``set_lock``: no rank's
-    number matches another's) the ranks in no recorded call are the ones the waits are for.
-    A rank without a ring never arrived at anything.
+    For a collective, the members of its communicator (the ranks whose ring gives its
+    stream the same members) whose count of calls on that stream stops short of its
+    number never arrived: they stalled before it, in their own code or in another call
+    (``elsewhere``); a member whose count reached it is in it or went past it. For a wait
+    (``wait_until``, ``set_lock``: no rank's number matches another's) the ranks in no
+    recorded call are the ones the waits are for. A rank without a ring never arrived at
+    anything; a rank that ``finished`` is behind nobody.
 
     Parameters
     ----------
@@ -237,6 +243,8 @@ def flight_verdict(
         The job's ranks.
     rank : int, optional
         The rank whose call is the target (a rank that timed out in it).
+    finished : collection of int, optional
+        Ranks that ended (their program returned).
 
     Returns
     -------
@@ -244,34 +252,33 @@ def flight_verdict(
         The target call, the ranks in it, and the ranks behind it.
     """
     pending = {r: log.pending() for r, log in rings.items()}
-    groups: dict[tuple[int, str, int], list[int]] = {}
+    groups: dict[tuple[int, int, str, int], list[int]] = {}
     for r, rec in pending.items():
         if rec is not None:
-            groups.setdefault(_key(rec), []).append(r)
+            groups.setdefault(_key(rec, rings[r]), []).append(r)
     mine = pending.get(rank) if rank is not None else None
-    if mine is not None:
-        key = _key(mine)
+    if mine is not None and rank is not None:
+        key = _key(mine, rings[rank])
     elif rank is None and groups:
         key = max(groups, key=lambda k: (len(groups[k]), -min(groups[k])))
     else:
         return FlightVerdict(None, (), (), {})
     waiting = groups[key]
     target = next(rec for r in waiting if (rec := pending[r]) is not None)
+    s, members = target.stream, key[1]
     behind, elsewhere = [], {}
     for r in range(nranks):
         log, rec = rings.get(r), pending.get(r)
-        if r in waiting:
+        if r in waiting or r in finished:
             continue
         if rec is not None:
             elsewhere[r] = rec
         if log is None:
             behind.append(r)
         elif target.op in _COLLECTIVE:
-            seqs = [x.seq for x in log.records if x.stream == target.stream]
-            if target.stream and not seqs:
+            if s and log.members[s] != members:
                 continue  # no member of that communicator
-            # past it (a later call on the stream): it arrived; short of it: it never did
-            if max(seqs, default=0) < target.seq:
+            if log.counters[s] < target.seq:  # (the counters outlive the records)
                 behind.append(r)
         elif rec is None:
             behind.append(r)
@@ -285,7 +292,9 @@ def _ranks(rs: Iterable[int]) -> str:
     return "ranks " + ", ".join(str(r) for r in rs[:-1]) + f" and {rs[-1]}"
 
 
-def flight_lines(rings: dict[int, FlightLog], nranks: int, now: float) -> list[str]:
+def flight_lines(
+    rings: dict[int, FlightLog], nranks: int, now: float, finished: Collection[int] = ()
+) -> list[str]:
     """The report's lines from the rings: who is in which call since when, and each rank's
     last completed and pending call.
 
@@ -297,6 +306,8 @@ def flight_lines(rings: dict[int, FlightLog], nranks: int, now: float) -> list[s
         The job's ranks.
     now : float
         ``time.time()`` of the report (the "since" of pending calls).
+    finished : collection of int, optional
+        Ranks that ended (behind nobody).
 
     Returns
     -------
@@ -306,12 +317,12 @@ def flight_lines(rings: dict[int, FlightLog], nranks: int, now: float) -> list[s
     if not rings:
         return []
     lines = []
-    groups: dict[tuple[int, str, int], list[int]] = {}
+    groups: dict[tuple[int, int, str, int], list[int]] = {}
     for r, ring in sorted(rings.items()):
         if (rec := ring.pending()) is not None:
-            groups.setdefault(_key(rec), []).append(r)
+            groups.setdefault(_key(rec, ring), []).append(r)
     for waiting in sorted(groups.values(), key=lambda g: (-len(g), g)):
-        v = flight_verdict(rings, nranks, waiting[0])
+        v = flight_verdict(rings, nranks, waiting[0], finished)
         assert v.target is not None
         since = now - min(p.t_start for w in waiting if (p := rings[w].pending()) is not None)
         head = f"{_ranks(v.waiting)} {'is' if len(v.waiting) == 1 else 'are'} in "
@@ -347,7 +358,7 @@ def flight_lines(rings: dict[int, FlightLog], nranks: int, now: float) -> list[s
 
 def write_flight_json(
     logs: Path, rings: dict[int, FlightLog], nranks: int, verdict: FlightVerdict
-) -> Path:
+) -> Path | None:
     """Write every rank's ring and the verdict to ``flight.json`` in ``logs``.
 
     Parameters
@@ -385,6 +396,9 @@ def write_flight_json(
     }
     path = logs / "flight.json"
     tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(doc, indent=1))
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(json.dumps(doc, indent=1))
+        os.replace(tmp, path)
+    except OSError:  # (a full disk must not cost the report)
+        return None
     return path

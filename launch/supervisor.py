@@ -18,7 +18,7 @@ from typing import IO, Any
 
 from .cleanup import remove_stale_segments
 from .command import LaunchCommand
-from .report import load_done, load_errors, load_starts, write_json_atomic
+from .report import load_deaths, load_done, load_errors, load_starts, write_json_atomic
 from .stall import ask_for_stacks, process_state, read_rings
 from .verdict import JobResult, summarise
 
@@ -177,7 +177,8 @@ class _DeathWatch:
 class _StallWatch:
     """Declares the job stalled when no rank has completed a recorded call (the flight
     recorder's rings, :mod:`shmem.flight`) for ``after_s`` seconds, counted from the job's
-    start while no call has completed; ranks that finished are not waited for."""
+    start while no call has completed. It never does once every rank has finished, or while
+    a rank's failure is being reported (its error or death ends the job anyway)."""
 
     def __init__(self, logs: Path, nranks: int, after_s: float) -> None:
         self.logs, self.nranks, self.after_s = logs, nranks, after_s
@@ -189,8 +190,8 @@ class _StallWatch:
         if now < self._next_look:
             return False
         self._next_look = now + min(0.25, self.after_s / 4)
-        finished = load_done(self.logs) | {e.rank for e in load_errors(self.logs)}
-        if len(finished) >= self.nranks:
+        failed = load_errors(self.logs) or any(not d.terminated for d in load_deaths(self.logs))
+        if failed or len(load_done(self.logs)) >= self.nranks:
             return False
         for log in read_rings(self.logs, self.nranks).values():
             done = log.last_completed()

@@ -56,7 +56,8 @@ def root_cause(
     waits = {e.rank: e.waited_for for e in errors if e.consequence_of < 0 and e.waited_for}
     for e in errors:  # a timeout that named nobody: whoever never arrived at its call
         if e.consequence_of < 0 and e.timed_out and not e.waited_for:
-            behind = [r for r in flight_verdict(rings, nranks, e.rank).behind if r != e.rank]
+            v = flight_verdict(rings, nranks, e.rank, finished=load_done(logs))
+            behind = [r for r in v.behind if r != e.rank]
             if behind:
                 waits[e.rank] = behind
     own = [e for e in errors if e.consequence_of < 0 and e.rank not in waits]
@@ -99,11 +100,12 @@ def _flight_section(logs: Path, rings: dict[int, FlightLog], nranks: int) -> lis
     """The report's flight recorder lines, and ``flight.json`` written (none without rings)."""
     if not rings:
         return []
-    lines = flight_lines(rings, nranks, time.time())
-    path = write_flight_json(logs, rings, nranks, flight_verdict(rings, nranks))
+    done = load_done(logs)
+    lines = flight_lines(rings, nranks, time.time(), done)
+    path = write_flight_json(logs, rings, nranks, flight_verdict(rings, nranks, finished=done))
+    where = "flight.json in the log directory, which --log-dir keeps" if path else "no file"
     return [
-        f"  flight recorder (each rank's last calls; all of them in {path.name} in the log "
-        "directory, which --log-dir keeps):",
+        f"  flight recorder (each rank's last calls; all of them in {where}):",
         *("    " + ln.strip() for ln in lines),
     ]
 
@@ -169,7 +171,7 @@ def _stall_timeout_report(logs: Path, nranks: int, after_s: float) -> JobResult:
     call the others wait in (the flight recorder), what each rank was doing (``stall.json``)
     and the stacks of the ranks behind (or of every rank when none is behind)."""
     rings = read_rings(logs, nranks)
-    v = flight_verdict(rings, nranks)
+    v = flight_verdict(rings, nranks, finished=load_done(logs))
     starts = load_starts(logs)
     try:
         states: dict[str, str] = json.loads((logs / "stall.json").read_text())["states"]
@@ -236,9 +238,12 @@ def summarise(
     """The job's exit code and summary lines, from the records in ``logs``: the root cause
     of a failure, the ranks still running at the deadline (``timed_out``), or the stalled
     job's report (``stalled_after_s``: the stall timeout ended it)."""
-    if stalled_after_s is not None:
-        return _stall_timeout_report(logs, nranks, stalled_after_s)
     errors = load_errors(logs)
+    # (a rank that failed on its own as the stall was declared is the root cause; the
+    # ranks the launcher ended are not)
+    failed = errors or any(not d.terminated for d in load_deaths(logs))
+    if stalled_after_s is not None and not failed:
+        return _stall_timeout_report(logs, nranks, stalled_after_s)
     starts = load_starts(logs)
     done = load_done(logs)
     mpiexec_text = (logs / "mpiexec.log").read_text(errors="replace")
