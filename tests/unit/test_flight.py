@@ -14,6 +14,7 @@ from launch.stall import flight_lines, flight_verdict, read_rings, write_flight_
 from shmem import flight
 from shmem.config import load_config
 from shmem.errors import ConfigError
+from shmem.flight import layout
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -126,7 +127,7 @@ class _Array:
 def test_bad_arguments_and_foreign_files_are_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"FlightRecorder: capacity out of range \(got -1"):
         flight.FlightRecorder(-1)
-    (tmp_path / "x").write_bytes(b"NOTARING" + bytes(200))
+    (tmp_path / "x").write_bytes(b"NOTARING" + bytes(2000))
     with pytest.raises(ValueError, match="read_flight: not a flight recorder ring"):
         flight.read_flight(tmp_path / "x")
     (tmp_path / "y").write_bytes(b"short")
@@ -148,11 +149,13 @@ def test_the_c_replay_writes_the_layout_this_module_reads() -> None:
     records it writes are read back in tests/mpi/test_flight.py)."""
     src = (ROOT / "collectives" / "_replay.c").read_text()
     consts = dict(re.findall(r"FLIGHT_(\w+) = (\d+)", src))
+    at = re.search(r"FLIGHT_RECORDS_AT = FLIGHT_HEADER \+ 2 \* FLIGHT_STREAMS \* 8", src)
+    assert at and flight.LAYOUT["records_at"] == 128 + 2 * 64 * 8
     assert int(consts["HEADER"]) == flight.LAYOUT["header_bytes"]
     assert int(consts["STREAMS"]) == flight.LAYOUT["max_streams"]
     assert int(consts["NEXT"]) == flight.LAYOUT["next_word"]
     assert int(consts["ENABLED"]) == flight.LAYOUT["enabled_word"]
-    assert int(consts["PENDING"]) == flight.PENDING and int(consts["DONE"]) == flight.DONE
+    assert int(consts["PENDING"]) == layout.PENDING and int(consts["DONE"]) == layout.DONE
     assert "sizeof(FlightRecord) == 64" in src and flight.LAYOUT["record_bytes"] == 64
 
 
@@ -191,6 +194,7 @@ def test_the_rank_that_never_arrived_at_the_call_the_others_wait_in_is_found(
     assert "rank 1: last completed all_reduce #20; in no recorded call" in lines[2]
     assert "rank 0: last completed all_reduce #20; in all_reduce #21 since" in lines[1]
     path = write_flight_json(logs, rings, 3, v)
+    assert path is not None
     doc = json.loads(path.read_text())
     assert doc["never_arrived"] == [1] and doc["waiting"] == [0, 2]
     assert len(doc["rings"]["1"]["records"]) == 8 and doc["target"]["seq"] == 21
@@ -232,3 +236,86 @@ def test_no_target_when_every_rank_is_in_its_own_code(tmp_path: Path) -> None:
     logs = _rings(tmp_path, {0: [("init", True)], 1: [("init", True)]})
     v = flight_verdict(read_rings(logs, 2), 2)
     assert v.target is None and v.behind == () and v.waiting == ()
+
+
+def test_the_call_a_rank_is_in_outlives_calls_made_inside_it() -> None:
+    rec = flight.FlightRecorder(8)
+    outer = rec.begin(1, "all_reduce")
+    rec.end(rec.begin(0, "alloc"))  # the scratch grows inside the all-reduce
+    rec.end(rec.begin(0, "free"))
+    log = rec.log()
+    assert log.pending() is not None and log.pending().op == "all_reduce"  # type: ignore[union-attr]
+    assert log.last_completed() is not None and log.last_completed().op == "free"  # type: ignore[union-attr]
+    rec.end(outer, failed=True)
+    assert rec.log().pending() is None  # an inner call is the newest: the failure is over
+    rec.end(rec.begin(1, "barrier"), failed=True)
+    assert rec.log().pending().op == "barrier"  # type: ignore[union-attr]
+
+
+def test_members_agree_on_a_stream_and_other_teams_are_told_apart(tmp_path: Path) -> None:
+    """Ranks 0 and 1 made a team communicator (stream 1), ranks 2 and 3 another one (also
+    stream 1, other members); rank 1 stalls before call 5 of its team: ranks 2 and 3, in
+    their own team's call 3, are neither waiting with rank 0 nor behind it."""
+    teams = {0: (0, 1), 1: (0, 1), 2: (2, 3), 3: (2, 3)}
+    calls = {0: 5, 1: 4, 2: 3, 3: 3}
+    for r in range(4):
+        rec = flight.FlightRecorder(4, tmp_path / f"rank.{r}.flight", rank=r, world_size=4)
+        s = rec.new_stream(teams[r], agree=lambda n: [n, 1])  # every member proposes 1
+        assert s == 1
+        for i in range(calls[r]):
+            n = rec.begin(s, "all_reduce")
+            if i < calls[r] - 1 or r == 1:
+                rec.end(n)
+        for _ in range(6 if r == 1 else 0):  # waits push its stream's records out
+            rec.end(rec.begin(0, "wait_until"))
+    rings = read_rings(tmp_path, 4)
+    assert not any(r.stream == 1 for r in rings[1].records)  # (gone from the ring)
+    v = flight_verdict(rings, 4, 0)
+    assert v.target is not None and v.target.seq == 5 and v.waiting == (0,)
+    assert v.behind == (1,)  # by its counter: 4 calls on stream 1 (the records are gone)
+    assert flight_verdict(rings, 4, 2).behind == ()  # ranks 2 and 3 are in call 3 together
+    assert flight_verdict(rings, 4, 0, finished={1}).behind == ()
+
+
+def test_a_new_stream_takes_the_highest_number_any_member_proposes() -> None:
+    rec = flight.FlightRecorder(8)
+    assert rec.new_stream(range(2), agree=lambda n: [n, 5]) == 5
+    assert rec.new_stream(range(2)) == 6  # numbers go on from the agreed one
+
+
+def test_configure_resizes_the_ring_in_its_file_or_switches_it_off(tmp_path: Path) -> None:
+    old = flight.install(flight.FlightRecorder(8, tmp_path / "r.flight", rank=1, world_size=2))
+    try:
+        s = old.new_stream(range(2))
+        old.end(old.begin(s, "all_reduce"))
+        new = flight.configure(16)
+        assert new is flight.recorder() and new is not old and new.capacity == 16
+        log = flight.read_flight(tmp_path / "r.flight")  # the launcher reads the new one
+        assert log.capacity == 16 and log.rank == 1 and log.counters[s] == 1
+        assert new.new_stream() == s + 1  # the numbering goes on
+        assert flight.configure(16) is new
+        off = flight.configure(0)
+        assert off is new and not off.enabled and off.begin(0, "barrier") == -1
+    finally:
+        flight.install(flight.FlightRecorder(64))
+
+
+def test_sizes_that_raise_are_recorded_as_unknown() -> None:
+    class Odd:
+        @property
+        def nbytes(self) -> int:
+            raise RuntimeError("sparse")
+
+    rec = flight.install(flight.FlightRecorder(4))
+    try:
+        with flight.recording(0, "barrier", Odd()):
+            pass
+        assert rec.log().records[-1].nbytes == 0
+    finally:
+        flight.install(flight.FlightRecorder(64))
+
+
+def test_the_flight_file_that_cannot_be_written_costs_no_report(tmp_path: Path) -> None:
+    logs = _rings(tmp_path, {0: [("all_reduce", False)], 1: []})
+    rings = read_rings(logs, 2)
+    assert write_flight_json(tmp_path / "gone", rings, 2, flight_verdict(rings, 2)) is None

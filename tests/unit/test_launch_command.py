@@ -248,6 +248,11 @@ def test_the_stall_timeout_comes_from_the_option_or_the_config(
         stall_timeout(parse_args(["-n", "2", "--config", str(cfg), "--stall-timeout", "0", "x.py"]))
         is None
     )
+    off = ["-n", "2", "--stall-timeout", "5", "--env", "SHMEM_FLIGHT_RECORDS=0", "x.py"]
+    with pytest.raises(UsageError, match="needs the flight recorder"):  # as the ranks see it
+        stall_timeout(parse_args(off))
+    env = ["-n", "2", "--env", "SHMEM_FLIGHT_STALL_TIMEOUT_S=9", "x.py"]
+    assert stall_timeout(parse_args(env)) == 9.0
     cfg.write_text("[flight]\nrecords = 0\nstall_timeout_s = 30\n")
     with pytest.raises(UsageError, match=r"stall timeout \(30 s\) needs the flight recorder"):
         stall_timeout(parse_args(["-n", "2", "--config", str(cfg), "x.py"]))
