@@ -315,7 +315,7 @@ def run_job(
         watch = _DeathWatch(logs)
         watch.start()
         timed_out = False
-        stalled = None  # the stall timeout, once it ended the job
+        stalled = None  # (the stall timeout, when it ended the job), once it did
         stall_watch = _StallWatch(logs, nranks, stall_timeout_s) if stall_timeout_s else None
         terminated = 0  # the signal that stopped the launcher, if one did
         # mpiexec runs in its own session: a launcher stopped by SIGTERM (``timeout``) or
@@ -330,7 +330,7 @@ def run_job(
                     break
                 if stall_watch is not None and stall_watch.stalled():
                     stall_watch.inspect()
-                    stalled = stall_timeout_s
+                    stalled = (stall_watch.after_s, time.time())
                     _kill_job(proc, logs, dump_stacks=False)
                     break
         except KeyboardInterrupt:
@@ -355,9 +355,7 @@ def run_job(
             raise KeyboardInterrupt
         raise SystemExit(128 + terminated)  # the shell's code for a signal
     rc = proc.returncode if proc.returncode >= 0 else 128 - proc.returncode
-    result = summarise(
-        logs, nranks, rc, timed_out, timeout_s, watch.died, verbose, stalled_after_s=stalled
-    )
+    result = summarise(logs, nranks, rc, timed_out, timeout_s, watch.died, verbose, stalled=stalled)
     if result.exit_code != 0:  # dead ranks never unlinked their MPI shared memory
         removed, freed = _remove_segments(logs, job_started)
         if removed:

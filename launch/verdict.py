@@ -233,17 +233,22 @@ def summarise(
     timeout_s: float | None,
     died: dict[int, float],
     verbose: bool,
-    stalled_after_s: float | None = None,
+    stalled: tuple[float, float] | None = None,
 ) -> JobResult:
     """The job's exit code and summary lines, from the records in ``logs``: the root cause
     of a failure, the ranks still running at the deadline (``timed_out``), or the stalled
-    job's report (``stalled_after_s``: the stall timeout ended it)."""
+    job's report (``stalled``: the stall timeout and when it ended the job)."""
     errors = load_errors(logs)
-    # (a rank that failed on its own as the stall was declared is the root cause; the
-    # ranks the launcher ended are not)
-    failed = errors or any(not d.terminated for d in load_deaths(logs))
-    if stalled_after_s is not None and not failed:
-        return _stall_timeout_report(logs, nranks, stalled_after_s)
+    if stalled is not None:
+        # a rank that failed on its own before the stall was declared is the root cause;
+        # the ranks the launcher then ended are not (under Open MPI their monitors do not
+        # see the launcher's signal: their deaths look like their own)
+        after_s, at = stalled
+        deaths = load_deaths(logs)
+        if not any(e.time < at for e in errors) and not any(
+            d.time < at and not d.terminated for d in deaths
+        ):
+            return _stall_timeout_report(logs, nranks, after_s)
     starts = load_starts(logs)
     done = load_done(logs)
     mpiexec_text = (logs / "mpiexec.log").read_text(errors="replace")

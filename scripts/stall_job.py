@@ -46,6 +46,7 @@ def stall(mode: str, event_file: str) -> None:
         fh.write(repr(time.time()))
     if mode == "stop":
         os.kill(os.getpid(), signal.SIGSTOP)
+        time.sleep(3600)  # continued (Open MPI sends SIGCONT before its kill): still stalled
     elif mode == "spin":
         n = 0
         while True:
