@@ -19,6 +19,7 @@ from shmem.errors import CollectiveArgumentError, ShmemStateError
 from ..operand import Array, Operand
 from ..ops import ReduceOp, accumulate_dtype, check_op, fused_out_dtype
 from ..schedule import Algorithm
+from ..signature import COLLECTIVES
 
 __all__ = [
     "Engine",
@@ -84,17 +85,7 @@ class Engine(Protocol):
     def close(self) -> None: ...
 
 
-_RECORDED = (
-    "all_reduce",
-    "reduce_scatter",
-    "all_gather",
-    "broadcast",
-    "all_to_all",
-    "collect",
-    "alltoalls",
-    "all_to_allv",
-    "barrier",
-)
+_RECORDED = (*COLLECTIVES, "all_to_allv", "barrier")  # each engine method recorded
 
 
 def _recording(op: str, fn: Callable[..., Any]) -> Callable[..., Any]:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
-from ..dtypes import DTypeLike, ShapeLike, as_dtype, dtype_name
+from ..dtypes import DTypeLike, ShapeLike, as_dtype, as_shape, dtype_name
 from ..errors import ArgumentError, ShmemStateError
 from .aliases import BufferAliases
 from .devices import CPU, Accelerator, Device, as_device
@@ -27,20 +27,6 @@ if TYPE_CHECKING:
     from .context import DeviceContext
 
 __all__ = ["Buffer"]
-
-
-def _shape(shape: Any, where: str) -> tuple[int, ...]:
-    if isinstance(shape, int | np.integer) and not isinstance(shape, bool):
-        shape = (shape,)
-    try:
-        dims = tuple(shape)
-    except TypeError:
-        raise ArgumentError(
-            f"{where}: invalid shape (got {shape!r}; expected an int or a tuple of ints)"
-        ) from None
-    if any(isinstance(d, bool) or not isinstance(d, int | np.integer) or d < 0 for d in dims):
-        raise ArgumentError(f"{where}: invalid shape (got {shape!r}; expected non-negative ints)")
-    return tuple(int(d) for d in dims)
 
 
 class Buffer(BufferAliases):
@@ -75,7 +61,7 @@ class Buffer(BufferAliases):
         stream: DeviceContext | None = None,
     ) -> None:
         dt = as_dtype(dtype, "Buffer")
-        dims = _shape(shape, "Buffer")
+        dims = as_shape("Buffer", shape)
         dev = (
             stream.device
             if (device is None and stream is not None)
@@ -377,7 +363,7 @@ class Buffer(BufferAliases):
                     )
                 dims = (*self._shape[:-1], scaled // dt.itemsize)
         else:
-            dims = _shape(shape, "Buffer.view")
+            dims = as_shape("Buffer.view", shape)
         if math.prod(dims) * dt.itemsize != self.nbytes:
             raise ArgumentError(
                 f"Buffer.view: size mismatch (got shape {dims} of {dtype_name(dt)} = "
@@ -748,7 +734,7 @@ class Buffer(BufferAliases):
             When ``dtype``, ``shape`` or ``mode`` is invalid, or the file cannot be mapped.
         """
         dt = as_dtype(dtype, "Buffer.mmap")
-        dims = _shape(shape, "Buffer.mmap")
+        dims = as_shape("Buffer.mmap", shape)
         if mode not in ("r", "r+", "w+", "c"):
             raise ArgumentError(
                 f"Buffer.mmap: invalid mode (got {mode!r}; expected 'r', 'r+', 'w+' or 'c')"
