@@ -166,6 +166,15 @@ def _stall_report(
     return JobResult(waiting[0].exit_code or rc or 1, False, lines)
 
 
+def _stall_stands(logs: Path, errors: list[ErrorRecord], at: float) -> bool:
+    """Whether the stall declared at ``at`` is the job's end: no rank failed on its own
+    before (that failure is the root cause). The ranks the launcher then ended are no
+    failure (under Open MPI their monitors do not see its signal: their deaths look like
+    their own)."""
+    own_deaths = (d for d in load_deaths(logs) if d.time < at and not d.terminated)
+    return not any(e.time < at for e in errors) and not any(own_deaths)
+
+
 def _stall_timeout_report(logs: Path, nranks: int, after_s: float) -> JobResult:
     """The report of a job the stall timeout ended: the ranks that never arrived at the
     call the others wait in (the flight recorder), what each rank was doing (``stall.json``)
@@ -239,16 +248,8 @@ def summarise(
     of a failure, the ranks still running at the deadline (``timed_out``), or the stalled
     job's report (``stalled``: the stall timeout and when it ended the job)."""
     errors = load_errors(logs)
-    if stalled is not None:
-        # a rank that failed on its own before the stall was declared is the root cause;
-        # the ranks the launcher then ended are not (under Open MPI their monitors do not
-        # see the launcher's signal: their deaths look like their own)
-        after_s, at = stalled
-        deaths = load_deaths(logs)
-        if not any(e.time < at for e in errors) and not any(
-            d.time < at and not d.terminated for d in deaths
-        ):
-            return _stall_timeout_report(logs, nranks, after_s)
+    if stalled is not None and _stall_stands(logs, errors, stalled[1]):
+        return _stall_timeout_report(logs, nranks, stalled[0])
     starts = load_starts(logs)
     done = load_done(logs)
     mpiexec_text = (logs / "mpiexec.log").read_text(errors="replace")
