@@ -68,7 +68,7 @@ CASES = [
 def test_the_stalled_rank_is_the_root_cause(
     tmp_path: Path, mode: str, n: int, where: str, split: str
 ) -> None:
-    err, took = _run(tmp_path, n, mode, where, split)
+    err, took = _run(tmp_path, n, mode, where, split, job=("--signal-timeout", "2"))
     head = re.search(
         r"root cause: rank (\d+) of \d+ on \S+ \(pid \d+\) stalled: "
         r"rank\(s\) ([\d, ]+) timed out waiting for it",
@@ -81,8 +81,8 @@ def test_the_stalled_rank_is_the_root_cause(
     if frame is not None:  # its own stack, at the line that stalls
         assert f'stall_job.py", line {_line_of(frame)} in stall' in err, err[-4000:]
     assert re.search(r"timed out waiting for rank 1: rank \d .*SignalTimeoutError", err), err
-    # the 3 s signal timeout, the 1 s look at rank 1 and the wait for a chain's records
-    assert took < 3.0 + 4.0, f"the report came {took:.1f} s after the stall"
+    # the 2 s signal timeout, the 1 s look at rank 1 and the wait for a chain's records
+    assert took < 2.0 + 4.0, f"the report came {took:.1f} s after the stall"
     # the flight recorder's lines: rank 1 stopped after its 20th call, the others in the 21st
     if where == "all_reduce" and split == "node":
         others = " and ".join(str(r) for r in range(n) if r != 1).replace(" and ", ", ", n - 3)
