@@ -14,7 +14,7 @@ shared: the launcher reads it from outside, even while the rank is stopped or bl
 it survives the rank's death. Elsewhere it is anonymous memory. A record costs two clock
 reads and a few stores: the C replay of the cached small collectives
 (``collectives._replay``) writes its records itself, in C, with the kernel's coarse clock
-(a few milliseconds of resolution; :data:`LAYOUT` is the format both sides write, and a test
+(a few milliseconds of resolution; ``LAYOUT`` is the format both sides write, and a test
 checks that they agree).
 
 The format (native byte order): a 128-byte header (``magic``, ``version``, ``record_size``,
@@ -23,7 +23,7 @@ The format (native byte order): a 128-byte header (``magic``, ``version``, ``rec
 records); each stream's members (``MAX_STREAMS`` int64: a CRC of the communicator's world
 ranks); then ``capacity`` records of 64 bytes: ``seq``, ``nbytes``, ``t_start``, ``t_end``
 (``time.time()`` seconds), ``number`` (the record's index among all begun), ``stream``
-(int32), ``op`` (int16, :data:`OPS`), ``state`` (int16), ``peer`` (int32: a wait's peer or
+(int32), ``op`` (int16, ``OPS``), ``state`` (int16), ``peer`` (int32: a wait's peer or
 a broadcast's root, -1), ``dtype`` (12 bytes, ASCII).
 
 The package is pure: it imports neither MPI nor CUDA. ``layout`` is the format, ``recorder``

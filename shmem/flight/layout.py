@@ -65,7 +65,18 @@ MAX_RECORDS = 1 << 20
 
 
 def op_code(op: str) -> int:
-    """The code of operation ``op`` (0, ``"unknown"``, for a name not in :data:`OPS`)."""
+    """The code of an operation, as records (and the C replay) store it.
+
+    Parameters
+    ----------
+    op : str
+        A name of ``OPS``.
+
+    Returns
+    -------
+    int
+        Its index in ``OPS`` (0, ``"unknown"``, for a name not there).
+    """
     return _OP_CODE.get(op, 0)
 
 

@@ -27,7 +27,29 @@ __all__ = ["FlightLog", "FlightRecord", "parse", "read_flight"]
 
 @dataclass(frozen=True)
 class FlightRecord:
-    """One recorded call (see the module docstring for the fields)."""
+    """One recorded call.
+
+    Parameters
+    ----------
+    number : int
+        The record's index among all the rank has begun.
+    stream : int
+        0 (the World's calls) or a Communicator's stream.
+    seq : int
+        The call's number on its stream (0: the stream's marker; waits are numbered apart).
+    op : str
+        The operation (``shmem.flight.OPS``).
+    nbytes : int
+        The bytes of the call's input.
+    dtype : str
+        Its dtype's name.
+    peer : int
+        The rank the call waits for or starts from (-1: none).
+    t_start, t_end : float
+        When it started and ended (``time.time()``; ``t_end`` 0 while pending).
+    state : str
+        ``"pending"``, ``"done"`` or ``"failed"``.
+    """
 
     number: int
     stream: int
@@ -41,18 +63,46 @@ class FlightRecord:
     state: str
 
     def describe(self) -> str:
-        """``all_reduce #21`` (with its communicator when it is not the first)."""
+        """The call in words.
+
+        Returns
+        -------
+        str
+            ``all_reduce #21`` (with its communicator when it is not the first).
+        """
         where = "" if self.stream <= 1 else f" (communicator {self.stream})"
         return f"{self.op} #{self.seq}{where}"
 
     def as_dict(self) -> dict[str, object]:
-        """The record's fields, for JSON."""
+        """The record's fields, for JSON.
+
+        Returns
+        -------
+        dict
+            Field name -> value.
+        """
         return asdict(self)
 
 
 @dataclass(frozen=True)
 class FlightLog:
-    """A rank's ring as read: its header's fields and its records, oldest first."""
+    """A rank's ring as read.
+
+    Parameters
+    ----------
+    rank, world_size, pid : int
+        The rank's, from the ring's header.
+    capacity : int
+        The records the ring keeps.
+    recorded : int
+        The calls it has ever begun (the older ones beyond ``capacity`` are gone).
+    records : tuple of FlightRecord
+        The records it holds, oldest first.
+    counters : tuple of int
+        The calls begun on each stream (they outlive the records).
+    members : tuple of int
+        Each stream's members (a CRC of their world ranks; 0: no such stream).
+    """
 
     rank: int
     world_size: int
@@ -64,13 +114,24 @@ class FlightLog:
     members: tuple[int, ...]  # each stream's members (a CRC of their world ranks; 0: none)
 
     def last_completed(self) -> FlightRecord | None:
-        """The newest call that ended well (None when there is none)."""
+        """The newest call that ended well.
+
+        Returns
+        -------
+        FlightRecord or None
+            The record; None when there is none.
+        """
         return next((r for r in reversed(self.records) if r.state == "done"), None)
 
     def pending(self) -> FlightRecord | None:
-        """The call the rank is in: its newest pending record (a call inside it may have
-        ended), else its newest record if that one failed; None when the rank is outside
-        every recorded call."""
+        """The call the rank is in.
+
+        Returns
+        -------
+        FlightRecord or None
+            Its newest pending record (a call inside it may have ended), else its newest
+            record if that one failed; None when the rank is outside every recorded call.
+        """
         inside = next((r for r in reversed(self.records) if r.state == "pending"), None)
         if inside is None and self.records and self.records[-1].state == "failed":
             return self.records[-1]

@@ -57,7 +57,7 @@ class FlightRecorder:
     Raises
     ------
     ValueError
-        ``capacity`` negative or above :data:`MAX_RECORDS`.
+        ``capacity`` negative or above ``MAX_RECORDS``.
     OSError
         ``path`` cannot be created or mapped.
     """
@@ -158,7 +158,7 @@ class FlightRecorder:
         stream : int
             0 (the World's calls) or a Communicator's :meth:`new_stream`.
         op : str
-            One of :data:`OPS`.
+            One of ``OPS``.
         nbytes : int, optional
             The bytes of the call's input.
         dtype : object, optional
@@ -219,7 +219,13 @@ class FlightRecorder:
         struct.pack_into("=h", self._map, at + _STATE_AT, FAILED if failed else DONE)
 
     def log(self) -> FlightLog:
-        """What the ring holds now (:class:`FlightLog`: the header's fields, the records)."""
+        """What the ring holds now.
+
+        Returns
+        -------
+        FlightLog
+            The header's fields, the counters and the records, oldest first.
+        """
         return parse(bytes(self._map))
 
 
@@ -232,7 +238,7 @@ class recording:  # (a context manager, named like contextlib.suppress)
     stream : int
         0 (the World's calls) or a Communicator's stream (``Communicator.stream``).
     op : str
-        One of :data:`OPS`.
+        One of ``OPS``.
     x : object, optional
         The call's input: its ``nbytes`` and ``dtype`` are recorded.
     peer : int, optional
@@ -261,7 +267,7 @@ def recorded(op: str, stream: int = 0) -> Callable[[_F], _F]:
     Parameters
     ----------
     op : str
-        One of :data:`OPS`.
+        One of ``OPS``.
     stream : int, optional
         The stream (0: the World's own).
 

@@ -30,6 +30,7 @@ from numpydoc.docscrape import NumpyDocString
 PACKAGES = (
     "shmem",
     "shmem.ipc",
+    "shmem.flight",
     "collectives",
     "collectives.mha",
     "collectives.torch_backend",
