@@ -26,15 +26,15 @@ ranks); then ``capacity`` records of 64 bytes: ``seq``, ``nbytes``, ``t_start``,
 (int32), ``op`` (int16, ``OPS``), ``state`` (int16), ``peer`` (int32: a wait's peer or
 a broadcast's root, -1), ``dtype`` (12 bytes, ASCII).
 
-The package is pure: it imports neither MPI nor CUDA. ``layout`` is the format, ``recorder``
-the writer, ``log`` the reader.
+The package is pure: it imports neither MPI nor CUDA. ``layout`` is the format, ``writer``
+the writer (``_ring``: its C half), ``log`` the reader.
 """
 
 from __future__ import annotations
 
 from .layout import LAYOUT, OPS, WAITS, op_code
 from .log import FlightLog, FlightRecord, read_flight
-from .recorder import (
+from .writer import (
     FlightRecorder,
     configure,
     install,

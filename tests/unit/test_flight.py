@@ -319,3 +319,50 @@ def test_the_flight_file_that_cannot_be_written_costs_no_report(tmp_path: Path) 
     logs = _rings(tmp_path, {0: [("all_reduce", False)], 1: []})
     rings = read_rings(logs, 2)
     assert write_flight_json(tmp_path / "gone", rings, 2, flight_verdict(rings, 2)) is None
+
+
+def test_the_c_writer_and_the_python_writer_write_the_same_records() -> None:
+    from shmem.flight import writer
+
+    if getattr(writer, "_c_ring", None) is None:
+        pytest.skip("the C writer (shmem.flight._ring) is not built")
+
+    def calls(rec: flight.FlightRecorder) -> list[object]:
+        s = rec.new_stream(range(3))
+        rec.end(rec.begin(s, "all_reduce", 32, "float32"))
+        rec.end(rec.begin(0, "wait_until", peer=2), failed=True)
+        rec.begin(s, "broadcast", 8, "int64", 1)
+        rec.end(rec.begin(0, "set_lock"))
+        log = rec.log()
+        got: list[object] = [
+            (r.number, r.stream, r.seq, r.op, r.nbytes, r.dtype, r.peer, r.state)
+            for r in log.records
+        ]
+        return [*got, log.counters[:3], log.counters[-1], log.members[s]]
+
+    c = flight.FlightRecorder(4)
+    py = flight.FlightRecorder(4)
+    py._c = None  # the pure Python writer
+    assert c._c is not None and calls(c) == calls(py)
+
+
+def test_a_recorded_method_binds_and_records_its_failures() -> None:
+    rec = flight.install(flight.FlightRecorder(8))
+    try:
+
+        class Thing:
+            @flight.recorded("barrier")
+            def go(self, fail: bool = False) -> Thing:
+                """Go."""
+                if fail:
+                    raise OSError("no")
+                return self
+
+        t = Thing()
+        assert t.go() is t and Thing.go(t) is t and Thing.go.__doc__ == "Go."
+        with pytest.raises(OSError):
+            t.go(fail=True)
+        got = [(r.op, r.state) for r in rec.log().records]
+        assert got == [("barrier", "done"), ("barrier", "done"), ("barrier", "failed")]
+    finally:
+        flight.install(flight.FlightRecorder(64))

@@ -39,6 +39,11 @@ from .layout import (
 )
 from .log import FlightLog, parse
 
+try:  # the C writer, built by the install where a compiler is (the same records without)
+    from . import _ring as _c_ring  # type: ignore[attr-defined]
+except ImportError:
+    _c_ring = None
+
 __all__ = ["FlightRecorder", "configure", "install", "recorded", "recorder", "recording"]
 
 
@@ -99,6 +104,9 @@ class FlightRecorder:
         self._members = self.buffer[_MEMBERS_AT:_RECORDS_AT].cast("q")
         self._records = _RECORDS_AT
         self._streams = 1  # stream 0 is the World's
+        # the C writer (shmem.flight._ring), where it is built and the ring has room
+        waits = [_OP_CODE[w] for w in WAITS]
+        self._c: Any = _c_ring.Ring(self.buffer, capacity, waits) if _c_ring and capacity else None
         self._lock = threading.Lock()
 
     @property
@@ -173,6 +181,12 @@ class FlightRecorder:
         int
             The record's number, for :meth:`end`; -1 when the recorder is off.
         """
+        if self._c is not None:  # (in C: two clock reads and a few stores)
+            return int(
+                self._c.begin(
+                    stream, _OP_CODE.get(op, 0), nbytes, _dtype_bytes(dtype), peer, numbered
+                )
+            )
         words = self._words
         if not words[_ENABLED_WORD]:
             return -1
@@ -210,6 +224,9 @@ class FlightRecorder:
         failed : bool, optional
             The call raised.
         """
+        if self._c is not None:
+            self._c.end(number, failed)
+            return
         if number < 0:
             return
         at = self._records + (number % self.capacity) * RECORD_BYTES
@@ -229,7 +246,7 @@ class FlightRecorder:
         return parse(bytes(self._map))
 
 
-class recording:  # (a context manager, named like contextlib.suppress)
+def recording(stream: int, op: str, x: object = None, peer: int = -1) -> Any:
     """Record one call for the time of a ``with`` block: pending inside it, done after it,
     failed when it raises.
 
@@ -243,15 +260,28 @@ class recording:  # (a context manager, named like contextlib.suppress)
         The call's input: its ``nbytes`` and ``dtype`` are recorded.
     peer : int, optional
         The rank the call waits for or starts from.
+
+    Returns
+    -------
+    context manager
+        The call, begun.
     """
+    rec = _recorder or recorder()
+    nbytes, dtype = _size_of(x) if x is not None else (0, "")
+    if rec._c is not None:
+        return rec._c.call(stream, _OP_CODE.get(op, 0), nbytes, _dtype_bytes(dtype), peer)
+    return _Recording(rec, rec.begin(stream, op, nbytes, dtype, peer))
+
+
+class _Recording:
+    """:func:`recording`'s context manager where the C writer is not built."""
 
     __slots__ = ("_n", "_rec")
 
-    def __init__(self, stream: int, op: str, x: object = None, peer: int = -1) -> None:
-        rec = self._rec = _recorder or recorder()
-        self._n = rec.begin(stream, op, *_size_of(x), peer)
+    def __init__(self, rec: FlightRecorder, n: int) -> None:
+        self._rec, self._n = rec, n
 
-    def __enter__(self) -> recording:
+    def __enter__(self) -> _Recording:
         return self
 
     def __exit__(self, kind: object, value: object, tb: object) -> None:
@@ -278,6 +308,11 @@ def recorded(op: str, stream: int = 0) -> Callable[[_F], _F]:
     """
 
     def wrap(fn: _F) -> _F:
+        if _c_ring is not None:  # a C callable: the recorder's two C calls, no frame
+            return cast(
+                _F, functools.update_wrapper(_c_ring.Recorded(fn, stream, _OP_CODE.get(op, 0)), fn)
+            )
+
         def call(*args: Any, **kwargs: Any) -> Any:
             with recording(stream, op):
                 return fn(*args, **kwargs)
@@ -319,7 +354,7 @@ def recorder() -> FlightRecorder:
             records = 64
         with _install_lock:
             if _recorder is None:
-                _recorder = FlightRecorder(records)
+                _recorder = _current(FlightRecorder(records))
     return _recorder
 
 
@@ -370,5 +405,12 @@ def install(rec: FlightRecorder) -> FlightRecorder:
     """
     global _recorder
     with _install_lock:
-        _recorder = rec
+        _recorder = _current(rec)
+    return rec
+
+
+def _current(rec: FlightRecorder) -> FlightRecorder:
+    """``rec``, made the ring the C-recorded functions write into (where built)."""
+    if _c_ring is not None:
+        _c_ring.set_current(rec._c)
     return rec
