@@ -91,6 +91,7 @@ static void ring_end(Ring *r, int64_t n, int failed) {
 
 /* Ring(buffer, capacity, waits) */
 static PyObject *Ring_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    (void)kwds;
     PyObject *buffer, *waits;
     Py_ssize_t capacity;
     if (!PyArg_ParseTuple(args, "OnO", &buffer, &capacity, &waits))
@@ -221,6 +222,7 @@ static void Call_dealloc(Call *self) {
 }
 
 static PyObject *Call_enter(Call *self, PyObject *unused) {
+    (void)unused;
     Py_INCREF(self);
     return (PyObject *)self;
 }
@@ -258,6 +260,7 @@ static PyObject *Recorded_vectorcall(PyObject *callable, PyObject *const *args, 
 
 /* Recorded(fn, stream, op) */
 static PyObject *Recorded_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    (void)kwds;
     PyObject *fn;
     int stream, op;
     if (!PyArg_ParseTuple(args, "Oii", &fn, &stream, &op))
@@ -304,6 +307,7 @@ static void Recorded_dealloc(Recorded *self) {
 }
 
 static PyObject *Recorded_get(PyObject *self, PyObject *obj, PyObject *type) {
+    (void)type;
     if (obj == NULL || obj == Py_None) {
         Py_INCREF(self);
         return self;
@@ -312,6 +316,7 @@ static PyObject *Recorded_get(PyObject *self, PyObject *obj, PyObject *type) {
 }
 
 static PyObject *set_current(PyObject *module, PyObject *ring) {
+    (void)module;
     if (ring != Py_None && !PyObject_TypeCheck(ring, RingType)) {
         PyErr_SetString(PyExc_TypeError, "set_current(ring): a Ring or None");
         return NULL;
