@@ -4,11 +4,13 @@ Run through the launcher (2 or more ranks)::
 
     python -m launch -n 2 benchmarks/flight_recorder.py --out results/flight_recorder.jsonl
 
-For each size (default 32 B and 1 KiB of float32: the cached calls the C replay runs), the
-same Communicator's ``all_reduce`` is timed in blocks with the recorder on and off
+For each size (default 32 B and 1 KiB of float32: the cached calls the C replay runs; and 0:
+``World.barrier``, recorded by the C writer of calls made from Python), the same
+Communicator's ``all_reduce`` is timed in blocks with the recorder on and off
 (``shmem.flight.recorder().enabled``, switched on every rank between blocks), the modes
 taking turns block by block and each leading in turn, after a warm-up; ``MPI.Allreduce`` of
-the same array runs in the same blocks as the peer a user would otherwise call. Each block
+the same array (``MPI.Barrier``) runs in the same blocks as the peer a user would otherwise
+call. Each block
 is the slowest rank's time per call over ``--iters`` back-to-back calls.
 
 Each result is one JSON line (git sha, world size, node split, size, median/p10/p90 of each
@@ -35,16 +37,23 @@ from shmem import flight
 def measure(
     world: shmem.World, comm: collectives.Communicator, nbytes: int, blocks: int, iters: int
 ) -> dict[str, Any]:
-    x = np.ones(nbytes // 4, np.float32)
+    """All-reduces of ``nbytes`` (0: ``World.barrier``, recorded from Python)."""
+    x = np.ones(max(nbytes, 4) // 4, np.float32)
     out = np.empty_like(x)
     mpi = world.comm
     rec = flight.recorder()
 
     def ours() -> None:
-        comm.all_reduce(x, out=out)
+        if nbytes:
+            comm.all_reduce(x, out=out)
+        else:
+            world.barrier()
 
     def theirs() -> None:
-        mpi.Allreduce(x, out, op=MPI.SUM)
+        if nbytes:
+            mpi.Allreduce(x, out, op=MPI.SUM)
+        else:
+            mpi.Barrier()
 
     modes = {"on": (ours, True), "off": (ours, False), "mpi": (theirs, True)}
     samples: dict[str, list[float]] = {m: [] for m in modes}
@@ -66,6 +75,7 @@ def measure(
     paired = np.array(samples["on"]) / np.array(samples["off"])
     return {
         "bench": "flight_recorder",
+        "op": "all_reduce" if nbytes else "barrier",
         "git_sha": git_sha(),
         "world_size": world.world_size,
         "node_split": world.config.heap.node_split,
@@ -83,7 +93,9 @@ def measure(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("--sizes", type=int, nargs="+", default=[32, 1024], help="bytes")
+    parser.add_argument(
+        "--sizes", type=int, nargs="+", default=[32, 1024, 0], help="bytes (0: a barrier)"
+    )
     parser.add_argument("--blocks", type=int, default=30)
     parser.add_argument("--iters", type=int, default=2000)
     parser.add_argument("--out", type=Path, help="append JSON lines here")
@@ -94,13 +106,14 @@ def main() -> None:
         comm.close()
         if world.rank == 0:
             for r in rows:
+                what = f"all_reduce {r['nbytes']} B" if r["nbytes"] else "World.barrier"
                 print(
-                    f"flight recorder, {r['world_size']} ranks, {r['nbytes']} B: on "
+                    f"flight recorder, {r['world_size']} ranks, {what}: on "
                     f"{r['on_median_us']:.3f} us, off {r['off_median_us']:.3f} us, overhead "
                     f"{100 * r['overhead']:+.2f}% (paired blocks, p10 "
                     f"{100 * r['overhead_p10']:+.1f}%, p90 {100 * r['overhead_p90']:+.1f}%; "
-                    "target <= +2%); MPI.Allreduce "
-                    f"{r['mpi_median_us']:.3f} us ({r['ratio_mpi']:.2f}x ours)"
+                    f"target <= +2%); MPI {r['mpi_median_us']:.3f} us ({r['ratio_mpi']:.2f}x "
+                    "ours)"
                 )
             if args.out is not None:
                 append_jsonl(args.out, rows)

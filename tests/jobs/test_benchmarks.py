@@ -87,6 +87,19 @@ def test_family(tmp_path: Path) -> None:
     assert all(positive(r["ratio"]) for r in records), records
 
 
+def test_flight_recorder(tmp_path: Path) -> None:
+    records = run(["flight_recorder.py", "--blocks", "2", "--iters", "20"], tmp_path / "out.jsonl")
+    assert [(r["op"], r["nbytes"]) for r in records] == [
+        ("all_reduce", 32),
+        ("all_reduce", 1024),
+        ("barrier", 0),
+    ]
+    for r in records:
+        assert r["records"] == 64 and math.isfinite(r["overhead"]), r
+        assert positive(r["on_median_us"]) and positive(r["off_median_us"]), r
+        assert positive(r["ratio_mpi"]) and r["overhead_p10"] <= r["overhead_p90"], r
+
+
 def test_sequence_parallel(tmp_path: Path) -> None:
     records = run(
         [
