@@ -256,9 +256,15 @@ def summarise(
     lines: list[str] = []
     if timed_out:
         running = [r for r in range(nranks) if r not in done and r not in {e.rank for e in errors}]
-        lines.append(
-            f"launch: job timed out after {timeout_s:g} s; rank(s) still running: {running}"
-        )
+        head = f"launch: job timed out after {timeout_s:g} s; rank(s) still running: {running}"
+        v = flight_verdict(read_rings(logs, nranks), nranks, finished=done)
+        if v.behind and v.target is not None:  # the flight recorder knows who held them up
+            others = ", ".join(str(w) for w in v.waiting)
+            head += (
+                f"; root cause: rank(s) {', '.join(str(b) for b in v.behind)} never arrived at "
+                f"{v.target.describe()}, which rank(s) {others} wait in"
+            )
+        lines.append(head)
         for r in running:
             s = starts.get(r)
             where = f" on {s.host} (pid {s.pid})" if s else " (never started)"

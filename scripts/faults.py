@@ -83,7 +83,7 @@ _NO_DEADLINE = {  # the cells only the stall timeout ends: the job's arguments
 
 
 def one_stall(
-    mode: str, where: str, ranks: int, split: str, mpi: str = "auto"
+    mode: str, where: str, ranks: int, split: str, mpi: str = "auto", stall_timeout: float = 0
 ) -> tuple[bool, bool, bool, float, str]:
     """``(rank 1 named as stalled, its state reported, right exit code, seconds from the
     stall to the end, stderr)``."""
@@ -94,6 +94,8 @@ def one_stall(
         job = _NO_DEADLINE.get(where, (where,))
         if where in _NO_DEADLINE:
             cmd += ["--stall-timeout", "2"]
+        elif stall_timeout:  # for the waits inside MPI calls that have no deadline
+            cmd += ["--stall-timeout", str(stall_timeout)]
         cmd += [str(ROOT / "scripts" / "stall_job.py"), mode, job[0], str(event), *job[1:]]
         env = {**os.environ, "SHMEM_BACKEND": "host", "SHMEM_HEAP_NODE_SPLIT": split}
         proc = subprocess.run(
@@ -108,12 +110,20 @@ def one_stall(
     else:
         named = re.search(rf"root cause: rank 1 of {ranks} .* stalled: ", proc.stderr) is not None
     state = f"what rank 1 was doing: {STALL_STATE[mode]}" in proc.stderr
-    code = proc.returncode == (125 if where in _NO_DEADLINE else 1)
+    # (a wait inside an MPI call with no deadline ends at the stall timeout, if one is given)
+    codes = {125} if where in _NO_DEADLINE else {1, 125} if stall_timeout else {1}
+    code = proc.returncode in codes
     return named, state, code, end - stalled_at, proc.stderr
 
 
 def stall_matrix(
-    runs: int, ranks: list[int], show: bool, where: list[str], mpi: str, splits: list[str]
+    runs: int,
+    ranks: list[int],
+    show: bool,
+    where: list[str],
+    mpi: str,
+    splits: list[str],
+    stall_timeout: float = 0,
 ) -> int:
     """Print the stall cells' table; the number of runs that named the wrong rank."""
     bad = 0
@@ -129,7 +139,9 @@ def stall_matrix(
                     ok = told = right = 0
                     slowest = 0.0
                     for _ in range(runs):
-                        named, state, code, took, err = one_stall(mode, place, n, split, mpi)
+                        named, state, code, took, err = one_stall(
+                            mode, place, n, split, mpi, stall_timeout
+                        )
                         ok += named
                         told += state
                         right += code
@@ -157,6 +169,12 @@ def main(argv: list[str] | None = None) -> int:
         "--split", default="node", help='heap.node_split: "node", "rank" (RMA) or "both"'
     )
     parser.add_argument("--mpi", default="auto", help="python -m launch --mpi (the stall cells)")
+    parser.add_argument(
+        "--stall-timeout",
+        type=float,
+        default=0,
+        help="the stall cells: python -m launch --stall-timeout S for every cell",
+    )
     parser.add_argument("--show-failures", action="store_true")
     parser.add_argument("--stalls", action="store_true", help="the stall cells instead")
     args = parser.parse_args(argv)
@@ -164,7 +182,9 @@ def main(argv: list[str] | None = None) -> int:
         counts = [int(n) for n in args.ranks.split(",")]
         places = args.where.split(",") if args.where != ",".join(WHERE) else list(STALL_WHERE)
         splits = ["node", "rank"] if args.split == "both" else [args.split]
-        bad = stall_matrix(args.runs, counts, args.show_failures, places, args.mpi, splits)
+        bad = stall_matrix(
+            args.runs, counts, args.show_failures, places, args.mpi, splits, args.stall_timeout
+        )
         return 1 if bad else 0
     bad = 0
     print("| case | ranks | runs | right rank | right exit code | slowest end (s) |")
