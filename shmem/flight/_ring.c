@@ -37,9 +37,15 @@ enum { FLIGHT_RECORDS_AT = FLIGHT_HEADER + 2 * FLIGHT_STREAMS * 8 };
 enum { FLIGHT_PENDING = 1, FLIGHT_DONE = 2, FLIGHT_FAILED = 3 };
 enum { WAIT_COUNTER = FLIGHT_STREAMS - 1 };
 
+/* the wall clock at the kernel tick's resolution (a few ms), as the C replay reads it: 6 ns
+ * a read where the precise clock takes 26 (two precise reads were 14% of a 0.35 us barrier) */
 static inline double wall_s(void) {
     struct timespec ts;
+#ifdef CLOCK_REALTIME_COARSE
+    clock_gettime(CLOCK_REALTIME_COARSE, &ts);
+#else
     clock_gettime(CLOCK_REALTIME, &ts);
+#endif
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
