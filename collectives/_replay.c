@@ -50,6 +50,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "flight_ring.h" /* shmem/flight/: the flight recorder's ring */
+
 enum { T_F32, T_F64, T_I8, T_I16, T_I32, T_I64, T_U8, T_U16, T_U32, T_U64, T_COUNT };
 enum { OP_SUM, OP_PROD, OP_MIN, OP_MAX, OP_BAND, OP_BOR, OP_BXOR, OP_COUNT };
 enum { DONE_ALL = 0, UNTOUCHED = 1, AFTER_READY = 2, AFTER_DONE = 3 };
@@ -69,34 +71,6 @@ static inline int64_t now_ns(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-
-/* a record of the flight recorder's ring (shmem.flight: "=qqddqihhi12s", 64 bytes) */
-typedef struct {
-    int64_t seq, nbytes;
-    double t_start, t_end;
-    int64_t number;
-    int32_t stream;
-    int16_t op, state;
-    int32_t peer;
-    char dtype[12];
-} FlightRecord;
-_Static_assert(sizeof(FlightRecord) == 64, "shmem.flight's records are 64 bytes");
-enum { FLIGHT_HEADER = 128, FLIGHT_STREAMS = 64, FLIGHT_NEXT = 4, FLIGHT_ENABLED = 5 };
-/* the header, then each stream's counter and its members' CRC, then the records */
-enum { FLIGHT_RECORDS_AT = FLIGHT_HEADER + 2 * FLIGHT_STREAMS * 8 };
-enum { FLIGHT_PENDING = 1, FLIGHT_DONE = 2 };
-
-/* the wall clock at the kernel tick's resolution (a few ms; 6 ns a read where the precise
- * clock takes 26: two precise reads were 2.5% of a 2 us call) */
-static inline double wall_s(void) {
-    struct timespec ts;
-#ifdef CLOCK_REALTIME_COARSE
-    clock_gettime(CLOCK_REALTIME_COARSE, &ts);
-#else
-    clock_gettime(CLOCK_REALTIME, &ts);
-#endif
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
 static inline int64_t load_acquire(const int64_t *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
@@ -246,38 +220,13 @@ typedef struct {
     PyObject *input_objs;
     int closed;
     long long answers[4]; /* how many runs gave each answer */
-    /* the flight recorder's ring (NULL: none) and what this plan's records say */
-    Py_buffer ring;
-    int64_t *ring_words, *counter;
-    FlightRecord *records;
-    int64_t capacity, mask; /* mask: capacity - 1 for a power of two (no division), else 0 */
+    /* the flight recorder's ring (no words: none) and what this plan's records say */
+    Py_buffer ring_view;
+    FlightRing ring;
+    int64_t *counter; /* its stream's */
     FlightRecord proto;
     long long slot; /* the record the last run began (-1: none) */
 } Replay;
-
-static int64_t flight_begin(Replay *self) {
-    int64_t *w = self->ring_words;
-    if (w == NULL || !w[FLIGHT_ENABLED])
-        return -1;
-    int64_t n = w[FLIGHT_NEXT];
-    w[FLIGHT_NEXT] = n + 1;
-    FlightRecord *r = self->records + (self->mask ? (n & self->mask) : n % self->capacity);
-    *r = self->proto;
-    r->seq = ++*self->counter;
-    r->number = n;
-    r->t_start = wall_s();
-    return n;
-}
-
-static void flight_end(Replay *self, int64_t n) {
-    if (n < 0 || self->ring_words == NULL)
-        return;
-    FlightRecord *r = self->records + (self->mask ? (n & self->mask) : n % self->capacity);
-    if (r->number != n)
-        return; /* overwritten by a newer record */
-    r->t_end = wall_s();
-    r->state = FLIGHT_DONE;
-}
 
 static void Replay_release(Replay *self) {
     PyMem_Free(self->peers);
@@ -291,9 +240,9 @@ static void Replay_release(Replay *self) {
     self->inputs = NULL;
     Py_CLEAR(self->keep);
     Py_CLEAR(self->input_objs);
-    if (self->ring_words != NULL) {
-        PyBuffer_Release(&self->ring);
-        self->ring_words = NULL;
+    if (self->ring.words != NULL) {
+        PyBuffer_Release(&self->ring_view);
+        self->ring.words = NULL;
     }
     self->closed = 1;
 }
@@ -485,7 +434,7 @@ static PyObject *Replay_run(Replay *self, PyObject *const *args, Py_ssize_t narg
             goto end;
     }
     if (record)
-        self->slot = flight_begin(self);
+        self->slot = flight_begin(&self->ring, &self->proto, self->counter, 1);
     if (!spin_all(self->peers, self->npeers, self->done, s - 1, self->spin_ns))
         goto end; /* my stage may still be read: the Python replay waits */
     if (have_x) {
@@ -534,7 +483,7 @@ static PyObject *Replay_run(Replay *self, PyObject *const *args, Py_ssize_t narg
     if (!have_x && !spin_all(self->peers, self->npeers, self->done, s, self->spin_ns))
         goto end; /* the peers still read my SHMEMBuffer */
     code = DONE_ALL;
-    flight_end(self, self->slot);
+    flight_end(&self->ring, self->slot, 0);
 end:
     PyBuffer_Release(&ov);
     if (x_view)
@@ -553,7 +502,7 @@ static PyObject *Replay_flight(Replay *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "Oniiny#", &ring, &capacity, &stream, &op, &nbytes, &dtype,
                           &dlen))
         return NULL;
-    if (self->closed || self->ring_words != NULL || capacity < 1 || stream < 0 ||
+    if (self->closed || self->ring.words != NULL || capacity < 1 || stream < 0 ||
         stream >= FLIGHT_STREAMS || dlen > 12) {
         PyErr_SetString(PyExc_ValueError,
                         "Replay.flight: closed, already given a ring, or an argument out of "
@@ -563,19 +512,15 @@ static PyObject *Replay_flight(Replay *self, PyObject *args) {
     Py_buffer view;
     if (PyObject_GetBuffer(ring, &view, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0)
         return NULL;
-    Py_ssize_t need = FLIGHT_RECORDS_AT + capacity * (Py_ssize_t)sizeof(FlightRecord);
-    if (view.len < need) {
+    if (flight_ring_init(&self->ring, (char *)view.buf, view.len, capacity) < 0) {
         PyBuffer_Release(&view);
-        PyErr_Format(PyExc_ValueError, "Replay.flight: the ring has %zd bytes, %zd needed",
-                     view.len, need);
+        self->ring.words = NULL;
+        PyErr_Format(PyExc_ValueError, "Replay.flight: a ring of %zd bytes holds no %zd records",
+                     view.len, capacity);
         return NULL;
     }
-    self->ring = view;
-    self->ring_words = (int64_t *)view.buf;
-    self->counter = (int64_t *)((char *)view.buf + FLIGHT_HEADER) + stream;
-    self->records = (FlightRecord *)((char *)view.buf + FLIGHT_RECORDS_AT);
-    self->capacity = capacity;
-    self->mask = (capacity & (capacity - 1)) == 0 ? capacity - 1 : 0;
+    self->ring_view = view;
+    self->counter = self->ring.counters + stream;
     memset(&self->proto, 0, sizeof self->proto);
     self->proto.nbytes = nbytes;
     self->proto.stream = stream;

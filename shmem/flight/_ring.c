@@ -18,44 +18,13 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <structmember.h>
-#include <stdint.h>
-#include <string.h>
-#include <time.h>
-
-typedef struct {
-    int64_t seq, nbytes;
-    double t_start, t_end;
-    int64_t number;
-    int32_t stream;
-    int16_t op, state;
-    int32_t peer;
-    char dtype[12];
-} FlightRecord;
-_Static_assert(sizeof(FlightRecord) == 64, "shmem.flight's records are 64 bytes");
-enum { FLIGHT_HEADER = 128, FLIGHT_STREAMS = 64, FLIGHT_NEXT = 4, FLIGHT_ENABLED = 5 };
-enum { FLIGHT_RECORDS_AT = FLIGHT_HEADER + 2 * FLIGHT_STREAMS * 8 };
-enum { FLIGHT_PENDING = 1, FLIGHT_DONE = 2, FLIGHT_FAILED = 3 };
-enum { WAIT_COUNTER = FLIGHT_STREAMS - 1 };
-
-/* the wall clock at the kernel tick's resolution (a few ms), as the C replay reads it: 6 ns
- * a read where the precise clock takes 26 (two precise reads were 14% of a 0.35 us barrier) */
-static inline double wall_s(void) {
-    struct timespec ts;
-#ifdef CLOCK_REALTIME_COARSE
-    clock_gettime(CLOCK_REALTIME_COARSE, &ts);
-#else
-    clock_gettime(CLOCK_REALTIME, &ts);
-#endif
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
+#include "flight_ring.h"
 
 typedef struct {
     PyObject_HEAD
     Py_buffer view;
     int has_view;
-    int64_t *words, *counters;
-    FlightRecord *records;
-    int64_t capacity, mask;
+    FlightRing ring;
     unsigned char waits[256]; /* op codes numbered apart (shmem.flight.WAITS) */
 } Ring;
 
@@ -64,36 +33,22 @@ static Ring *current; /* the process's ring (set_current), or NULL */
 
 static int64_t ring_begin(Ring *r, int stream, int op, int64_t nbytes, const char *dtype,
                           Py_ssize_t dlen, int peer, int numbered) {
-    int64_t *w = r->words;
-    if (w == NULL || !w[FLIGHT_ENABLED] || stream < 0 || stream >= FLIGHT_STREAMS)
+    if (stream < 0 || stream >= FLIGHT_STREAMS)
         return -1;
-    int64_t n = w[FLIGHT_NEXT];
-    w[FLIGHT_NEXT] = n + 1;
-    int counter = (op >= 0 && op < 256 && r->waits[op]) ? WAIT_COUNTER : stream;
-    FlightRecord *rec = r->records + (r->mask ? (n & r->mask) : n % r->capacity);
-    memset(rec, 0, sizeof *rec);
-    rec->seq = numbered ? ++r->counters[counter] : 0;
-    rec->nbytes = nbytes;
-    rec->t_start = wall_s();
-    rec->number = n;
-    rec->stream = stream;
-    rec->op = (int16_t)op;
-    rec->state = FLIGHT_PENDING;
-    rec->peer = peer;
+    FlightRecord proto;
+    memset(&proto, 0, sizeof proto);
+    proto.nbytes = nbytes;
+    proto.stream = stream;
+    proto.op = (int16_t)op;
+    proto.peer = peer;
     if (dlen > 0)
-        memcpy(rec->dtype, dtype, (size_t)(dlen > 12 ? 12 : dlen));
-    return n;
+        memcpy(proto.dtype, dtype, (size_t)(dlen > 12 ? 12 : dlen));
+    int wait = op >= 0 && op < 256 && r->waits[op];
+    int64_t *counter = r->ring.counters + (wait ? FLIGHT_WAIT_COUNTER : stream);
+    return flight_begin(&r->ring, &proto, counter, numbered);
 }
 
-static void ring_end(Ring *r, int64_t n, int failed) {
-    if (n < 0 || r->words == NULL)
-        return;
-    FlightRecord *rec = r->records + (r->mask ? (n & r->mask) : n % r->capacity);
-    if (rec->number != n)
-        return; /* overwritten by a newer record */
-    rec->t_end = wall_s();
-    rec->state = failed ? FLIGHT_FAILED : FLIGHT_DONE;
-}
+static void ring_end(Ring *r, int64_t n, int failed) { flight_end(&r->ring, n, failed); }
 
 /* Ring(buffer, capacity, waits) */
 static PyObject *Ring_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
@@ -114,10 +69,9 @@ static PyObject *Ring_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
         return NULL;
     }
     self->has_view = 1;
-    Py_ssize_t need = FLIGHT_RECORDS_AT + capacity * (Py_ssize_t)sizeof(FlightRecord);
-    if (self->view.len < need) {
-        PyErr_Format(PyExc_ValueError, "Ring: the buffer has %zd bytes, %zd needed",
-                     self->view.len, need);
+    if (flight_ring_init(&self->ring, (char *)self->view.buf, self->view.len, capacity) < 0) {
+        PyErr_Format(PyExc_ValueError, "Ring: a buffer of %zd bytes holds no ring of %zd records",
+                     self->view.len, capacity);
         Py_DECREF(self);
         return NULL;
     }
@@ -138,12 +92,6 @@ static PyObject *Ring_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
         Py_DECREF(self);
         return NULL;
     }
-    char *base = (char *)self->view.buf;
-    self->words = (int64_t *)base;
-    self->counters = (int64_t *)(base + FLIGHT_HEADER);
-    self->records = (FlightRecord *)(base + FLIGHT_RECORDS_AT);
-    self->capacity = capacity;
-    self->mask = (capacity & (capacity - 1)) == 0 ? capacity - 1 : 0;
     return (PyObject *)self;
 }
 

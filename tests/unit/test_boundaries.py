@@ -559,3 +559,22 @@ def test_no_module_grows_past_its_size() -> None:
             if lines > cap:
                 found.append(f"{rel}: {lines} lines (at most {cap})")
     assert not found, "modules too long (split them by responsibility):\n" + "\n".join(found)
+
+
+def test_every_package_of_the_tree_is_in_the_distribution() -> None:
+    """pyproject.toml lists its packages: a package missing there is missing from the
+    wheel (the GPU run installs one), while the editable install of the tests finds it."""
+    import tomllib
+
+    listed = set(
+        tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    )
+    found = {
+        ".".join(init.parent.relative_to(ROOT).parts)
+        for top in PACKAGES
+        for init in (ROOT / top).rglob("__init__.py")
+        if "__pycache__" not in init.parts
+    }
+    assert found - listed == set(), (
+        f"packages missing from pyproject.toml: {sorted(found - listed)}"
+    )

@@ -147,7 +147,9 @@ def test_the_config_section_is_checked() -> None:
 def test_the_c_replay_writes_the_layout_this_module_reads() -> None:
     """collectives/_replay.c writes records itself: its constants are flight.LAYOUT's (the
     records it writes are read back in tests/mpi/test_flight.py)."""
-    src = (ROOT / "collectives" / "_replay.c").read_text()
+    src = (ROOT / "shmem" / "flight" / "flight_ring.h").read_text()
+    for writer in ("collectives/_replay.c", "shmem/flight/_ring.c"):  # both on the header
+        assert '#include "flight_ring.h"' in (ROOT / writer).read_text(), writer
     consts = dict(re.findall(r"FLIGHT_(\w+) = (\d+)", src))
     at = re.search(r"FLIGHT_RECORDS_AT = FLIGHT_HEADER \+ 2 \* FLIGHT_STREAMS \* 8", src)
     assert at and flight.LAYOUT["records_at"] == 128 + 2 * 64 * 8
