@@ -121,10 +121,11 @@ class FlightRecorder:
     def new_stream(
         self, members: Iterable[int] = (), agree: Callable[[int], list[int]] | None = None
     ) -> int:
-        """A number for a new Communicator's calls (1, 2, ...; the last one is shared once
-        ``MAX_STREAMS - 2`` are used), the same on every member: the highest of the members'
-        next numbers, when ``agree`` all-gathers them. Its members are written beside its
-        counter, and its first record is a ``communicator`` marker (number 0).
+        """A number for a new Communicator's calls, the same on every member: the highest of
+        the members' next numbers, when ``agree`` all-gathers them (1, 2, ... 62, then 1
+        again: the 63rd communicator takes the first one's place, its counter started anew).
+        Its members are written beside its counter, and its first record is a
+        ``communicator`` marker (number 0).
 
         Parameters
         ----------
@@ -141,10 +142,13 @@ class FlightRecorder:
         """
         with self._lock:
             proposal = self._streams
-        stream = max(agree(proposal)) if agree is not None else proposal
+        agreed = max(agree(proposal)) if agree is not None else proposal
         with self._lock:
-            self._streams = max(self._streams, stream + 1)
-        stream = min(stream, WAIT_COUNTER - 1)
+            self._streams = max(self._streams, agreed + 1)
+        # streams 1 .. MAX_STREAMS - 2 (the last counter is the waits'), taken again in turn
+        # once used up: a communicator made after 62 others takes the oldest one's place
+        stream = 1 + (agreed - 1) % (WAIT_COUNTER - 1)
+        self._counters[stream] = 0
         self._members[stream] = zlib.crc32(repr(tuple(members)).encode())
         self.end(self.begin(stream, "communicator", numbered=False))
         return stream

@@ -368,3 +368,17 @@ def test_a_recorded_method_binds_and_records_its_failures() -> None:
         assert got == [("barrier", "done"), ("barrier", "done"), ("barrier", "failed")]
     finally:
         flight.install(flight.FlightRecorder(64))
+
+
+def test_the_63rd_communicator_takes_the_first_ones_stream_anew() -> None:
+    rec = flight.FlightRecorder(8)
+    first = rec.new_stream(range(2))
+    rec.end(rec.begin(first, "all_reduce"))
+    streams = [rec.new_stream(range(2)) for _ in range(61)]
+    assert streams == list(range(2, 63))  # the last counter is the waits'
+    again = rec.new_stream(range(3))
+    assert again == first == 1
+    rec.end(rec.begin(again, "all_reduce"))
+    log = rec.log()
+    assert log.records[-1].seq == 1 and log.counters[1] == 1  # its calls are numbered anew
+    assert log.members[1] != log.members[2]  # and its members are its own
