@@ -59,7 +59,14 @@ from .report import (
     load_starts,
     write_json_atomic,
 )
-from .stall import ask_for_stacks, flight_verdict, process_state, read_rings, waited_for
+from .stall import (
+    ask_for_stacks,
+    flight_verdict,
+    process_state,
+    read_rings,
+    timeouts_in,
+    waited_for,
+)
 
 ENV_LOG_DIR = "SHMEM_LAUNCH_LOG_DIR"
 ENV_GPU = "SHMEM_LAUNCH_GPU"
@@ -109,7 +116,7 @@ class _Rank:
                 what = f"SystemExit({int(exc.code) if isinstance(exc.code, int) else exc.code!r})"
             cause = self._cause_of(exc)
             waited = waited_for(exc) if cause < 0 else []
-            timed_out = _timed_out(exc)
+            timed_out = next(timeouts_in(exc), None) is not None
             inferred = not waited and cause < 0 and timed_out
             if inferred:  # a timeout that names nobody: whom the flight recorder says
                 waited = self._never_arrived()
@@ -297,18 +304,6 @@ class _Rank:
             gpu,
             gpus[gpu].pci_bus_id,
         )
-
-
-def _timed_out(exc: BaseException) -> bool:
-    """Whether ``exc``, or an exception it came from, is a timeout."""
-    seen: set[int] = set()
-    e: BaseException | None = exc
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        if isinstance(e, TimeoutError):
-            return True
-        e = e.__cause__ or e.__context__
-    return False
 
 
 def _user_frames(exc: BaseException) -> TracebackType | None:

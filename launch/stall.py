@@ -15,7 +15,7 @@ import contextlib
 import os
 import signal
 import time
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +29,7 @@ __all__ = [
     "process_state",
     "read_rings",
     "stalled_ranks",
+    "timeouts_in",
     "waited_for",
     "write_flight_json",
 ]
@@ -58,19 +59,37 @@ def waited_for(exc: BaseException) -> list[int]:
         ``SignalTimeoutError.peers`` or ``RemoteTimeoutError.peer`` of the first timeout in
         the chain that names any; empty when none does.
     """
+    for e in timeouts_in(exc):
+        peers = getattr(e, "peers", None)
+        if peers is None and isinstance(getattr(e, "peer", None), int):
+            peers = (e.peer,)  # type: ignore[attr-defined]
+        named = [int(p) for p in peers or () if isinstance(p, int) and p >= 0]
+        if named:
+            return list(dict.fromkeys(named))
+    return []
+
+
+def timeouts_in(exc: BaseException) -> Iterator[TimeoutError]:
+    """The timeouts among ``exc`` and the exceptions it came from (``__cause__``, else
+    ``__context__``), nearest first.
+
+    Parameters
+    ----------
+    exc : BaseException
+        The exception a rank failed with.
+
+    Yields
+    ------
+    TimeoutError
+        Each timeout of the chain.
+    """
     seen: set[int] = set()
     e: BaseException | None = exc
     while e is not None and id(e) not in seen:
         seen.add(id(e))
         if isinstance(e, TimeoutError):
-            peers = getattr(e, "peers", None)
-            if peers is None and isinstance(getattr(e, "peer", None), int):
-                peers = (e.peer,)  # type: ignore[attr-defined]
-            named = [int(p) for p in peers or () if isinstance(p, int) and p >= 0]
-            if named:
-                return list(dict.fromkeys(named))
+            yield e
         e = e.__cause__ or e.__context__
-    return []
 
 
 def process_state(pid: int) -> str:

@@ -54,9 +54,10 @@ def root_cause(
     nranks = max([e.world_size for e in errors] + [d.world_size for d in deaths] + [0])
     rings = read_rings(logs, nranks)
     waits = {e.rank: e.waited_for for e in errors if e.consequence_of < 0 and e.waited_for}
+    done = load_done(logs)
     for e in errors:  # a timeout that named nobody: whoever never arrived at its call
         if e.consequence_of < 0 and e.timed_out and not e.waited_for:
-            v = flight_verdict(rings, nranks, e.rank, finished=load_done(logs))
+            v = flight_verdict(rings, nranks, e.rank, finished=done)
             behind = [r for r in v.behind if r != e.rank]
             if behind:
                 waits[e.rank] = behind
