@@ -29,5 +29,13 @@ for w in sorted(pathlib.Path(".whl").glob("*.whl")):
 if stale:
     raise SystemExit(f"gpu-wheels: wheels in .whl/ that the list does not name (remove them): {stale}")
 PY
+# the CUDA-on-CPU layer's results of the PTX probe, which ./dev gpu's first tier-1 step
+# compares with the GPU's (scripts/gpu_ptx_probe.py; needs the project's venv and g++)
+PY="${PY:-.venv/bin/python}"
+if [ -x "$PY" ]; then
+    "$PY" scripts/gpu_ptx_probe.py expect .whl/ptx_expected.npz
+else
+    echo "gpu-wheels: no $PY (run ./dev test once): .whl/ptx_expected.npz not made" >&2
+fi
 du -sh .whl
 ls .whl

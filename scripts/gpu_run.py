@@ -104,6 +104,9 @@ STEPS: tuple[Step, ...] = (
     Step("pf-kernel", 0, 60, ("gpu",), "kernels", 10, what="a kernel compiles and runs"),
     Step("pf-canary-1", 0, 60, ("kernels", "mpi"), "nvshmem", 10, what="NVSHMEM at 1 rank"),
     Step("pf-canary-2", 0, 60, ("nvshmem",), "nvshmem-ranks", 10, 2, what="NVSHMEM at 2"),
+    # first of tier 1: the PTX operations on the GPU against the CPU layer the kernels are
+    # tested on in CI (tests/fakegpu/cudacpu), the same inputs (.whl/ptx_expected.npz)
+    Step("ptx-probe", 1, 60, ("kernels",), "", 15, what="PTX operations vs the CPU layer"),
     Step("compile", 1, 90, ("gpu",), "cubins", 20, what="every .cu for this GPU"),
     Step("smoke-1proc", 1, 90, ("kernels",), "", 20, kind="pytest", what="device, IPC, MHA"),
     Step("smoke-2ranks", 1, 120, ("nvshmem-ranks",), "", 30, 2, "pytest", "2 ranks, 1 GPU"),
@@ -255,6 +258,9 @@ def command(run: Run, step: Step, limit: float) -> tuple[list[str], dict[str, st
     if name.startswith("pf-canary-"):
         env = {"NVSHMEM_DEBUG": "INFO"} if step.ranks > 1 else {}
         return launched(run, name, step.ranks, limit, "scripts/gpu_preflight.py", "canary"), env
+    if name == "ptx-probe":
+        expected = ROOT / ".whl" / "ptx_expected.npz"  # (./dev gpu-wheels)
+        return [py, "scripts/gpu_ptx_probe.py", "compare", str(expected)], {}
     if name == "compile":
         return [py, "scripts/gpu_preflight.py", "compile", str(logs / "kernel-families.json")], {}
     if name == "smoke-1proc":

@@ -45,13 +45,11 @@ typedef unsigned long long u64;
 struct f16 { u16 bits; };
 struct bf16 { u16 bits; };
 
+#include "shmem/kernels/ptx.cuh"
+
 // -- conversions ----------------------------------------------------------------------------
 
-__device__ __forceinline__ float to_acc(f16 x, float) {
-    float f;
-    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(x.bits));
-    return f;
-}
+__device__ __forceinline__ float to_acc(f16 x, float) { return ptx_cvt_f32_f16(x.bits); }
 __device__ __forceinline__ float to_acc(bf16 x, float) {
     return __uint_as_float(((u32)x.bits) << 16);
 }
@@ -59,16 +57,10 @@ __device__ __forceinline__ float to_acc(float x, float) { return x; }
 __device__ __forceinline__ double to_acc(float x, double) { return (double)x; }
 __device__ __forceinline__ double to_acc(double x, double) { return x; }
 
-__device__ __forceinline__ void from_acc(float a, f16* out) {
-    u16 h;
-    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(a));
-    out->bits = h;
-}
+__device__ __forceinline__ void from_acc(float a, f16* out) { out->bits = ptx_cvt_rn_f16_f32(a); }
 __device__ __forceinline__ void from_acc(float a, bf16* out) {
 #if __CUDA_ARCH__ >= 800
-    u16 h;
-    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(a));
-    out->bits = h;
+    out->bits = ptx_cvt_rn_bf16_f32(a);
 #else  // round to nearest even in software (cvt to bf16 needs sm_80)
     u32 bits = __float_as_uint(a);
     if ((bits & 0x7fffffffu) > 0x7f800000u) {
@@ -112,19 +104,9 @@ struct Sync {
     u64 sig;            // this call's signature (collectives.signature; 0: not compared)
 };
 
-__device__ __forceinline__ void store_release_sys(u64* p, u64 v) {
-    asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
-}
-__device__ __forceinline__ u64 load_acquire_sys(const u64* p) {
-    u64 v;
-    asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-    return v;
-}
-__device__ __forceinline__ u64 now_ns() {
-    u64 t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-}
+__device__ __forceinline__ void store_release_sys(u64* p, u64 v) { ptx_st_release_sys_u64(p, v); }
+__device__ __forceinline__ u64 load_acquire_sys(const u64* p) { return ptx_ld_acquire_sys_u64(p); }
+__device__ __forceinline__ u64 now_ns() { return ptx_globaltimer(); }
 
 __device__ __forceinline__ u64* epoch_of(const Sync& s) { return (u64*)(s.arrive + 2); }
 

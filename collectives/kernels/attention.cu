@@ -57,81 +57,52 @@ typedef unsigned long long u64;
 struct f16 { u16 bits; };
 struct bf16 { u16 bits; };
 
+#include "shmem/kernels/ptx.cuh"
+
 // -- element conversions --------------------------------------------------------------------
 
-__device__ __forceinline__ float to_f32(f16 x) {
-    float f;
-    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(x.bits));
-    return f;
-}
+__device__ __forceinline__ float to_f32(f16 x) { return ptx_cvt_f32_f16(x.bits); }
 __device__ __forceinline__ float to_f32(bf16 x) { return __uint_as_float(((u32)x.bits) << 16); }
 __device__ __forceinline__ float to_f32(float x) { return x; }
 
-__device__ __forceinline__ void store_f32(f16* p, float a) {
-    u16 h;
-    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(a));
-    p->bits = h;
-}
-__device__ __forceinline__ void store_f32(bf16* p, float a) {
-    u16 h;
-    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(a));
-    p->bits = h;
-}
+__device__ __forceinline__ void store_f32(f16* p, float a) { p->bits = ptx_cvt_rn_f16_f32(a); }
+__device__ __forceinline__ void store_f32(bf16* p, float a) { p->bits = ptx_cvt_rn_bf16_f32(a); }
 __device__ __forceinline__ void store_f32(float* p, float a) { *p = a; }
 
 // two floats as one register of two 16-bit values (lo in the low half)
 __device__ __forceinline__ u32 pack2(float lo, float hi, bf16*) {
-    u32 r;
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
+    return ptx_cvt_rn_bf16x2_f32(hi, lo);
 }
 __device__ __forceinline__ u32 pack2(float lo, float hi, f16*) {
-    u32 r;
-    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
+    return ptx_cvt_rn_f16x2_f32(hi, lo);
 }
 
 // -- tensor-core and shared-memory primitives ------------------------------------------------
 
 __device__ __forceinline__ void mma(float* c, const u32* a, u32 b0, u32 b1, bf16*) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    ptx_mma_m16n8k16_f32_bf16(c, a, b0, b1);
 }
 __device__ __forceinline__ void mma(float* c, const u32* a, u32 b0, u32 b1, f16*) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    ptx_mma_m16n8k16_f32_f16(c, a, b0, b1);
 }
 
-__device__ __forceinline__ u32 smem_addr(const void* p) {
-    u32 a;
-    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
-    return a;
-}
+__device__ __forceinline__ u32 smem_addr(const void* p) { return ptx_cvta_to_shared_u32(p); }
 
 // two 8x8 b16 matrices; lanes 0-7 give matrix 0's row addresses, lanes 8-15 matrix 1's
 __device__ __forceinline__ void ldmatrix_x2(u32& r0, u32& r1, u32 addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];"
-                 : "=r"(r0), "=r"(r1) : "r"(addr));
+    ptx_ldmatrix_x2_b16(r0, r1, addr);
 }
 __device__ __forceinline__ void ldmatrix_x2_trans(u32& r0, u32& r1, u32 addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];"
-                 : "=r"(r0), "=r"(r1) : "r"(addr));
+    ptx_ldmatrix_x2_trans_b16(r0, r1, addr);
 }
 
 // 16 bytes global -> shared, zero-filled when !valid (src_size 0 reads nothing)
 __device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
-                 :: "r"(smem_addr(dst)), "l"(src), "r"(valid ? 16 : 0));
+    ptx_cp_async_cg_16(smem_addr(dst), src, valid ? 16 : 0);
 }
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
+__device__ __forceinline__ void cp_async_commit() { ptx_cp_async_commit_group(); }
 template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" :: "n"(N)); }
+__device__ __forceinline__ void cp_async_wait() { ptx_cp_async_wait_group<N>(); }
 
 // -- the scheduler ---------------------------------------------------------------------------
 
@@ -576,6 +547,10 @@ __device__ void merge_rows(float* out, float* lse, const T* part, const float* p
     float* o = out + row * d;
     const T* p = part + row * d;
     for (int c = lane; c < d; c += 32) o[c] = o[c] * w_old + to_f32(p[c]) * w_new;
+    // every lane has read lse[row] before lane 0 replaces it (lanes of a warp need not run
+    // in step: without this a lane could weigh its part with the new LSE; found by the CPU
+    // layer, tests/fakegpu/cudacpu)
+    __syncwarp();
     if (lane == 0) lse[row] = l_new;
 }
 

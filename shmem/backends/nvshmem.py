@@ -118,7 +118,7 @@ class NvshmemHeap:
         self._nv = nv
         self.rank, self.world_size = comm.Get_rank(), comm.Get_size()
         self.local_rank, self.local_size = node_comm.Get_rank(), node_comm.Get_size()
-        from .host import host_size
+        from .nodes import host_size
 
         self.host_size = host_size(comm, node_comm)
         self.node, self.num_nodes = _nodes(comm, node_comm)

@@ -10,27 +10,14 @@ typedef unsigned long long u64;
 typedef long long i64;
 typedef unsigned int u32;
 
-__device__ __forceinline__ void store_release_sys(u64* p, u64 v) {
-    asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
-}
-__device__ __forceinline__ u64 load_acquire_sys(const u64* p) {
-    u64 v;
-    asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-    return v;
-}
+#include "shmem/kernels/ptx.cuh"
+
+__device__ __forceinline__ void store_release_sys(u64* p, u64 v) { ptx_st_release_sys_u64(p, v); }
+__device__ __forceinline__ u64 load_acquire_sys(const u64* p) { return ptx_ld_acquire_sys_u64(p); }
 __device__ __forceinline__ u64 add_release_sys(u64* p, u64 v) {
-    u64 old;
-    asm volatile("atom.add.release.sys.global.u64 %0, [%1], %2;"
-                 : "=l"(old)
-                 : "l"(p), "l"(v)
-                 : "memory");
-    return old;
+    return ptx_atom_add_release_sys_u64(p, v);
 }
-__device__ __forceinline__ u64 now_ns() {
-    u64 t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-}
+__device__ __forceinline__ u64 now_ns() { return ptx_globaltimer(); }
 
 #define CMP_EQ 0
 #define CMP_NE 1

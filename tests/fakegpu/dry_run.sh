@@ -2,10 +2,10 @@
 # The GPU validation (./dev gpu, scripts/gpu_run.py) run on the fake driver, on this machine:
 # every tier's steps, their limits under the budget, their logs and the evidence in $OUT,
 # checked before a lent GPU's time is spent on them. One fake GPU shared by the ranks
-# (LIMITED_MPG, as on the lent machine). Expected failures here, which a GPU does not have:
-# the tests and benchmarks that need torch on CUDA, and the dtypes the fake does not reduce
-# at several ranks (bool, float8, complex: UNEMULATED). Output in $OUT (default
-# /tmp/shmem-gpu-dry-run); arguments as ./dev gpu's.
+# (LIMITED_MPG, as on the lent machine); the kernels run from their own source on the CPU
+# (tests/fakegpu/cudacpu). Expected failures here, which a GPU does not have: the tests and
+# benchmarks that need torch on CUDA. Output in $OUT (default /tmp/shmem-gpu-dry-run);
+# arguments as ./dev gpu's.
 #
 #   tests/fakegpu/dry_run.sh                       # every tier, the default budget
 #   tests/fakegpu/dry_run.sh --tier 1              # setup, preflight, smoke
@@ -14,12 +14,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
-LIB="$(mktemp -d /tmp/fake-libcuda.XXXXXX)"
-trap 'rm -rf "$LIB"' EXIT
-python3 tests/fakegpu/kernel_signatures.py "$LIB"  # fake_kernel_params.h: the kernels' parameters
-cc -shared -fPIC -O1 -I "$LIB" -o "$LIB/libcuda.so.1" tests/fakegpu/fake_libcuda.c -lm -lpthread
-ln -sf libcuda.so.1 "$LIB/libcuda.so"
-export LD_LIBRARY_PATH="$LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+PY="${GPU_VENV:-$ROOT/.venv}/bin/python"
+# the fake's libraries (built once into FAKEGPU_BUILD) and their environment: the fake
+# libcuda, the CPU layer, the recording NVRTC; cubins in SHMEM_KERNEL_CACHE
+CACHE="${SHMEM_KERNEL_CACHE:-$ROOT/logs/fakegpu/kernels}"
+while IFS='=' read -r key value; do
+    [ -n "$value" ] && export "$key=$value"
+done < <("$PY" tests/fakegpu/build.py "${FAKEGPU_BUILD:-$ROOT/logs/fakegpu}" --env "$CACHE" | tail -n +2)
 export PYTHONPATH="$ROOT/tests/fakegpu:$ROOT"
 export PATH="$ROOT/tests/fakegpu/bin:$PATH"  # nvidia-smi
 export FAKEGPU_DRIVER=1 FAKE_GPUS=1          # every Python process takes the fake

@@ -18,7 +18,7 @@
  */
 #include <pthread.h>
 
-#define FA_SLOTS 48  /* kernel parameters copied (at least FK_MAX_PARAMS: fake_libcuda.c) */
+#define FA_SLOTS 48  /* kernel parameters a queued launch keeps (8 bytes each at most) */
 
 typedef struct FQ FQ;
 typedef struct FOp {
@@ -193,34 +193,4 @@ static void fa_drain_upto(FQ* q, uint64_t at) {
 static void fa_drain_all(void) {  /* the current context's streams */
     FQ* all[4096]; int n = fa_snapshot(all);
     for (int i = 0; i < n; i++) if (all[i]->ctx == g_cur) fa_drain(all[i]);
-}
-/* n bytes readable at p? (a write to a pipe fails with EFAULT where they are not; the raw
-   system call, which sanitizers do not check: reading past the caller's parameter array is
-   the point here) */
-#include <sys/syscall.h>
-static int fa_fds[2] = {-1, -1};
-static pthread_once_t fa_fds_once = PTHREAD_ONCE_INIT;
-static void fa_fds_init(void) { if (pipe2(fa_fds, O_CLOEXEC | O_NONBLOCK) != 0) fa_fds[0] = fa_fds[1] = -1; }
-static int fa_readable(const void* p, size_t n) {
-    pthread_once(&fa_fds_once, fa_fds_init);
-    int* fds = fa_fds;
-    if (fds[0] < 0) return 0;
-    long w = syscall(SYS_write, fds[1], p, n);
-    if (w > 0) { char sink[16]; long r = syscall(SYS_read, fds[0], sink, (size_t)w); (void)r; }
-    return w == (long)n;
-}
-__attribute__((no_sanitize_address)) static void fa_copy_bytes(void* d, const void* s, size_t n) {
-    for (size_t i = 0; i < n; i++) ((volatile char*)d)[i] = ((const volatile char*)s)[i];
-}
-/* the launch's parameters copied: the caller's values are gone when the kernel runs. The
-   fake does not know a kernel's parameter count: it copies FA_SLOTS slots, as far as they
-   are readable; the kernels read only their own. */
-__attribute__((no_sanitize_address)) static void fa_copy_params(FOp* op, void** params) {
-    for (int i = 0; i < FA_SLOTS; i++) op->slots[i] = &op->vals[i];
-    for (int i = 0; i < FA_SLOTS; i++) {
-        if (!fa_readable(&params[i], sizeof(void*))) break;
-        void* p; fa_copy_bytes(&p, &params[i], sizeof p);
-        if (fa_readable(p, 8)) fa_copy_bytes(&op->vals[i], p, 8);
-        else if (fa_readable(p, 4)) fa_copy_bytes(&op->vals[i], p, 4);
-    }
 }

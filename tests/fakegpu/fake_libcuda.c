@@ -15,25 +15,11 @@ static int streamdev(void* s);
 static int curdev(void);
 #define LOG(...) do{ if(getenv("FAKE_LOG")) {fprintf(stderr,"[fake] " __VA_ARGS__); fputc('\n',stderr);} }while(0)
 #include "fake_async.h"
-/* The kernels' launch parameters by name, never by position: the positions come from one
-   table, tests/fakegpu/kernel_signatures.py, which the fake's build writes as
-   fake_kernel_params.h into its build folder (cc -I that folder) and a unit test checks
-   against the .cu kernels. ARG(type, name) is the launch's parameter `name` read as `type`;
-   a kernel not in the table, a name its kernel has not, or a type of another size than the
-   table's stops the process with SIGNATURE. */
-#include "fake_kernel_params.h"
-_Static_assert(FK_MAX_PARAMS <= FA_SLOTS, "fake_async.h copies FA_SLOTS parameters a launch");
-static int fk_match(const char* pat,const char* nm){ const char* star=strchr(pat,'*'); if(!star) return !strcmp(pat,nm); /* '*': one or more characters */
-  size_t a=(size_t)(star-pat), b=strlen(star+1), n=strlen(nm); return n>a+b && !strncmp(nm,pat,a) && !strcmp(nm+n-b,star+1); }
-static const FKSig* fk_sig(const char* nm){ for(const FKSig* s=fk_sigs;s->pattern;s++) if(fk_match(s->pattern,nm)) return s; return 0; } /* the first row matching, as kernel_signatures.family_of */
-static int fk_pos(const char* nm,int id){ const FKSig* s=fk_sig(nm); for(int i=0;s && i<s->n;i++) if(s->param[i]==id) return i; return -1; }
-static void* fk_arg(const char* nm,void** params,int id,size_t size){
-  const FKSig* s=fk_sig(nm); int i=fk_pos(nm,id);
-  if(!s){ fprintf(stderr,"[fake] SIGNATURE: kernel %s is not in tests/fakegpu/kernel_signatures.py\n",nm); abort(); }
-  if(i<0){ fprintf(stderr,"[fake] SIGNATURE: kernel %s (family %s) has no parameter %s\n",nm,s->family,fkp_names[id]); abort(); }
-  if((size_t)s->size[i]!=size){ fprintf(stderr,"[fake] SIGNATURE: kernel %s: parameter %d (%s %s) has %d bytes, read as %zu\n",nm,i,s->type[i],fkp_names[id],s->size[i],size); abort(); }
-  return params[i]; }
-#define ARG(type,name) (*(type*)fk_arg(nm,params,FKP_##name,sizeof(type)))
+/* Kernels run from their own source on the CPU (cudacpu/README.md): a cubin given to
+   cuLibraryLoadData is looked up among the sources the recording NVRTC saw (fake_nvrtc.c,
+   FAKE_KERNEL_SOURCES), that source is built for the CPU, and launches run it. */
+#include "cudacpu/cudacpu_api.h"
+#include "fake_cubin.h"
 typedef struct { uintptr_t p; size_t n; int dev; } Alloc;
 static const Alloc* alloc_of(uintptr_t p);
 static void track(uintptr_t p,size_t n,int dev);
@@ -48,6 +34,8 @@ static void chk_stream(const char* what, void* s){
   void* sc=*(void**)s;
   if(sc!=g_cur) fprintf(stderr,"[fake] MISMATCH %s: stream %p belongs to ctx %p (dev %d) but current ctx is %p (dev %d)\n",what,s,sc,(int)((char*)sc-(char*)&g_ctx_dummy),g_cur,(int)((char*)g_cur-(char*)&g_ctx_dummy));
 }
+/* multiprocessors the fake reports (FAKE_SMS, default 4): grids stay small on the CPU */
+static int fake_sms(void){ const char* s=getenv("FAKE_SMS"); int n=s&&*s?atoi(s):4; return n>0?n:1; }
 CUresult cuInit(unsigned f){return 0;}
 CUresult cuDriverGetVersion(int* v){*v=13020;LOG("cuDriverGetVersion");return 0;}
 CUresult cuDeviceGetCount(int* c){const char* g=getenv("FAKE_GPUS"); *c=g?atoi(g):2; return 0;} /* FAKE_GPUS=1: the lent machine */
@@ -56,7 +44,7 @@ CUresult cuDeviceGetName(char* s,int len,int dev){snprintf(s,len,"NVIDIA FAKE H1
 CUresult cuDeviceGetUuid(unsigned char* u,int dev){for(int i=0;i<16;i++)u[i]=i+dev;return 0;}
 CUresult cuDeviceTotalMem(size_t* b,int d){*b=80ull<<30;return 0;}
 CUresult cuDeviceGetAttribute(int* pi,int attr,int dev){
-  switch(attr){case 1:*pi=1024;break; case 16:*pi=132;break; case 75:*pi=9;break; case 76:*pi=0;break; case 10:*pi=32;break; case 41:*pi=1;break; default:*pi=1;}
+  switch(attr){case 1:*pi=1024;break; case 16:*pi=fake_sms();break; case 75:*pi=9;break; case 76:*pi=0;break; case 10:*pi=32;break; case 41:*pi=1;break; default:*pi=1;}
   LOG("cuDeviceGetAttribute(%d) -> %d",attr,*pi); return 0;}
 CUresult cuDeviceGetPCIBusId(char* s,int len,int dev){LOG("cuDeviceGetPCIBusId len=%d dev=%d",len,dev);snprintf(s,len,"0000:%02X:00.0",dev+0x41);return 0;}
 CUresult cuMemGetInfo(size_t* f,size_t* t){*f=1000;*t=2000;LOG("cuMemGetInfo ctx=%p",g_cur);return 0;}
@@ -191,140 +179,75 @@ CUresult cuPointerGetAttributes(unsigned n,int* attrs,void** data,uintptr_t p){
   for(unsigned i=0;i<n;i++){ if(range_attr(attrs[i],data[i],p)) continue; if(attrs[i]==2)*(unsigned*)data[i]=2; else if(attrs[i]==9)*(int*)data[i]=0; else memset(data[i],0,4);} return 0;}
 CUresult cuGetErrorString(int e,const char** p){*p="fake error";return 0;}
 CUresult cuGetErrorName(int e,const char** p){*p="FAKE";return 0;}
-static int g_lib;
-typedef struct { char name[128]; } FKern;
-static FKern g_kerns[1024]; static int g_nk;  /* (64 overflowed: the project has more kernels) */
-CUresult cuLibraryLoadData(void** lib,const void* code,void* a,void* b,unsigned c,void* d,void* e,unsigned f){*lib=&g_lib;LOG("cuLibraryLoadData");return 0;}
-CUresult cuLibraryUnload(void* l){return 0;}
+/* a library: the CPU build of the cubin's source */
+typedef struct { cudacpu_module* m; char key[33]; } FLib;
+typedef struct { char name[128]; cudacpu_kernel* k; } FKern;
+static FKern g_kerns[4096]; static int g_nk; static pthread_mutex_t g_kerns_mu = PTHREAD_MUTEX_INITIALIZER;
+static char* slurp(const char* path, size_t* n){ FILE* f=fopen(path,"rb"); if(!f) return 0;
+  fseek(f,0,SEEK_END); long len=ftell(f); rewind(f); char* b=malloc((size_t)len+1);
+  size_t got=fread(b,1,(size_t)len,f); fclose(f); b[got]=0; if(n)*n=got; return b; }
+CUresult cuLibraryLoadData(void** lib,const void* code,void* a,void* b,unsigned c,void* d,void* e,unsigned f){
+  size_t n=fake_elf_extent(code);
+  if(!n){ fprintf(stderr,"[fake] cuLibraryLoadData: the image is not an ELF cubin\n"); return 200; } /* CUDA_ERROR_INVALID_IMAGE */
+  FLib* L=calloc(1,sizeof *L); fake_cubin_key(code,n,L->key);
+  const char* dir=getenv("FAKE_KERNEL_SOURCES"); char path[4096]; size_t len=0;
+  snprintf(path,sizeof path,"%s/%s.cu",dir?dir:"",L->key); char* src=dir?slurp(path,&len):0;
+  snprintf(path,sizeof path,"%s/%s.opts",dir?dir:"",L->key); char* opts=dir?slurp(path,0):0;
+  if(!src || !opts){ fprintf(stderr,"[fake] cuLibraryLoadData: no source recorded for cubin %s in FAKE_KERNEL_SOURCES=%s: "
+      "it was compiled without the recording NVRTC (tests/fakegpu/fake_nvrtc.c); use a kernel cache that it filled\n",L->key,dir?dir:"(unset)");
+    free(src); free(opts); free(L); return 200; }
+  char err[16384]; L->m=cudacpu_load(src,len,opts,err,sizeof err); free(src); free(opts);
+  if(!L->m){ fprintf(stderr,"[fake] cuLibraryLoadData: the CPU build of cubin %s failed: %s\n",L->key,err); free(L); return 200; }
+  LOG("cuLibraryLoadData %s",L->key); *lib=L; return 0;}
+CUresult cuLibraryUnload(void* l){return 0;} /* (the CPU build stays loaded: kernels may still be queued) */
 CUresult cuLibraryGetKernel(void** k,void* lib,const char* name){
-  for(int i=0;i<g_nk;i++) if(!strcmp(g_kerns[i].name,name)){*k=&g_kerns[i];LOG("cuLibraryGetKernel %s (again)",name);return 0;}
-  if(g_nk>=1024){ fprintf(stderr,"[fake] more than 1024 kernels\n"); return 1; }
-  snprintf(g_kerns[g_nk].name,128,"%s",name); *k=&g_kerns[g_nk++]; LOG("cuLibraryGetKernel %s",name); return 0;}
+  cudacpu_kernel* ck=cudacpu_kernel_of(((FLib*)lib)->m,name);
+  if(!ck){ LOG("cuLibraryGetKernel %s: not in the library",name); return 500; } /* CUDA_ERROR_NOT_FOUND */
+  pthread_mutex_lock(&g_kerns_mu);
+  for(int i=0;i<g_nk;i++) if(g_kerns[i].k==ck){*k=&g_kerns[i]; pthread_mutex_unlock(&g_kerns_mu); return 0;}
+  if(g_nk>=4096){ pthread_mutex_unlock(&g_kerns_mu); fprintf(stderr,"[fake] more than 4096 kernels\n"); return 2; }
+  snprintf(g_kerns[g_nk].name,128,"%s",name); g_kerns[g_nk].k=ck; *k=&g_kerns[g_nk++];
+  pthread_mutex_unlock(&g_kerns_mu); LOG("cuLibraryGetKernel %s",name); return 0;}
 CUresult cuKernelGetFunction(void** f,void* k){*f=k;return 0;}
-/* element size of the dtype token at the start of dt ("int8_op", "bfloat16_to_float32_sum") */
-static int tok(const char* dt, const char* name){ size_t n=strlen(name); return !strncmp(dt,name,n) && dt[n]=='_'; }
-static int fake_es(const char* dt){
-  if(tok(dt,"complex128")) return 16;
-  if(tok(dt,"complex64")||tok(dt,"float64")||tok(dt,"int64")||tok(dt,"uint64")) return 8;
-  if(tok(dt,"float16")||tok(dt,"bfloat16")||tok(dt,"int16")||tok(dt,"uint16")) return 2;
-  if(tok(dt,"float8_e4m3")||tok(dt,"float8_e5m2")||tok(dt,"int8")||tok(dt,"uint8")||tok(dt,"bool")) return 1;
-  return 4; }
-#include "fake_attention.h"
-static uint64_t now_ns(void){ struct timespec t; clock_gettime(CLOCK_MONOTONIC,&t); return (uint64_t)t.tv_sec*1000000000ull+(uint64_t)t.tv_nsec; }
-/* a spinning "kernel" sleeps a little: ranks may outnumber the cores, and the rank it waits for needs one */
-static void spin_pause(void){ struct timespec t={0,20000}; nanosleep(&t,0); }
-#include "fake_collectives.h"
+/* CUlaunchAttribute: an id, padding to 8 bytes, a 64-byte value; CU_LAUNCH_ATTRIBUTE_COOPERATIVE is 2 */
+static int cooperative_of(const CUlaunchConfig* c){ for(unsigned i=0;i<c->nattrs;i++){ const char* a=(const char*)c->attrs+72*(size_t)i;
+    if(*(const int*)a==2) return *(const int*)(a+8); } return 0; }
+static CUresult check_launch(const CUlaunchConfig* c,void* f){
+  cudacpu_dim3 g={c->gx,c->gy,c->gz}, b={c->bx,c->by,c->bz}; char err[1024];
+  int rc=cudacpu_check(((FKern*)f)->k,g,b,c->shm,cooperative_of(c),fake_sms(),err,sizeof err);
+  if(rc) fprintf(stderr,"[fake] launch refused: %s\n",err);
+  return rc; }
 CUresult cuLaunchKernelEx(const CUlaunchConfig* c,void* f,void** params,void** extra){chk_stream("cuLaunchKernelEx",c->hStream);
   if(!params){LOG("  NO PARAMS");return 1;}
-  if(fa_enabled()){ FOp* op=calloc(1,sizeof(FOp)); op->kind=0; op->cfg=*c; op->f=f; op->dev=streamdev(c->hStream); fa_copy_params(op,params); fa_enqueue(c->hStream,op); return 0; }
+  CUresult rc=check_launch(c,f); if(rc) return rc;
+  if(fa_enabled()){ FOp* op=calloc(1,sizeof(FOp)); op->kind=0; op->cfg=*c; op->f=f; op->dev=streamdev(c->hStream);
+    size_t sizes[FA_SLOTS]; int n=cudacpu_params(((FKern*)f)->k,sizes,FA_SLOTS);
+    if(n>FA_SLOTS){ fprintf(stderr,"[fake] %s: more than %d parameters\n",((FKern*)f)->name,FA_SLOTS); free(op); return 1; }
+    for(int i=0;i<n;i++){ if(sizes[i]>8){ fprintf(stderr,"[fake] %s: parameter %d has %zu bytes (at most 8 are queued)\n",((FKern*)f)->name,i,sizes[i]); free(op); return 1; }
+      op->slots[i]=&op->vals[i]; memcpy(&op->vals[i],params[i],sizes[i]); }
+    fa_enqueue(c->hStream,op); return 0; }
   return run_kernel(c,f,params);}
 static CUresult run_kernel(const CUlaunchConfig* c,void* f,void** params){
-  const char* nm = ((FKern*)f)->name;
-  LOG("cuLaunchKernelEx %s grid=(%u,%u,%u) block=(%u,%u,%u) shm=%u nattrs=%u stream=%p dev=%d",nm,c->gx,c->gy,c->gz,c->bx,c->by,c->bz,c->shm,c->nattrs,c->hStream,streamdev(c->hStream));
-  if(!params){LOG("  NO PARAMS");return 1;}
-  if(!strcmp(nm,"shmem_strided_copy")){
-    char* dst=ARG(char*,dst); const char* src=ARG(const char*,src);
-    unsigned long long n=ARG(unsigned long long,n); int rank=ARG(int,rank); int es=ARG(int,elem_size);
-    const long long* meta=ARG(const long long*,meta);
-    LOG("  strided_copy dst=%p src=%p n=%llu rank=%d elem=%d meta=%p",dst,src,n,rank,es,meta); { int dv=streamdev(c->hStream); chk_access("dst",(uintptr_t)dst,dv); chk_access("src",(uintptr_t)src,dv); chk_access("meta",(uintptr_t)meta,dv);} 
-    for(int d=0; d<3*rank; d++) LOG("    meta[%d]=%lld",d,meta[d]);
-    for(unsigned long long i=0;i<n;i++){ long long rem=(long long)i, doff=0, soff=0;
-      for(int d=rank-1;d>=0;--d){ long long ext=meta[d], idx=rem%ext; rem/=ext; doff+=idx*meta[rank+d]; soff+=idx*meta[2*rank+d]; }
-      memcpy(dst+doff, src+soff, es); }
-  } else if(!strcmp(nm,"saxpy")){
-    float a=ARG(float,a); const float* x=ARG(const float*,x); float* y=ARG(float*,y); unsigned long long n=ARG(unsigned long long,n);
-    LOG("  saxpy a=%g x=%p y=%p n=%llu",a,x,y,n);
-    unsigned long long total=(unsigned long long)c->gx*c->gy*c->gz*c->bx*c->by*c->bz;
-    for(unsigned long long i=0;i<n && i<total;i++) y[i]=a*x[i]+y[i];
-  } else if(!strcmp(nm,"block_ids")){
-    int* out=ARG(int*,out);
-    for(unsigned z=0;z<c->gz;z++)for(unsigned y=0;y<c->gy;y++)for(unsigned x=0;x<c->gx;x++){int b=x+c->gx*(y+c->gy*z); out[b]=b;}
-  } else if(!strcmp(nm,"shmem_signal")){
-    uint64_t* f=ARG(uint64_t*,flag); uint64_t v=ARG(uint64_t,value); int op=ARG(int,op);
-    LOG("  signal %p op=%d v=%llu",(void*)f,op,(unsigned long long)v); if(op==0)__atomic_store_n(f,v,__ATOMIC_RELEASE); else __atomic_fetch_add(f,v,__ATOMIC_ACQ_REL);
-  } else if(!strcmp(nm,"shmem_wait_until")){
-    /* as the kernel: spin (another process may raise the flag) until it holds or timeout_ns */
-    /* signal words are uint64, compared unsigned (as the kernel) */
-    uint64_t* f=ARG(uint64_t*,flag); int cmp=ARG(int,cmp); uint64_t val=ARG(uint64_t,value); uint64_t tmo=ARG(uint64_t,timeout_ns); long long* res=ARG(long long*,result);
-    uint64_t t0=now_ns(); uint64_t v; int ok;
-    for(;;){ v=__atomic_load_n(f,__ATOMIC_ACQUIRE); ok = cmp==0? v==val : cmp==1? v!=val : cmp==2? v>val : cmp==3? v>=val : cmp==4? v<val : v<=val;
-      if(ok || now_ns()-t0>tmo) break; spin_pause(); }
-    res[0]=(long long)v; res[1]=ok; LOG("  wait_until v=%llu cmp=%d val=%llu ok=%d",(unsigned long long)v,cmp,(unsigned long long)val,ok);
-  } else if(!strcmp(nm,"shmem_barrier")){
-    uint64_t** pads=ARG(uint64_t**,pads); int rank=ARG(int,rank); int size=ARG(int,size); uint64_t ep=ARG(uint64_t,epoch); uint64_t tmo=ARG(uint64_t,timeout_ns); long long* res=ARG(long long*,result);
-    int round=0; res[0]=-1; res[1]=0;
-    for(int d=1; d<size; d<<=1, ++round){ __atomic_store_n(&pads[(rank+d)%size][round],ep,__ATOMIC_RELEASE); uint64_t t0=now_ns(), v;
-      while((v=__atomic_load_n(&pads[rank][round],__ATOMIC_ACQUIRE))<ep){ if(now_ns()-t0>tmo){res[0]=round;res[1]=(long long)v;break;} spin_pause(); }
-      if(res[0]>=0) break; }
-    LOG("  barrier rank=%d size=%d epoch=%llu -> %lld",rank,size,(unsigned long long)ep,res[0]);
-  } else if(!strcmp(nm,"shmem_atomic")){
-    void* t=ARG(void*,target); int w=ARG(int,width); int op=ARG(int,op); uint64_t v=ARG(uint64_t,value), cmpv=ARG(uint64_t,compare); uint64_t* old=ARG(uint64_t*,old);
-    /* atomic across the processes that map the same heap */
-    if(w==8){uint64_t* p=t; uint64_t prev; if(op==0)prev=__atomic_fetch_add(p,v,__ATOMIC_ACQ_REL); else if(op==1)prev=__atomic_exchange_n(p,v,__ATOMIC_ACQ_REL); else {prev=cmpv; __atomic_compare_exchange_n(p,&prev,v,0,__ATOMIC_ACQ_REL,__ATOMIC_ACQUIRE);} *old=prev;}
-    else {uint32_t* p=t; uint32_t prev; if(op==0)prev=__atomic_fetch_add(p,(uint32_t)v,__ATOMIC_ACQ_REL); else if(op==1)prev=__atomic_exchange_n(p,(uint32_t)v,__ATOMIC_ACQ_REL); else {prev=(uint32_t)cmpv; __atomic_compare_exchange_n(p,&prev,(uint32_t)v,0,__ATOMIC_ACQ_REL,__ATOMIC_ACQUIRE);} *old=prev;}
-    LOG("  atomic w=%d op=%d -> old=%llu",w,op,(unsigned long long)*old);
-  } else if(!strncmp(nm,"allreduce_one_shot_",19) || !strncmp(nm,"allreduce_two_shot_",19)){
-    int two = nm[10]=='t';
-    char* in=ARG(char*,input); char** scratch=ARG(char**,scratch); char** results= two? ARG(char**,results) : 0;
-    char* out=ARG(char*,out); unsigned long long n=ARG(unsigned long long,n); double scale=ARG(double,scale);
-    int opk = strlen(nm)>3 && !strcmp(nm+strlen(nm)-3,"_op"); int op = opk ? ARG(int,op) : -1;
-    uint64_t** flags=ARG(uint64_t**,flags); unsigned* arrive=ARG(unsigned*,arrive); unsigned base=ARG(unsigned,arrive_base);
-    uint64_t stage0=ARG(uint64_t,stage0); int* status=ARG(int*,status); int rank=ARG(int,rank); int size=ARG(int,size);
-    const char* dt=nm+19; int wide = strstr(nm,"_to_float32")!=0;
-    int es = fake_es(dt);
-    unsigned stages = two?3:2;
-    uint64_t* epoch=(uint64_t*)(arrive+2); if(stage0==0) stage0=*epoch+1; /* device-side stages */
-    LOG("  allreduce %s n=%llu es=%d op=%d rank=%d size=%d stage0=%llu base=%u arrive=%u",nm,n,es,op,rank,size,(unsigned long long)stage0,base,*arrive);
-    if(opk && (op<0 || op>7)) fprintf(stderr,"[fake] OPCODE %d out of range\n",op);
-    if(size!=1){ fake_collective(nm,params); return 0; } /* fake_collectives.h */
-    if(*arrive!=0 || base!=0) fprintf(stderr,"[fake] ARRIVE MISMATCH: counter %u, host base %u (both 0: device-side stages)\n",*arrive,base);
-    if(flags[0][0] < stage0-1){ *status=1; fprintf(stderr,"[fake] ENTRY: flag %llu < stage0-1 %llu\n",(unsigned long long)flags[0][0],(unsigned long long)(stage0-1)); return 0; }
-    if(in!=scratch[0]) memcpy(scratch[0],in,n*es);
-    if(wide || scale!=1.0){ /* one rank: out = x * scale, rounded once to the output type */
-      int di = !strncmp(dt,"bfloat16",8) ? 2 : !strncmp(dt,"float16",7) ? 1 : !strncmp(dt,"float64",7) ? 8 : 4;
-      memcpy(scratch[0],in,n*es);
-      for(unsigned long long i=0;i<n;i++) fa_store(out,i,fa_load(scratch[0],i,di)*(di==8?scale:(double)(float)scale),wide?4:di);
-    } else if(two){ memcpy(results[0],scratch[0],n*es); memcpy(out,results[0],n*es);} else memcpy(out,scratch[0],n*es);
-    flags[0][0]=stage0+stages-1; *epoch=stage0+stages-1; /* the counter ends at 0, as the kernel's */
-  } else if(!strncmp(nm,"family_",7) || !strncmp(nm,"reduce_scatter_",15)){
-    /* one rank: every part is this rank's own; the stage bookkeeping as the real kernel */
-    int rs = nm[0]=='r'; int bc = !strcmp(nm,"family_broadcast"); int a2a = !strcmp(nm,"family_all_to_all");
-    char* in=ARG(char*,input); char** scratch=ARG(char**,scratch); char* out=ARG(char*,out);
-    unsigned long long n= rs ? ARG(unsigned long long,n) : ARG(unsigned long long,nbytes); unsigned long long lo=0, hi=0, stride=0; int root=0;
-    if(rs){ lo=ARG(unsigned long long,lo); hi=ARG(unsigned long long,hi); if(!strcmp(nm+strlen(nm)-3,"_op")){ int op=ARG(int,op); if(op<0||op>7) fprintf(stderr,"[fake] OPCODE %d out of range\n",op);} }
-    else if(bc) root=ARG(int,root); else stride=ARG(unsigned long long,stride);
-    uint64_t** flags=ARG(uint64_t**,flags); unsigned* arrive=ARG(unsigned*,arrive); unsigned base=ARG(unsigned,arrive_base);
-    uint64_t stage0=ARG(uint64_t,stage0); int* status=ARG(int*,status); int rank=ARG(int,rank); int size=ARG(int,size);
-    uint64_t* epoch=(uint64_t*)(arrive+2); if(stage0==0) stage0=*epoch+1;
-    LOG("  %s n=%llu lo=%llu hi=%llu stride=%llu root=%d rank=%d size=%d stage0=%llu",nm,n,lo,hi,stride,root,rank,size,(unsigned long long)stage0);
-    if(size!=1){ fake_collective(nm,params); return 0; } /* fake_collectives.h */
-    if(*arrive!=0 || base!=0) fprintf(stderr,"[fake] ARRIVE MISMATCH: counter %u, host base %u (both 0: device-side stages)\n",*arrive,base);
-    if(flags[0][0] < stage0-1){ *status=1; fprintf(stderr,"[fake] ENTRY: flag %llu < stage0-1 %llu\n",(unsigned long long)flags[0][0],(unsigned long long)(stage0-1)); return 0; }
-    if(rs){ const char* dt=nm+15; int es = fake_es(dt);
-      memcpy(scratch[0],in,n*es); if(hi>lo) memcpy(out,scratch[0]+lo*es,(hi-lo)*es); }
-    else { memcpy(scratch[0],in,n); memcpy(out,scratch[0],n); (void)a2a; }
-    flags[0][0]=stage0+1; *epoch=stage0+1;
-  } else if(!strcmp(nm,"allreduce_drain") && ARG(int,size)!=1){ fake_collective(nm,params);
-  } else if(!strcmp(nm,"allreduce_drain")){
-    uint64_t** flags=ARG(uint64_t**,flags); unsigned* arrive=ARG(unsigned*,arrive); uint64_t stage0=ARG(uint64_t,stage0); int* status=ARG(int*,status);
-    if(stage0==0) stage0=*(uint64_t*)(arrive+2)+1;
-    if(flags[0][0] < stage0-1){*status=1; fprintf(stderr,"[fake] DRAIN: flag %llu < %llu\n",(unsigned long long)flags[0][0],(unsigned long long)(stage0-1));}
-  } else if(fake_reduce_local(nm,params)){
-  } else if(fake_attention(nm,c->gx,c->gy,c->gz,params)){
-  } else LOG("  unknown kernel, not emulated");
-  return 0;}
+  FKern* k=f; cudacpu_dim3 g={c->gx,c->gy,c->gz}, b={c->bx,c->by,c->bz}; char err[1024];
+  LOG("cuLaunchKernelEx %s grid=(%u,%u,%u) block=(%u,%u,%u) shm=%u nattrs=%u stream=%p dev=%d",k->name,c->gx,c->gy,c->gz,c->bx,c->by,c->bz,c->shm,c->nattrs,c->hStream,streamdev(c->hStream));
+  int rc=cudacpu_launch(k->k,g,b,c->shm,params,cooperative_of(c),fake_sms(),err,sizeof err);
+  if(rc) fprintf(stderr,"[fake] launch refused: %s\n",err);
+  return rc;}
 
 CUresult cuStreamIsCapturing(void* s,int* st){*st=0;return 0;}
 CUresult cuStreamGetCaptureInfo(void* s,int* st,unsigned long long* id,void** g,void** deps,void** ed,size_t* n){if(st)*st=0;return 0;}
 CUresult cuPointerGetAttribute(void* data,int attr,uintptr_t p){if(!range_attr(attr,data,p))memset(data,0,8);return 0;}
 CUresult cuKernelGetAttribute(int* pi,int attr,void* k,int dev){*pi=attr==0?1024:0;return 0;}
-CUresult cuKernelGetParamInfo(void* k,size_t idx,size_t* off,size_t* sz){if(idx>=3)return 1; *off=idx*8; *sz=8; return 0;}
-CUresult cuKernelGetParamCount(void* k,size_t* n){*n=3;return 0;}
+/* each parameter at the next offset its size aligns (as the CUDA ABI lays them out) */
+CUresult cuKernelGetParamInfo(void* k,size_t idx,size_t* off,size_t* sz){ size_t sizes[256]; int n=cudacpu_params(((FKern*)k)->k,sizes,256);
+  if((int)idx>=n) return 1; size_t at=0; for(size_t i=0;i<=idx;i++){ size_t a=sizes[i]>8?8:sizes[i]; at=(at+a-1)/a*a; if(i<idx) at+=sizes[i]; }
+  *off=at; *sz=sizes[idx]; return 0; }
+CUresult cuKernelGetParamCount(void* k,size_t* n){*n=(size_t)cudacpu_params(((FKern*)k)->k,0,0);return 0;}
 CUresult cuMemGetDefaultMemPool(void** p,void* loc,int t){*p=&g_pools[((int*)loc)[1]];return 0;}
 CUresult cuMemPoolSetAccess(void* p,void* d,size_t n){const int* a=(const int*)d; for(size_t i=0;i<n;i++){ LOG("cuMemPoolSetAccess pool of dev %d: dev %d gets flags=%d (loc.type=%d)",POOLIDX(p),a[3*i+1],a[3*i+2],a[3*i]); g_access[POOLIDX(p)][a[3*i+1]]=a[3*i+2]; } return 0;}
 CUresult cuLibraryGetModule(void** m,void* l){*m=l;return 0;}
-CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int* n,void* f,int bs,size_t shm){*n=2048/bs;LOG("cuOccupancyMaxActiveBlocksPerMultiprocessor bs=%d -> %d",bs,*n);return 0;}
-CUresult cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int* n,void* f,int bs,size_t shm,unsigned fl){*n=2048/bs;return 0;}
+CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int* n,void* f,int bs,size_t shm){*n=cudacpu_blocks_per_sm(((FKern*)f)->k,bs,shm);LOG("cuOccupancyMaxActiveBlocksPerMultiprocessor bs=%d -> %d",bs,*n);return 0;}
+CUresult cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int* n,void* f,int bs,size_t shm,unsigned fl){*n=cudacpu_blocks_per_sm(((FKern*)f)->k,bs,shm);return 0;}
 CUresult cuCtxDisablePeerAccess(void* c){return 0;}
 struct E{const char*n;void*f;};
 #define X(n) {#n, n}

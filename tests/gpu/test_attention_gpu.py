@@ -79,6 +79,8 @@ CASES = [
     ("float32", 72, MaskSpec(causal=True), [0, 99, 180], 2, 2),
     ("float32", 128, MaskSpec(), [0, 64], 1, 1),
     ("bfloat16", 40, MaskSpec(causal=True), [0, 77], 2, 1),  # the general path in bf16
+    ("bfloat16", 80, MaskSpec(causal=True), [0, 150], 2, 2),
+    ("float16", 48, MaskSpec(), [0, 90], 2, 1),  # the general path in fp16
 ]
 
 
@@ -179,7 +181,8 @@ def test_a_unit_with_its_own_keys_and_a_position_offset(
 def test_the_kernel_takes_the_host_schedulers_tiles(scheduler: str, schedule: Any) -> None:
     """The trace of every CTA: for transient and static schedulers the same items in the
     same order as the host loop (worker_items); for the queued one, CTA c starts on item c
-    and the CTAs together take every valid item exactly once (claim order is dynamic)."""
+    (or on its first claim where item c is invalid) and the CTAs together take every valid
+    item exactly once (claim order is dynamic)."""
     docs = [0, 70, 400, 401, 600]
     mask = MaskSpec(causal=True)
     heads, d = 3, 64
@@ -209,7 +212,12 @@ def test_the_kernel_takes_the_host_schedulers_tiles(scheduler: str, schedule: An
         sched: Any = TileScheduler(workers, schedule)  # for valid(): the same order
         valid = [i for i in range(summary.num_items) if sched.valid(summary, i)]
         assert sorted(i for t in taken for i in t if sched.valid(summary, i)) == valid
-        assert all(t[0] == c for c, t in enumerate(taken) if t)
+        # CTA c starts on item c, or, where item c is past its sequence's end, on the first
+        # valid item it claims (the host's QueuedTileScheduler.initial_state; the fake's old
+        # copy of the kernel recorded item c regardless, which hid this)
+        for c, t in enumerate(taken):
+            if t:
+                assert t[0] == c if sched.valid(summary, c) else t[0] >= grid, (c, t)
         return
     sched = (
         TileScheduler(workers, schedule)

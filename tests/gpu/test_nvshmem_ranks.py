@@ -188,6 +188,7 @@ def test_gpu_all_reduce_equals_host_semantics(
     mine = _inputs(w.rank, n, dt)
     with collectives.Communicator(w) as comm:
         got = comm.all_reduce(mine, op=op, algorithm=algorithm)  # numpy in: numpy out
+        part = comm.reduce_scatter(mine, op=op)  # (its own kernels, one per dtype and op)
     expected = np.empty(n, dt)
     reduce_into(
         expected,
@@ -197,6 +198,10 @@ def test_gpu_all_reduce_equals_host_semantics(
         avg_count=w.world_size,
     )
     assert got.tobytes() == expected.tobytes()
+    from collectives.schedule import shard_of
+
+    lo, hi = shard_of(n, w.world_size, w.rank)
+    assert part.tobytes() == expected[lo:hi].tobytes()
     digests = w.comm.allgather(hashlib.sha256(got.tobytes()).hexdigest())
     assert len(set(digests)) == 1
 
@@ -221,6 +226,35 @@ def test_gpu_all_reduce_in_place_on_an_shmem_buffer_and_errors(gpu_world: Any) -
                 comm.all_reduce(np.zeros(4, np.float32), op="band")
     finally:
         buf.close()
+
+
+def test_gpu_all_reduce_times_out_in_the_kernel_when_a_rank_never_arrives(gpu_world: Any) -> None:
+    """The kernel's own deadline (its waits on the global timer): where the last rank never
+    calls, the others' kernels give up after ``[signal] timeout_s`` and each raises
+    SignalTimeoutError from the status word, naming the wait; closing stays collective."""
+    import dataclasses
+
+    import collectives
+
+    w = gpu_world
+    if w.world_size < 2:
+        pytest.skip("needs a rank that stays away")
+    config = w.config
+    w.config = dataclasses.replace(config, signal=dataclasses.replace(config.signal, timeout_s=1.0))
+    try:
+        comm = collectives.Communicator(w)
+        assert comm._gpu is not None
+        # the kernels compare the calls; configs/ci.toml's host-side check would wait for
+        # the absent rank first (a deadline of its own, its exchange then out of step)
+        comm._gpu.check_args = False
+        comm.all_reduce(np.ones(16, np.float32), algorithm="one_shot")  # (scratch, stages)
+        if w.rank != w.world_size - 1:
+            with pytest.raises(SignalTimeoutError, match=r"timed out after 1 s waiting"):
+                comm.all_reduce(np.ones(16, np.float32), algorithm="one_shot")
+        w.barrier()
+        comm.close()
+    finally:
+        w.config = config
 
 
 @pytest.mark.parametrize("who", ["every rank", "rank 0 only"])
@@ -361,19 +395,24 @@ def test_gpu_all_reduce_and_all_gather_replay_in_a_cuda_graph(gpu_world: Any) ->
 
 
 @pytest.mark.parametrize(
-    ("op", "algorithm"),
+    ("dtype", "op", "algorithm"),
     grid(
-        ["sum", "avg"], ["one_shot", "two_shot"], smoke=[("sum", "one_shot"), ("avg", "two_shot")]
+        ["bfloat16", "float16"],
+        ["sum", "avg", "prod", "min", "max"],
+        ["one_shot", "two_shot"],
+        smoke=[("bfloat16", "sum", "one_shot"), ("bfloat16", "avg", "two_shot")],
     ),
 )
-def test_gpu_all_reduce_fused_out_dtype_and_scale(gpu_world: Any, op: str, algorithm: str) -> None:
-    """bfloat16 in, float32 out, scaled in the kernel: bitwise the host's rank-order float32
-    reduction times the scale (one rounding, to float32)."""
+def test_gpu_all_reduce_fused_out_dtype_and_scale(
+    gpu_world: Any, dtype: str, op: str, algorithm: str
+) -> None:
+    """16-bit floats in, float32 out, scaled in the kernel: bitwise the host's rank-order
+    float32 reduction times the scale (one rounding, to float32)."""
     import collectives
     from collectives.ops import reduce_into
 
     w = gpu_world
-    dt = np.dtype(ml_dtypes.bfloat16)
+    dt = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(dtype)
     n, p = 5000, w.world_size
     acc = np.dtype(np.float32)
     with collectives.Communicator(w) as comm:
@@ -386,8 +425,41 @@ def test_gpu_all_reduce_fused_out_dtype_and_scale(gpu_world: Any, op: str, algor
     assert got.dtype == acc and got.tobytes() == want.tobytes()
 
 
-OP_ARG_DTYPES = ["int8", "uint16", "int32", "uint32", "int64", "uint64", "bool",
-                 "float8_e4m3", "float8_e5m2", "complex64", "complex128"]  # fmt: skip
+@pytest.mark.parametrize("op", ["sum", "avg", "prod", "min", "max"])
+def test_gpu_float32_accumulated_in_float64_equals_the_host(gpu_world: Any, op: str) -> None:
+    """``[collectives] float32_accumulate = "float64"``: the float32 kernels that accumulate
+    in double (``*_float32_acc64_*``), both algorithms and the reduce-scatter, bitwise the
+    host's rank-order float64 reduction rounded once."""
+    import dataclasses
+
+    import collectives
+    from collectives.ops import reduce_into
+    from collectives.schedule import shard_of
+
+    w = gpu_world
+    n, p = 3001, w.world_size
+    config = w.config
+    wide = dataclasses.replace(config.collectives, float32_accumulate="float64")
+    w.config = dataclasses.replace(config, collectives=wide)
+    try:
+        comm = collectives.Communicator(w)
+    finally:
+        w.config = config
+    with comm:
+        got = [comm.all_reduce(_inputs(w.rank, n, np.float32), op=op, algorithm=a)
+               for a in ("one_shot", "two_shot")]  # fmt: skip
+        part = comm.reduce_scatter(_inputs(w.rank, n, np.float32), op=op)
+    want = np.empty(n, np.float32)
+    every = [_inputs(r, n, np.float32) for r in range(p)]
+    reduce_into(want, every, op, np.dtype(np.float64), avg_count=p)
+    for g in got:
+        assert g.tobytes() == want.tobytes(), op
+    lo, hi = shard_of(n, p, w.rank)
+    assert part.tobytes() == want[lo:hi].tobytes(), op
+
+
+OP_ARG_DTYPES = ["int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64",
+                 "bool", "float8_e4m3", "float8_e5m2", "complex64", "complex128"]  # fmt: skip
 
 
 def _any_inputs(rank: int, n: int, dt: np.dtype[Any]) -> np.ndarray[Any, Any]:

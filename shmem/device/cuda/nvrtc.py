@@ -11,6 +11,7 @@ compiling the same kernel at once are safe. Needs no GPU: only NVRTC.
 from __future__ import annotations
 
 import os
+import re
 import threading
 from pathlib import Path
 from typing import Any
@@ -46,9 +47,32 @@ def nvrtc_version() -> tuple[int, int]:
     return int(major), int(minor)
 
 
+_INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]+"([^"]+)"[ \t]*$', re.M)
+
+
 def source_of(relative: str) -> str:
-    """The text of a kernel file shipped with the package, e.g. ``collectives/kernels/x.cu``."""
-    return (_ROOT / relative).read_text()
+    """The text of a kernel file shipped with the package, e.g. ``collectives/kernels/x.cu``,
+    with each ``#include "path"`` (a path from the package root, such as
+    ``shmem/kernels/ptx.cuh``) replaced by that file's text, once per source: NVRTC compiles
+    one string, and what it compiled is that string (the CPU layer of the tests builds the
+    same one)."""
+    seen: set[str] = set()
+
+    def expand(rel: str) -> str:
+        seen.add(rel)
+
+        def one(m: re.Match[str]) -> str:
+            inc = m.group(1)
+            if not (_ROOT / inc).is_file():
+                raise KernelCompileError(
+                    f"source_of({relative}): {rel} includes {inc!r}, which is not a file of "
+                    "the package (expected a path from its root, e.g. shmem/kernels/ptx.cuh)"
+                )
+            return "" if inc in seen else f"// {inc}\n" + expand(inc)
+
+        return _INCLUDE.sub(one, (_ROOT / rel).read_text())
+
+    return expand(relative)
 
 
 def _cache(directory: Path) -> Any:
