@@ -24,12 +24,13 @@ from shmem.errors import (
     ShmemError,
 )
 
+from . import signed
 from .allreduce_plans import NodesPlan, tiny_plan
 from .channel import Channel, Flag
 from .cross import CROSS_RS_MIN_NBYTES, reduce_across
 from .operand import Array, Operand, agree, output_array
 from .ops import ReduceOp, accumulate_dtype, check_op, reduce_into
-from .replay import MAX_PLANS, replay_status, round_up
+from .replay import cached_plan, replay_status, round_up
 from .schedule import ALGORITHMS, Algorithm, shard_bounds, shard_of
 
 if TYPE_CHECKING:
@@ -68,18 +69,26 @@ def all_reduce(
     op: ReduceOp | str,
     out: SHMEMBuffer | Array | None,
     algorithm: Algorithm | str,
+    call: str = "all_reduce",
 ) -> SHMEMBuffer | Array:
+    """``out = x_0 op x_1 ... op x_{P-1}`` (see the module). ``call``: the collective the
+    signature names (a reduce-scatter across nodes runs as this all-reduce: a rank in a real
+    all-reduce against it is still a mismatch; its plans are cached apart)."""
     where = "Communicator.all_reduce"
     error: Exception | None = None
     xin: Operand | None = None
     ret: SHMEMBuffer | Array | None = None
     dst: Array | None = None
     record: tuple[object, ...] = ("all_reduce", "invalid")
+    algo = ""
     try:
         xin = Operand(x, where, "x")
         check_op(op, xin.dtype, where)
         ret, dst = output_array(out, xin.count, xin.dtype, where, xin)
-        record = ("all_reduce", xin.count, dtype_name(xin.dtype), str(op), str(algorithm))
+        # the algorithm that runs is part of the call ("auto" resolved): ranks that would
+        # run different protocols differ in their signatures
+        algo = choose(ch, algorithm, xin.count * xin.dtype.itemsize, where)
+        record = (call, xin.count, dtype_name(xin.dtype), str(op), algo)
     except (ValueError, TypeError, ShmemError) as exc:  # also closed buffers
         error = exc
     agree(ch, where, record, error)
@@ -87,7 +96,6 @@ def all_reduce(
         raise CollectiveArgumentError(f"{where}: invalid arguments")
     op = str(op)
     n, isz = xin.count, xin.dtype.itemsize
-    algo = choose(ch, algorithm, n * isz, where)
     if n == 0:
         return ret
     acc = accumulate_dtype(xin.dtype, ch.float32_accumulate)
@@ -130,6 +138,8 @@ class _Plan:
 
     def __init__(self, ch: Channel, count: int, dtype: np.dtype[Any]) -> None:
         self.count, self.dtype = count, dtype
+        self.scratch = ch.scratch_buf  # (cached_plan's key check)
+        self.closed = False
         self.offsets: list[int] = []
         self.inputs: list[np.ndarray[Any, Any]] = []
         self.flags = [ch.peer_flags[r] for r in ch.local_peers if r != ch.rank]
@@ -143,6 +153,9 @@ class _Plan:
             self.offsets = offsets
             self.inputs = [ch.peer_input(r, self.count, self.dtype) for r in ch.local_peers]
         return self.inputs
+
+    def close(self) -> None:
+        self.closed = True
 
 
 def _one_shot(
@@ -164,12 +177,7 @@ def _one_shot(
             tiny.run(ch, xin.array, xin.shmem, dst, in_place)
             return
     s = ch.next_call()
-    key = (count, xin.dtype)
-    plan = ch.plans.get(key)
-    if plan is None:
-        plan = ch.plans[key] = _Plan(ch, count, xin.dtype)
-        while len(ch.plans) > MAX_PLANS:  # least recently made first
-            ch.drop_plan(next(iter(ch.plans)))
+    plan: _Plan = cached_plan(ch, (count, xin.dtype), lambda: _Plan(ch, count, xin.dtype))
     ch.wait_previous(s, "all_reduce")  # peers finished reading my scratch
     ch.publish(s, xin, nbytes, lo, hi)
     if any(f[READY] < s for f in plan.flags):
@@ -262,17 +270,17 @@ def _hierarchical(
     ):  # every rank reduces everything, in rank order, over MPI
         try:
             ch.wait_previous(s, "all_reduce")  # node-local peers are done with the last call
-        except (CollectiveMismatchError, PeerFailedError):
-            ch.abandon_exchange(cross, 0 if large else count * acc.itemsize, "all_reduce")
+        except (CollectiveMismatchError, PeerFailedError) as exc:
+            ch.abandon_exchange(cross, 0 if large else count * acc.itemsize, "all_reduce", exc)
             raise
         if large:
             src = xin.array[lo:hi]
             reduce_across(ch, cross, src, dst[lo:hi], op, acc, ch.world_size, "all_reduce")
             ch.post(DONE, s)
             return
-        block = ch.signed_block(count * acc.itemsize)
+        block = signed.signed_block(count * acc.itemsize, ch.signature)
         np.copyto(block[: count * acc.itemsize].view(acc), xin.array[lo:hi], casting="unsafe")
-        every = ch.gather_signed(cross, block, "all_reduce").view(acc)
+        every = signed.gather_rows(ch, cross, block, "all_reduce", "member").view(acc)
         reduce_into(dst[lo:hi], list(every), op, acc, avg_count=ch.world_size)
         ch.post(DONE, s)
         return
@@ -280,8 +288,8 @@ def _hierarchical(
     if large and parts == 1:  # one rank per node: my input is my node's partial, exactly
         try:
             ch.wait_previous(s, "all_reduce")
-        except (CollectiveMismatchError, PeerFailedError):
-            ch.abandon_exchange(cast("MPI.Intracomm", cross), 0, "all_reduce")
+        except (CollectiveMismatchError, PeerFailedError) as exc:
+            ch.abandon_exchange(cast("MPI.Intracomm", cross), 0, "all_reduce", exc)
             raise
         reduce_across(
             ch, cast("MPI.Intracomm", cross), xin.array[lo:hi], dst[lo:hi], op, acc,
@@ -294,11 +302,12 @@ def _hierarchical(
     try:
         ch.wait_previous(s, "all_reduce")
         inputs = _inputs(ch, xin, lo, hi, s, nbytes)
-    except (CollectiveMismatchError, PeerFailedError):
+    except (CollectiveMismatchError, PeerFailedError) as exc:
         if cross is not None:  # the other nodes wait in the exchange: tell them, at once
-            ch.abandon_exchange(cross, 0 if large else (b - a) * acc.itemsize, "all_reduce")
+            nbytes = 0 if large else (b - a) * acc.itemsize
+            ch.abandon_exchange(cross, nbytes, "all_reduce", exc)
         raise
-    block = ch.signed_block((b - a) * acc.itemsize)  # the signature rides behind the data
+    block = signed.signed_block((b - a) * acc.itemsize, ch.signature)  # the signature behind
     partial = block[: (b - a) * acc.itemsize].view(acc)
     partial_op = "sum" if op == "avg" else op
     reduce_into(partial, [inp[a:b] for inp in inputs], partial_op, acc)
@@ -310,6 +319,6 @@ def _hierarchical(
     elif large:
         reduce_across(ch, cross, partial, mine, op, acc, ch.world_size, "all_reduce")
     else:
-        nodes = ch.gather_signed(cross, block, "all_reduce").view(acc)
+        nodes = signed.gather_rows(ch, cross, block, "all_reduce", "member").view(acc)
         reduce_into(mine, list(nodes), op, acc, avg_count=ch.world_size)
     _gather_shards(ch, s, dst, lo, count, base, dtype)

@@ -18,9 +18,10 @@ from shmem.errors import CollectiveMismatchError, PeerFailedError
 
 from .channel import Channel, Flag
 from .operand import Operand
-from .ops import UFUNCS, canonical_padding, int_avg, reduce_into, widen
+from .ops import canonical_padding, divide_by_count, int_avg, reduce_into, ufunc_of, widen
 from .replay import TINY_NBYTES, ReplayPlan, c_reduce_codes, cached_plan
-from .signed import PersistentGather
+from .signature import collective_of
+from .signed import PersistentGather, abandoned
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -69,7 +70,7 @@ class TinyPlan(ReplayPlan):
         self.sliced: list[np.ndarray[Any, Any]] = []  # the inputs' shards (reduce-scatter)
         self.sliced_of: list[np.ndarray[Any, Any]] | None = None
         lo, hi = (0, count) if shard is None else shard
-        self.ufunc = UFUNCS[op]
+        self.ufunc = ufunc_of(op, acc)
         self.divide = acc.type(ch.world_size) if op == "avg" else None
         self.widen = acc != dtype  # low precision: accumulate in float32, round once
         self.padded = dtype == np.dtype(np.longdouble)
@@ -106,7 +107,7 @@ class TinyPlan(ReplayPlan):
             for src in inputs[1:]:
                 self.ufunc(self.acc_buf, widen(src, self.tmp_buf), out=self.acc_buf)
             if self.divide is not None:
-                np.divide(self.acc_buf, self.divide, out=self.acc_buf)
+                divide_by_count(self.acc_buf, ch.world_size)
             np.copyto(target, self.acc_buf, casting="unsafe")  # the one rounding
         elif len(inputs) == 1:
             if not np.may_share_memory(target, inputs[0]):
@@ -118,7 +119,7 @@ class TinyPlan(ReplayPlan):
                 ufunc(target, src, out=target)
         if self.divide is not None and not self.widen:
             if target.dtype.kind in "fc":
-                np.divide(target, self.divide, out=target)
+                divide_by_count(target, ch.world_size)
             else:
                 int_avg(target, int(self.divide))
         if self.padded:
@@ -146,7 +147,10 @@ def tiny_plan(
         if not ch.uniform_nodes or ch.cross is None:
             return None
         kind = NodesPlan
-    plan = cached_plan(ch, (count, dtype, op), lambda: kind(ch, count, dtype, op, acc), acc)
+    key: tuple[object, ...] = (count, dtype, op)  # (the engine's fast path looks it up)
+    if collective_of(ch.signature) != "all_reduce":  # a reduce-scatter's whole all-reduce
+        key = ("whole", ch.signature, *key)
+    plan = cached_plan(ch, key, lambda: kind(ch, count, dtype, op, acc), acc)
     return cast("TinyPlan | NodesPlan", plan)
 
 
@@ -186,15 +190,15 @@ class NodesPlan(ReplayPlan):
         self.gather = PersistentGather(cross, count * acc.itemsize, self.signature)
         self.partial = self.gather.data_out.view(acc)
         self.nodes = list(self.gather.data.view(acc))  # one row per node, in node order
-        self.ufunc = UFUNCS[op]
-        self.partial_ufunc = UFUNCS[self.partial_op]
+        self.ufunc = ufunc_of(op, acc)
+        self.partial_ufunc = ufunc_of(self.partial_op, acc)
         # the common case (the input's dtype is the accumulation dtype): the reductions are
         # ufunc chains in order, the operations reduce_into makes, without its checks
         self.direct = dtype == acc and dtype != np.dtype(np.longdouble)
         self.divide = acc.type(ch.world_size) if op == "avg" else None
 
     def close(self) -> None:
-        self.auto = False  # a remembered plan is not replayed once dropped
+        super().close()  # closed: a remembered plan is looked up again, never replayed
         self.gather.close()
 
     def run(
@@ -210,8 +214,8 @@ class NodesPlan(ReplayPlan):
         ch.signature = self.signature
         try:
             inputs = self.exchange(ch, s, x, shm)
-        except (CollectiveMismatchError, PeerFailedError):
-            self.gather.abandon(ch, "all_reduce")  # other nodes wait: tell them at once
+        except (CollectiveMismatchError, PeerFailedError) as exc:
+            self.gather.abandon(ch, "all_reduce", abandoned(exc))  # other nodes wait: tell them
             raise
         partial = self.partial
         target = np.empty_like(dst) if (in_place and shm is not None) else dst
@@ -229,7 +233,7 @@ class NodesPlan(ReplayPlan):
                 ufunc(target, src, out=target)
             if self.divide is not None:
                 if target.dtype.kind in "fc":
-                    np.divide(target, self.divide, out=target)
+                    divide_by_count(target, ch.world_size)
                 else:
                     int_avg(target, int(self.divide))
         else:

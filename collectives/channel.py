@@ -29,7 +29,8 @@ from typing import Any, cast
 import numpy as np
 from mpi4py import MPI  # the collectives need MPI anyway (the exchanges between nodes)
 
-from shmem import SHMEMBuffer, SignalPad, World, flight
+from shmem import SHMEMBuffer, World, flight
+from shmem.callreport import Reporter
 from shmem.errors import (
     CollectiveMismatchError,
     PeerFailedError,
@@ -45,12 +46,12 @@ from .schedule import AlgorithmTable
 from .signature import describe
 from .stats import CommStats
 
-__all__ = ["BARRIER_SLOTS", "NUM_FLAGS", "Channel", "Flag"]
+__all__ = ["MAX_PLANS", "NUM_FLAGS", "Channel", "Flag", "peer_failed", "source_tag"]
 
 log = logging.getLogger(__name__)
 
 NUM_FLAGS = 10
-BARRIER_SLOTS = 4
+MAX_PLANS = 64  # cached shapes per communicator (Channel.max_plans; least recently made go)
 _INLINE_TESTS = 32  # request tests an MPI exchange makes before its deadline loop
 BOARD_GRACE_S = 0.05  # an MPI exchange still pending this long reads the other nodes' board
 BOARD_MAX_INTERVAL_S = 1.0  # then again at doubling intervals up to this
@@ -63,7 +64,8 @@ class Flag(enum.IntEnum):
     SHARD = 1
     DONE = 2
     SRC = 3
-    ABORT = 4  # the sequence number of a call this rank abandoned (0: none)
+    ABORT = 4  # the sequence number of a call this rank abandoned (0: none; negative: it
+    # abandoned it because ranks called different collectives)
     SIG = 5  # the signature (collectives.signature) of call s sits in SIG + s % 2, written
     # once the peers finished call s - 1 (wait_previous): peers compare it after READY
     # (before reading) and after DONE
@@ -82,6 +84,17 @@ def source_tag(sig: int) -> int:
     """23 bits of ``sig`` (folded), placed above the offset in the ``SRC`` word: a reader
     that compares the whole word sees a mismatched call without another load."""
     return ((sig ^ (sig >> 23) ^ (sig >> 46)) & 0x7FFFFF) << OFFSET_BITS
+
+
+def peer_failed(what: str, rank: int, peer: int, abort: int) -> PeerFailedError:
+    """The error of a rank that saw ``peer``'s ``ABORT`` word ``abort`` (negative: that
+    peer stopped on a mismatch)."""
+    why = "ranks called different collectives" if abort < 0 else "its error is raised there"
+    return PeerFailedError(
+        f"{what}: rank {rank} stopped: rank {peer} failed in its call {abs(abort)} ({why})",
+        failed_rank=peer,
+        mismatch=abort < 0,
+    )
 
 
 def _q(arr: np.ndarray[Any, Any]) -> memoryview:
@@ -107,7 +120,7 @@ class _AllOf:
 class Channel:
     """Flags, scratch and sequence numbers of one Communicator on a host World (collective
     to create: it allocates from the symmetric heap and, across nodes, splits the world
-    communicator).
+    communicator). Its barrier is a call like the others (:mod:`collectives.barrier`).
 
     Attributes
     ----------
@@ -169,14 +182,15 @@ class Channel:
         sizes = {sum(1 for nd, _ in node_of if nd == k) for k in range(self.num_nodes)}
         self.uniform_nodes = len(sizes) == 1
         self.flags_buf = world.zeros(NUM_FLAGS, "int64")
-        self.pad_buf = world.zeros(SignalPad.nbytes_for(BARRIER_SLOTS), "uint8")
-        self.pad = SignalPad(world.heap, self.pad_buf.offset, BARRIER_SLOTS, self.timeout_s)
+        # what a mismatch report exchanges: every rank's own account of its call
+        self.reporter = Reporter(self.comm, range(self.world_size), self.timeout_s, self.progress)
         self.scratch_buf = world.zeros(max(cfg.scratch_nbytes, 64), "uint8")
         self.scratch_max = cfg.scratch_max_nbytes
         self.stage_views: dict[tuple[int, np.dtype[Any]], np.ndarray[Any, Any]] = {}
         self.scratch_views: dict[int, np.ndarray[Any, Any]] = {}  # by rank (mine included)
         self.input_views: dict[tuple[int, int, int, np.dtype[Any]], np.ndarray[Any, Any]] = {}
         self.plans: OrderedDict[Hashable, Any] = OrderedDict()
+        self.max_plans = MAX_PLANS  # (a test makes it small to see every cache evict)
         self.my_flags = _q(self.flags_buf.local())
         self.peer_flags = {
             r: _q(cast("np.ndarray[Any, Any]", self.flags_buf.peer(r))) for r in self.local_peers
@@ -188,7 +202,7 @@ class Channel:
             self.cross = cast("MPI.Intracomm", world.comm.Split(color=color, key=key))
 
     def close(self) -> None:
-        """Wait for the peers' last ``DONE`` (unless broken), then free flags, pad, scratch."""
+        """Wait for the peers' last ``DONE`` (unless broken), then free flags and scratch."""
         if not self.broken:
             # a peer that abandoned a call reads nothing of ours any more
             with contextlib.suppress(PeerFailedError, CollectiveMismatchError):
@@ -201,7 +215,7 @@ class Channel:
         self.input_views.clear()
         self.my_flags = _q(np.zeros(NUM_FLAGS, np.int64))
         self.peer_flags = {}
-        for buf in (self.scratch_buf, self.pad_buf, self.flags_buf):
+        for buf in (self.scratch_buf, self.flags_buf):
             buf.close()
         if self.cross is not None:
             self.cross.Free()
@@ -210,11 +224,10 @@ class Channel:
             self.comm.Free()
 
     def drop_plan(self, key: Hashable) -> None:
-        """Forget one cached plan, releasing what it holds (a persistent MPI request)."""
-        plan = self.plans.pop(key)
-        close = getattr(plan, "close", None)
-        if close is not None:
-            close()
+        """Forget one cached plan, releasing what it holds (a persistent MPI request); it
+        is marked ``closed``, so a reference kept elsewhere (the engine's last replayed plan)
+        is looked up again instead of replayed."""
+        self.plans.pop(key).close()
 
     def drop_plans(self) -> None:
         """Forget every cached plan (the scratch moved, or the channel closes)."""
@@ -231,13 +244,16 @@ class Channel:
         self.stats.calls += 1
         return self.seq
 
-    def fail(self) -> None:
+    def fail(self, mismatch: bool = False) -> None:
         """This rank abandons the current call (an error after flags moved): retract its
         flags, so a late peer cannot complete the call against stale input, and raise
-        ``ABORT``, so a peer waiting on this rank stops with ``PeerFailedError``."""
+        ``ABORT``, so a peer waiting on this rank stops with ``PeerFailedError`` (its
+        ``mismatch`` set when ranks called different collectives: ``ABORT`` is then the
+        call's number negated, and that peer reports the mismatch too)."""
         self.broken = True
         self.heap.fence()
-        self.my_flags[Flag.ABORT] = max(self.seq, 1)
+        if self.my_flags[Flag.ABORT] >= 0:  # (a mismatch, once known, stays the reason)
+            self.my_flags[Flag.ABORT] = -max(self.seq, 1) if mismatch else max(self.seq, 1)
         for flag in (Flag.READY, Flag.SHARD, Flag.DONE):
             self.my_flags[flag] = -1
 
@@ -272,11 +288,7 @@ class Channel:
 
             ok = self._poll(ready, deadline, what, remote=False)
             if view[Flag.ABORT]:
-                raise PeerFailedError(
-                    f"{what}: rank {self.rank} stopped: rank {r} failed in its call "
-                    f"{view[Flag.ABORT]} (its error is raised there)",
-                    failed_rank=r,
-                )
+                raise peer_failed(what, self.rank, r, int(view[Flag.ABORT]))
             if not ok:
                 name = Flag(flag).name if flag < len(Flag) else str(flag)
                 raise SignalTimeoutError(
@@ -342,12 +354,10 @@ class Channel:
             calls[self.rank] = self.signature
             calls.update(remote)
         listing = "; ".join(f"rank {r}: {describe(calls[r])}" for r in sorted(calls))
-        self.fail()
+        self.fail(mismatch=True)
+        # (the Communicator replaces this listing of signatures by every rank's own account
+        # of its call: shmem.callreport)
         raise CollectiveMismatchError(f"{what}: ranks called different collectives ({listing})")
-
-    def flags_behind(self, flag: int, value: int) -> bool:
-        """Whether any node-local peer's ``flag`` is still below ``value`` (no waiting)."""
-        return any(self.peer_flags[r][flag] < value for r in self.local_peers if r != self.rank)
 
     def mpi_wait_all(self, reqs: list[MPI.Request], what: str, keep: object = None) -> None:
         """:meth:`mpi_wait` for several requests (point-to-point messages of one exchange)."""
@@ -466,11 +476,7 @@ class Channel:
 
             abort = fetch(Flag.ABORT)
             if abort:
-                raise PeerFailedError(
-                    f"{what}: rank {self.rank} stopped: rank {r} failed in its call {abort} "
-                    "(its error is raised there)",
-                    failed_rank=r,
-                )
+                raise peer_failed(what, self.rank, r, int(abort))
             first = fetch(Flag.XSEQ)
             self.board_seen[r] = int(first)
             self.heap.fence()  # the seqlock's reads in order (local views on weak CPUs)
@@ -480,11 +486,6 @@ class Channel:
                 theirs[r] = sig
         if any(sig != mine for sig in theirs.values()):
             self.mismatch(what, s, theirs)
-
-    def signed_block(self, nbytes: int) -> np.ndarray[Any, np.dtype[np.uint8]]:
-        """A send block for :meth:`gather_signed`: ``nbytes`` of data (fill ``[:nbytes]``),
-        then this call's signature in 8 trailing bytes."""
-        return signed.signed_block(nbytes, self.signature)
 
     def cross_rows(self, members: int, nbytes: int) -> np.ndarray[Any, np.dtype[np.uint8]]:
         """A receive array of ``members`` rows of ``nbytes`` for the exchanges between nodes
@@ -498,21 +499,17 @@ class Channel:
             rows = self.cross_buffers[key] = np.empty((members, nbytes), np.uint8)
         return rows
 
-    def abandon_exchange(self, comm: MPI.Intracomm, nbytes: int, what: str) -> None:
-        """Take part in the exchange :meth:`gather_signed` would make, with a block marked
-        abandoned (signature -1), after this rank failed before it: the members on other
-        nodes raise ``CollectiveMismatchError`` at once instead of waiting out the deadline."""
+    def abandon_exchange(
+        self, comm: MPI.Intracomm, nbytes: int, what: str, exc: BaseException
+    ) -> None:
+        """Take part in the signed all-gather a call would make, with a block marked
+        abandoned (:func:`collectives.signed.abandoned`), after this rank failed before it
+        with ``exc``: the members on other nodes stop at once instead of waiting out the
+        deadline."""
         # (the board may report the peer that failed first: that is not this call's error)
+        block = signed.signed_block(nbytes, signed.abandoned(exc))
         with contextlib.suppress(MPI.Exception, ShmemError):
-            signed.gather_rows(self, comm, signed.signed_block(nbytes, -1), what, "member", False)
-
-    def gather_signed(
-        self, comm: MPI.Intracomm, block: np.ndarray[Any, Any], what: str
-    ) -> np.ndarray[Any, np.dtype[np.uint8]]:
-        """All-gather every member's :meth:`signed_block` over ``comm`` (the ranks on other
-        nodes) within the deadline, compare their signatures with this rank's and return
-        the data, one row per member (:func:`collectives.signed.gather_rows`)."""
-        return signed.gather_rows(self, comm, block, what, "member")
+            signed.gather_rows(self, comm, block, what, "member", False)
 
     # -- inputs --------------------------------------------------------------------------------
 

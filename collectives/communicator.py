@@ -573,7 +573,7 @@ class Communicator:
         return self._engine.all_to_allv(x, send_counts, recv_counts, out)
 
     def barrier(self, timeout: float | None = None) -> None:
-        """Every rank of the communicator has arrived (flag barrier on the comm's pad).
+        """Every rank of the communicator has arrived (a call of its own, signed like any).
 
         Parameters
         ----------
@@ -582,8 +582,8 @@ class Communicator:
 
         Raises
         ------
-        SignalTimeoutError, ShmemStateError, ArgumentError
+        SignalTimeoutError, ShmemStateError, ArgumentError, CollectiveMismatchError
             A peer did not arrive in time; the World (or team communicator) is closed; an
-            invalid ``timeout``.
+            invalid ``timeout``; a rank is in another call of the communicator.
         """
         self._engine.barrier(timeout)

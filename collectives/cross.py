@@ -155,15 +155,15 @@ def signed_p2p(
 
     # the data moves with the signatures, where a truncated message is a clean error
     # (MPICH); elsewhere only once they agree (Open MPI corrupted its heap on a truncated
-    # large message here: signed.HEADER_FIRST)
-    if not signed.HEADER_FIRST:
+    # large message here: signed.P2P_TRUNCATION_REPORTED)
+    if signed.P2P_TRUNCATION_REPORTED:
         post()
     done = False
     try:
         ch.mpi_wait_all(sig_reqs, what, keep=(block, rows))
         if rows.tobytes() != block.tobytes() * n:
             signed.compare(ch, rows.view(np.int64)[:, 0], what, "member")
-        if signed.HEADER_FIRST:
+        if not signed.P2P_TRUNCATION_REPORTED:
             post()
         ch.mpi_wait_all(reqs, what, keep=keep)
         done = True

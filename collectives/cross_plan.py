@@ -30,7 +30,7 @@ from .channel import Flag
 from .ops import reduce_into
 from .replay import cached_plan
 from .schedule import shard_bounds
-from .signed import SMALL_BLOCK, PersistentGather
+from .signed import SMALL_BLOCK, PersistentGather, abandoned
 
 if TYPE_CHECKING:
     from .channel import Channel
@@ -62,6 +62,7 @@ class CrossPlan:
         self.signature = ch.signature  # the call that made the plan: the same every replay
         self.scratch = ch.scratch_buf  # (the Communicator replays plans of the live scratch)
         self.auto = True
+        self.closed = False  # dropped from the cache (collectives.replay.cached_plan)
         nbytes = count * dtype.itemsize
         self.gather = PersistentGather(ch.comm, nbytes, self.signature)
         self.send = self.gather.data_out.view(dtype)  # my input goes here, then run()
@@ -79,8 +80,10 @@ class CrossPlan:
         self.members = n
 
     def close(self) -> None:
-        """Free the persistent request (drop_plan)."""
+        """Free the persistent request (drop_plan); a reference kept elsewhere is then
+        looked up again, never replayed."""
         self.auto = False
+        self.closed = True
         self.gather.close()
 
     def run(
@@ -99,8 +102,8 @@ class CrossPlan:
         ch.signature = self.signature
         try:
             ch.wait_previous(s, where)  # node-local peers are done with the previous call
-        except (CollectiveMismatchError, PeerFailedError):
-            self.gather.abandon(ch, where)  # the other members wait: they stop at once
+        except (CollectiveMismatchError, PeerFailedError) as exc:
+            self.gather.abandon(ch, where, abandoned(exc))  # the others stop at once
             raise
         # (the Communicator's fast path hands a zero-copy input as ``shm`` alone)
         np.copyto(self.send, x if shm is None else shm.local().reshape(-1))

@@ -19,6 +19,7 @@ from mpi4py import MPI
 from shmem import SHMEMBuffer
 from shmem.errors import CollectiveMismatchError, PeerFailedError, ShmemError
 
+from . import signed
 from .channel import Channel, Flag
 from .operand import Array, Operand
 from .replay import TINY_NBYTES, ReplayPlan, cached_plan
@@ -34,8 +35,9 @@ def exchange(
     read: Callable[[int, Array, Array], None],
     peers: list[int] | None = None,
 ) -> None:
-    """One node-local round: publish my input, ``read(rank, input_of_rank, tmp_or_dst)`` for
-    each rank in ``peers`` (default: every local rank, in rank order), then DONE.
+    """One node-local round: publish my input, wait for every local rank's, ``read(rank,
+    input_of_rank, tmp_or_dst)`` for each rank in ``peers`` (default: every local rank, in
+    rank order), then DONE.
 
     When ``dst`` overlaps my zero-copy input, reads go to a temporary copied into ``dst`` once
     every peer has finished reading my input.
@@ -45,7 +47,9 @@ def exchange(
     ch.wait_previous(s, where)
     ch.publish(s, xin, xin.count * xin.dtype.itemsize)
     readers = ch.local_peers if peers is None else peers
-    ch.wait_peers(Flag.READY, s, where, readers)
+    # every rank's READY (and call signature), not only the readers': a rank whose call
+    # differs (a broadcast's root) is then found by every rank, in this call
+    ch.wait_peers(Flag.READY, s, where)
     aside = (not staged) and np.may_share_memory(dst, xin.array)
     target = np.empty_like(dst) if aside else dst
     for r in readers:
@@ -65,8 +69,8 @@ def over_mpi(ch: Channel, where: str, run: Callable[[], None]) -> None:
     s = ch.next_call()
     try:
         ch.wait_previous(s, where)  # node-local peers are done with the previous call
-    except (CollectiveMismatchError, PeerFailedError):
-        ch.signature = -1  # take part as abandoned: the other members stop at once
+    except (CollectiveMismatchError, PeerFailedError) as exc:
+        ch.signature = signed.abandoned(exc)  # take part as abandoned: the others stop at once
         with contextlib.suppress(MPI.Exception, ShmemError):
             run()
         raise

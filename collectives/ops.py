@@ -26,9 +26,11 @@ __all__ = [
     "accumulate_dtype",
     "canonical_padding",
     "check_op",
+    "divide_by_count",
     "fused_out_dtype",
     "int_avg",
     "reduce_into",
+    "ufunc_of",
     "widen",
 ]
 
@@ -185,6 +187,43 @@ def _narrow(acc: np.ndarray[Any, Any], out: np.ndarray[Any, Any]) -> None:
     np.copyto(out, acc, casting="unsafe")
 
 
+def complex_multiply(
+    a: np.ndarray[Any, Any], b: np.ndarray[Any, Any], out: np.ndarray[Any, Any]
+) -> np.ndarray[Any, Any]:
+    """``out = a * b`` for complex arrays, componentwise: ``re = ar br - ai bi``, ``im = ar bi
+    + ai br``, each product and sum one IEEE operation in the component type, never fused.
+    numpy's own complex multiply may fuse (its SIMD loops use FMA where the CPU has it), so
+    its bits depend on the machine; these are the same everywhere, and on the GPU
+    (collectives/kernels/allreduce.cu). ``out`` may be ``a`` or ``b``."""
+    ar, ai, br, bi = a.real, a.imag, b.real, b.imag
+    re = ar * br
+    re -= ai * bi
+    im = ar * bi
+    im += ai * br
+    out.real[...] = re
+    out.imag[...] = im
+    return out
+
+
+def ufunc_of(op: str, dtype: np.dtype[Any]) -> Any:
+    """The elementwise combination of ``op`` in ``dtype``: numpy's ufunc (``UFUNCS``), but
+    :func:`complex_multiply` for a complex product. Called as ``f(a, b, out=out)``."""
+    if op == "prod" and dtype.kind == "c":
+        return complex_multiply
+    return UFUNCS[op]
+
+
+def divide_by_count(a: np.ndarray[Any, Any], count: int) -> None:
+    """``a /= count`` in place for an average of floating or complex ``a``; a complex ``a``
+    has each component divided by the real count (numpy's complex division by ``count + 0j``
+    multiplies by its reciprocal: another rounding, and not the GPU's)."""
+    if a.dtype.kind == "c":
+        np.divide(a.real, a.real.dtype.type(count), out=a.real)
+        np.divide(a.imag, a.imag.dtype.type(count), out=a.imag)
+    else:
+        np.divide(a, a.dtype.type(count), out=a)
+
+
 def reduce_into(
     out: np.ndarray[Any, Any],
     sources: Sequence[np.ndarray[Any, Any]],
@@ -202,7 +241,7 @@ def reduce_into(
     n = out.shape[0]
     if n == 0:
         return
-    ufunc = UFUNCS[op]
+    ufunc = ufunc_of(op, acc_dtype)
     direct = out.dtype == acc_dtype and all(s.dtype == acc_dtype for s in sources)
     if direct and n * acc_dtype.itemsize <= CHUNK_BYTES:  # the common small case, unchunked
         if len(sources) == 1:
@@ -214,7 +253,7 @@ def reduce_into(
                 ufunc(out, src, out=out)
         if op == "avg" and avg_count is not None:
             if out.dtype.kind in "fc":
-                np.divide(out, acc_dtype.type(avg_count), out=out)
+                divide_by_count(out, avg_count)
             else:
                 int_avg(out, avg_count)
         canonical_padding(out)
@@ -223,6 +262,7 @@ def reduce_into(
     acc = None if direct else np.empty(min(step, n), dtype=acc_dtype)
     tmp = np.empty(0 if direct else min(step, n), dtype=acc_dtype)
     divide = op == "avg" and avg_count is not None
+    count = avg_count or 1
     for lo in range(0, n, step):
         hi = min(lo + step, n)
         if acc is None:
@@ -235,7 +275,7 @@ def reduce_into(
                 for src in sources[2:]:
                     ufunc(dst, src[lo:hi], out=dst)
             if divide and out.dtype.kind in "fc":
-                np.divide(dst, acc_dtype.type(avg_count), out=dst)
+                divide_by_count(dst, count)
         else:
             a = acc[: hi - lo]
             first = widen(sources[0][lo:hi], a)
@@ -244,7 +284,7 @@ def reduce_into(
             for src in sources[1:]:
                 ufunc(a, widen(src[lo:hi], tmp[: hi - lo]), out=a)
             if divide:
-                np.divide(a, acc_dtype.type(avg_count), out=a)
+                divide_by_count(a, count)
             _narrow(a, out[lo:hi])
     if divide and out.dtype.kind in "iu":
         int_avg(out, avg_count or 1)

@@ -52,7 +52,8 @@ def reduce_scatter(
     if not ch.fits_scratch(xin):
         # across nodes (hierarchical: node partials in node order), or too large for the
         # scratch (in pieces): the all-reduce, then my shard
-        full = all_reduce(ch, xin.shmem if xin.shmem is not None else xin.array, op, None, "auto")
+        whole = xin.shmem if xin.shmem is not None else xin.array
+        full = all_reduce(ch, whole, op, None, "auto", call="reduce_scatter")
         np.copyto(dst, np.asarray(full).reshape(-1)[a:b])
         return ret
     ch.stats.count("reduce_scatter")

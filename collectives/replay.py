@@ -20,7 +20,7 @@ import numpy as np
 
 from shmem import SHMEMBuffer, flight
 
-from .channel import Channel, Flag, source_tag
+from .channel import MAX_PLANS, Channel, Flag, source_tag
 
 __all__ = [
     "MAX_PLANS",
@@ -107,7 +107,6 @@ TINY_NBYTES = 64 << 10  # one-shot calls up to this size run from a cached plan
 # 1 KiB costs less than the wait for every peer's DONE that returning a read buffer needs
 # (2 ranks, 8-512 B: 1.5-1.6 us staged against 1.75-1.8 us zero-copy)
 STAGE_SMALL = 1 << 10
-MAX_PLANS = 64  # cached shapes per communicator (least recently made are dropped)
 
 
 class ReplayPlan:
@@ -158,9 +157,13 @@ class ReplayPlan:
         # the fast path may replay this plan for algorithm="auto" only if the table agrees
         choice = ch.table.choose(self.nbytes, ch.world_size, ch.num_nodes)
         self.auto = choice == self.algorithm
+        self.closed = False  # dropped from the cache: a remembered reference looks it up again
 
     def close(self) -> None:
-        """Release what the plan holds beyond memory (the C replay's addresses)."""
+        """Release what the plan holds beyond memory (the C replay's addresses); a plan
+        the engine still remembers is then never replayed (``closed``)."""
+        self.closed = True
+        self.auto = False
         if self.fast is not None:
             self.fast.close()
             self.fast = None
@@ -340,16 +343,23 @@ class ReplayPlan:
 
 def cached_plan(ch: Channel, key: Hashable, make: Callable[[], Any], acc: Any = None) -> Any:
     """The channel's plan under ``key``, made by ``make()`` when there is none, or the one
-    there was made for an older scratch (or another accumulation dtype ``acc``); the least
-    recently made plans beyond :data:`MAX_PLANS` are dropped. A plan has ``scratch``
-    (the scratch it was made for), ``acc`` where ``acc`` is given, and ``close()``."""
+    there was made for an older scratch (or another accumulation dtype ``acc``); beyond
+    ``ch.max_plans`` the least recently *made* plans are dropped (closed).
+
+    The cache must change alike on every rank: a plan holds collective state (a persistent
+    MPI all-gather between nodes, made and started in step by every member), so a rank that
+    dropped a plan its peers still replay would start a different exchange. Plans are made
+    on the general path, in the same call on every rank; a hit never reorders the cache, as
+    whether a call hits here or replays from the engine's fast path depends on this rank's
+    own arguments (a numpy ``out`` on one rank, a SHMEMBuffer on another).
+
+    A plan has ``scratch`` (the scratch it was made for), ``acc`` where ``acc`` is given,
+    ``closed`` and ``close()``."""
     plan = ch.plans.get(key)
     if plan is None or plan.scratch is not ch.scratch_buf or (acc is not None and plan.acc != acc):
         if plan is not None:
             ch.drop_plan(key)
         plan = ch.plans[key] = make()
-        while len(ch.plans) > MAX_PLANS:  # least recently made first
+        while len(ch.plans) > ch.max_plans:  # least recently made first
             ch.drop_plan(next(iter(ch.plans)))
-    else:
-        ch.plans.move_to_end(key)
     return plan

@@ -7,19 +7,22 @@ count, dtype, op, root) raise :class:`CollectiveMismatchError` on every member, 
 one's call, instead of MPI's undefined behaviour (a longer block is truncated, a shorter one
 leaves stale bytes unseen).
 
-Every such call begins with an all-gather on the communicator whose block ends in the
-signature, whatever the collective: ranks in different collectives still meet in that first
-exchange (MPI itself would hang or mix data when one rank's ``Ialltoall`` met another's
-``Iallgather``). A member whose block is longer than this member's makes MPI report
-truncation; a shorter one leaves this member's zeroed signature slot at "no collective":
-both are reported as a mismatch. Then:
+Every such call begins with an all-gather of the members' 8-byte signatures on the
+communicator, whatever the collective: ranks in different collectives still meet in that
+first exchange (MPI itself would hang or mix data when one rank's ``Ialltoall`` met
+another's ``Iallgather``), and a block whose size depends on the call moves only once every
+member is in the same call (MPI does not report an all-gather of differing sizes reliably:
+see ``P2P_TRUNCATION_REPORTED``). Then:
 
-* a small call is that first exchange itself, the signature riding in 8 bytes behind each
-  block (a copy in and out, no extra message): an all-gather of up to :data:`SMALL_BLOCK`
-  bytes per member; an all-to-all or broadcast whose every member's whole input fits
-  :data:`SMALL_BLOCK` in all (each member sends its whole input, and keeps what is its);
-* a larger call all-gathers the 8-byte signatures first and moves the data zero-copy (one
-  more small message next to a large transfer).
+* a small call moves every member's whole block with the signature behind it again (a copy in
+  and out): an all-gather of up to :data:`SMALL_BLOCK` bytes per member; an all-to-all or
+  broadcast whose every member's whole input fits :data:`SMALL_BLOCK` in all (each member
+  sends its whole input, and keeps what is its);
+* a larger call moves the data zero-copy.
+
+A member that failed before an exchange takes part with the signature :data:`ABANDONED`
+(:data:`ABANDONED_MISMATCH` when it failed on a mismatch): the others raise
+``PeerFailedError`` at once (its ``mismatch`` set: they report the mismatch too).
 
 The host (a :class:`~collectives.channel.Channel` or a team's collectives) waits
 within its deadline (``mpi_wait``) and, on a mismatch, abandons the call (``fail``) before
@@ -36,14 +39,17 @@ from typing import Any, NoReturn, Protocol
 import numpy as np
 from mpi4py import MPI
 
-from shmem.errors import CollectiveMismatchError, ShmemError
+from shmem.errors import CollectiveMismatchError, PeerFailedError, ShmemError
 
 from .signature import describe
 
 __all__ = [
+    "ABANDONED",
+    "ABANDONED_MISMATCH",
     "SMALL_BLOCK",
     "PersistentGather",
     "SignedHost",
+    "abandoned",
     "allgather",
     "alltoall",
     "bcast",
@@ -68,7 +74,7 @@ class SignedHost(Protocol):
 
     def mpi_wait(self, req: MPI.Request, what: str, keep: object = None) -> None: ...
 
-    def fail(self) -> None: ...
+    def fail(self, mismatch: bool = False) -> None: ...
 
 
 def signed_block(nbytes: int, signature: int) -> Bytes:
@@ -80,7 +86,7 @@ def signed_block(nbytes: int, signature: int) -> Bytes:
 
 def mismatch(host: SignedHost, what: str, detail: str) -> NoReturn:
     """Abandon the call (``host.fail``) and raise ``CollectiveMismatchError``."""
-    host.fail()
+    host.fail(True)
     raise CollectiveMismatchError(f"{what}: ranks called different collectives ({detail})")
 
 
@@ -102,10 +108,37 @@ def run(
         )
 
 
+ABANDONED = -1
+"""The signature a member takes part in an exchange with after it failed before it."""
+ABANDONED_MISMATCH = -2
+"""... after it failed because ranks called different collectives."""
+
+
+def abandoned(exc: BaseException) -> int:
+    """The signature a member that failed with ``exc`` takes part in an exchange with
+    (:data:`ABANDONED_MISMATCH` for a mismatch, found here or learnt from a peer)."""
+    mismatched = isinstance(exc, CollectiveMismatchError) or (
+        isinstance(exc, PeerFailedError) and exc.mismatch
+    )
+    return ABANDONED_MISMATCH if mismatched else ABANDONED
+
+
 def compare(host: SignedHost, sigs: np.ndarray[Any, Any], what: str, who: str) -> None:
-    """Raise unless every member's signature (``sigs``, int64 in member order) is mine."""
+    """Raise unless every member's signature (``sigs``, int64 in member order) is mine:
+    ``PeerFailedError`` when the others are members that abandoned the call (they failed
+    first), else ``CollectiveMismatchError``."""
     if bool((sigs == host.signature).all()):
         return
+    others = [(i, int(t)) for i, t in enumerate(sigs) if t != host.signature]
+    if all(t in (ABANDONED, ABANDONED_MISMATCH) for _, t in others):
+        first, code = others[0]
+        host.fail(code == ABANDONED_MISMATCH)
+        why = "ranks called different collectives" if code == ABANDONED_MISMATCH else "its error"
+        raise PeerFailedError(
+            f"{what}: {who} {first} abandoned the call ({why} is raised there)",
+            failed_rank=-1,
+            mismatch=code == ABANDONED_MISMATCH,
+        )
     mismatch(host, what, "; ".join(f"{who} {i}: {describe(int(t))}" for i, t in enumerate(sigs)))
 
 
@@ -159,11 +192,16 @@ def agree_first(host: SignedHost, comm: MPI.Intracomm, what: str, who: str) -> N
     gather_rows(host, comm, _send_block(0, host.signature), what, who)
 
 
-# MPICH reports a collective whose members send different sizes as a truncation error (a
-# mismatch, here); Open MPI aborts or writes past the buffer. Under any MPI but MPICH the
-# signatures (8 bytes: a size every member agrees on) are all-gathered before a block whose
-# size depends on the call, which then moves only when every member is in the same call.
-HEADER_FIRST = MPI.get_vendor()[0] != "MPICH"
+# A collective whose members pass different sizes is erroneous MPI: MPICH 5 neither reports
+# it (no truncation error from an all-gather of 56 against 68 bytes, at 2 to 4 ranks) nor keeps
+# the rows apart (at 3 ranks through its network path a member's row held another's bytes,
+# and the trailing signatures compared equal), Open MPI aborts or writes past the buffer. So
+# the signatures (8 bytes: a size every member agrees on) are all-gathered before a block
+# whose size depends on the call, which then moves only when every member is in the same
+# call. Point to point is another matter: a receive shorter than its message is MPI's
+# truncation error, which MPICH reports (collectives.cross relies on it; Open MPI corrupted
+# its heap on such a large message, so there the signatures go first too).
+P2P_TRUNCATION_REPORTED = MPI.get_vendor()[0] == "MPICH"
 
 
 def _headers_agree(
@@ -194,7 +232,7 @@ def gather_rows(
     one row per member (a view, valid until the next exchange of the same shape)."""
     key = (comm.Get_size(), block.nbytes)
     every, sigs, data = _rows_of(*key)
-    if HEADER_FIRST and block.nbytes > 8:
+    if block.nbytes > 8:
         signature = int(block[-8:].view(np.int64)[0])
         if not _headers_agree(host, comm, signature, what, who, check):
             return data  # abandoned (check=False): no member moves the blocks
@@ -312,10 +350,10 @@ class PersistentGather:
         req = self._req
         if req is None or self.busy:
             raise RuntimeError(f"{what}: internal error: a persistent gather reused after close")
-        if HEADER_FIRST:  # the plan's size is the call's: agree on the call first
-            signature = int(self.block[-8:].view(np.int64)[0])
-            if not _headers_agree(host, self.comm, signature, what, who, check):
-                return self.data
+        # the plan's size is the call's: agree on the call first
+        signature = int(self.block[-8:].view(np.int64)[0])
+        if not _headers_agree(host, self.comm, signature, what, who, check):
+            return self.data
         self._sigs.fill(0)
         self.busy = True
         req.Start()
@@ -325,11 +363,11 @@ class PersistentGather:
             compare(host, _trailers(self.rows), what, who)
         return self.data
 
-    def abandon(self, host: SignedHost, what: str) -> None:
-        """Take part with the signature -1 (this member failed before the exchange): the
-        other members raise at once instead of at the deadline."""
+    def abandon(self, host: SignedHost, what: str, code: int = ABANDONED) -> None:
+        """Take part with the signature ``code`` (this member failed before the exchange:
+        :func:`abandoned`): the other members raise at once instead of at the deadline."""
         sig = self.block[-8:].copy()
-        self.block[-8:].view(np.int64)[0] = -1
+        self.block[-8:].view(np.int64)[0] = code
         try:
             with contextlib.suppress(MPI.Exception, ShmemError):
                 self.run(host, what, check=False)

@@ -29,13 +29,13 @@ from mpi4py import MPI
 from shmem import SHMEMBuffer
 from shmem.dtypes import dtype_name
 from shmem.errors import CollectiveArgumentError, ShmemError, SignalTimeoutError
-from shmem.signals import poll_until
+from shmem.signals import check_timeout, poll_until
 
 from . import signed
 from .operand import Array, Operand, agree, prepare
 from .ops import ReduceOp, accumulate_dtype, check_op, reduce_into
 from .schedule import shard_of
-from .signature import signature
+from .signature import BARRIER, signature
 
 if TYPE_CHECKING:
     from shmem.team import Team
@@ -72,9 +72,11 @@ class TeamCollectives:
         if not self.team.world.finalized:
             self.comm.Free()
 
-    def fail(self) -> None:
+    def fail(self, mismatch: bool = False) -> None:
         """A call failed after the exchange began (a mismatch): refuse later calls."""
         self.broken = True
+        if self.board is not None:  # a world Communicator's call: its peers stop too
+            self.board.fail(mismatch)
 
     @contextlib.contextmanager
     def in_step(self, where: str) -> Iterator[None]:
@@ -114,7 +116,16 @@ class TeamCollectives:
     # -- the collectives -------------------------------------------------------------------
 
     def barrier(self, timeout: float | None = None) -> None:
-        self.team.barrier(self.timeout_s if timeout is None else timeout)
+        """Every member has arrived: the members' call signatures all-gathered (a member in
+        another call is a mismatch every member reports), within ``timeout``."""
+        where = "Communicator.barrier"
+        limit = self.timeout_s if timeout is None else check_timeout(where, timeout)
+        self.signature = BARRIER
+        saved, self.timeout_s = self.timeout_s, limit
+        try:
+            signed.agree_first(self, self.comm, where, _WHO)
+        finally:
+            self.timeout_s = saved
 
     def all_reduce(
         self, x: SHMEMBuffer | Array, op: ReduceOp | str, out: SHMEMBuffer | Array | None
@@ -242,6 +253,8 @@ class TeamCollectives:
             if not wrong:
                 isz = xin.dtype.itemsize
                 send = np.ascontiguousarray(xin.array)
+                if np.may_share_memory(send, dest):  # in place (MPI refuses aliased buffers)
+                    send = send.copy()
                 nbytes = [int(c) * isz for c in counts]
                 displs = np.concatenate([[0], np.cumsum(nbytes)[:-1]]).astype(int).tolist()
                 recv = [dest.view(np.uint8), (nbytes, displs), MPI.BYTE]

@@ -21,6 +21,7 @@ from ._version import __version__
 from .arena import Arena, ArenaStats
 from .backends import Backend
 from .buffer import SHMEMBuffer
+from .callreport import CallLine
 from .config import Config, load_config, parse_size
 from .device import (
     CPU,
@@ -89,6 +90,7 @@ __all__ = [
     "BackendUnavailableError",
     "Block",
     "Buffer",
+    "CallLine",
     "Cmp",
     "CollectiveArgumentError",
     "CollectiveMismatchError",

@@ -3,18 +3,29 @@ them, and the signatures of heap calls compared through the allocation barrier."
 
 from __future__ import annotations
 
+import gc
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .errors import CollectiveMismatchError
+from .errors import CollectiveMismatchError, HeapExhaustedError
 
 if TYPE_CHECKING:
     from mpi4py import MPI
 
-__all__ = ["allgather_within", "compare_across_ranks", "describe_heap_call", "heap_signature"]
+    from .world import World
+
+__all__ = [
+    "BARRIER_SIGNATURE",
+    "allgather_within",
+    "alloc_after_collecting",
+    "compare_across_ranks",
+    "describe_heap_record",
+    "heap_mismatch",
+    "heap_signature",
+]
 
 _ABANDONED: list[object] = []  # exchanges given up on: MPI still owns their buffers
 
@@ -89,35 +100,101 @@ def compare_across_ranks(
         raise error
     bad = [(r, e) for r, (_, _, e) in enumerate(records) if e is not None]
     if bad:
-        raise CollectiveMismatchError(
+        others = CollectiveMismatchError(
             f"{where}: invalid arguments on other ranks: "
             + "; ".join(f"rank {r}: {e}" for r, e in bad)
         )
+        # every rank knows every rank's error: nothing more to exchange (a rank with an
+        # invalid argument raises its own error, and takes part in no report)
+        others.agreed = True  # type: ignore[attr-defined]
+        raise others
     if any(rec[:2] != records[0][:2] for rec in records):
         listing = "; ".join(f"rank {r}: call {c} {rec}" for r, (c, rec, _) in enumerate(records))
         raise CollectiveMismatchError(f"{where}: ranks disagree ({listing})")
 
 
-_HEAP_KINDS = ("alloc", "free")
+_HEAP_KINDS = ("alloc", "free", "barrier")
 
 
 def heap_signature(record: tuple[Any, ...]) -> int:
     """``("alloc", nbytes, dtype, shape, alignment)`` or ``("free", offset, ...)`` as one
     positive int64: the kind in the top bits, then (allocations) the alignment's log2 + 1
     in five bits (0: the heap's default), then the bytes or the offset."""
-    kind = _HEAP_KINDS.index(record[0]) + 1 if record and record[0] in _HEAP_KINDS else 3
+    kind = _HEAP_KINDS.index(record[0]) + 1 if record and record[0] in _HEAP_KINDS else 4
     value = record[1] if len(record) > 1 and isinstance(record[1], int) else 0
     align = record[4] if kind == 1 and len(record) > 4 and isinstance(record[4], int) else 0
     shift = align.bit_length() if align else 0  # log2 + 1 for a power of two
     return kind << 60 | (shift & 0x1F) << 55 | (value & ((1 << 55) - 1))
 
 
-def describe_heap_call(sig: int) -> str:
-    kind, value = sig >> 60, sig & ((1 << 55) - 1)
-    shift = (sig >> 55) & 0x1F
-    if kind == 1:
-        aligned = f" aligned to {1 << (shift - 1)}" if shift else ""
-        return f"empty/zeros of {value} bytes{aligned}"
-    if kind == 2:
-        return f"close of the buffer at offset {value}"
-    return "another heap call" if sig else "no heap call yet"
+BARRIER_SIGNATURE = heap_signature(("barrier",))
+"""What a rank's heap-call word says while its next collective call is a barrier."""
+
+
+def describe_heap_record(where: str, record: tuple[Any, ...]) -> str:
+    """A heap call as its rank describes it, from its record (:meth:`World._agree`'s):
+    ``World.empty(shape=(16,), dtype=float32): 64 bytes``."""
+    if len(record) == 5 and record[0] == "alloc":
+        _, nbytes, dtype, dims, align = record
+        aligned = f", alignment={align}" if align else ""
+        return f"{where}(shape={tuple(dims)}, dtype={dtype}{aligned}): {nbytes} bytes"
+    if len(record) == 3 and record[0] == "free":
+        return f"{where}() of the buffer at offset {record[1]} ({record[2]} bytes)"
+    return f"{where}(invalid arguments)"
+
+
+def heap_mismatch(
+    world: World, where: str, record: tuple[Any, ...], found: Exception | None = None
+) -> CollectiveMismatchError:
+    """The error of a heap call whose signature differs on some rank (every rank found it
+    in the same barrier, or the same all-gather: each of them calls this): every rank's own
+    account of its call, exchanged now (:mod:`shmem.callreport`), numbered by the flight
+    recorder's World stream. ``found``: the error that found it (its traceback is kept)."""
+    from . import flight
+    from .callreport import mismatch_error
+
+    rec = flight.recorder()
+    call = rec.calls(0) or world._calls
+    rec.fail_current(0)  # (before the wait for the others' lines: see fail_current)
+    reporter = world._reporter
+    reporter.progress = world.heap.progress
+    lines = reporter.exchange(call, describe_heap_record(where, record))
+    outcome = "nothing was allocated or freed"
+    absent = [str(line.rank) for line in lines if not line.seen]
+    if absent:  # in no heap call (a World.barrier, say): this rank's count of them moved on
+        world._out_of_step = f"{where} met rank(s) {', '.join(absent)} in no heap call"
+        outcome += f"; the World is out of step ({world._out_of_step}): finalize it"
+    error = mismatch_error(where, lines, outcome)
+    return error if found is None else error.with_traceback(found.__traceback__)
+
+
+def alloc_after_collecting(world: World, record: tuple[Any, ...]) -> int:
+    """The heap is full while closed buffers are held for their views: the allocation of
+    ``record`` (:meth:`World.empty`'s) tried once more after every rank has collected its
+    garbage (collective); returns its offset.
+
+    A view kept only by a reference cycle (an exception's traceback keeps the frames that
+    made it: ``pytest.raises``, an ``except`` that stores the error) is gone once the
+    garbage collector runs, which each rank does at moments of its own, and a held block is
+    freed only when no rank has a view of it (:mod:`shmem.quarantine`). Every rank finds
+    the heap full at the same call (their heaps are identical), so every rank collects now
+    and the ranks settle the held blocks again in one more allocation barrier before the
+    allocation is tried again; it raises ``HeapExhaustedError`` if the heap is still full.
+    """
+    gc.collect()
+    world._agree("World.empty", record, None)
+    try:
+        return world._arena.alloc(record[1], record[4])
+    except HeapExhaustedError as exc:
+        held = world._quarantine.held_nbytes
+        if not held:
+            raise
+        error = HeapExhaustedError(
+            f"World.empty: {exc} ({held} bytes belong to closed buffers that views are "
+            "still alive for: they are freed at the next heap call after the last view "
+            "is gone)",
+            requested=exc.requested,
+            free_total=exc.free_total,
+            largest_free=exc.largest_free,
+        )
+    raise error

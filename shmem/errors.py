@@ -8,6 +8,12 @@ naturally catch (``ValueError``, ``MemoryError``, ``TimeoutError``, ...), so bot
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .callreport import CallLine
+
 __all__ = [
     "ArgumentError",
     "AsyncExecutionError",
@@ -63,8 +69,26 @@ class BackendUnavailableError(ShmemError, RuntimeError):
 class CollectiveMismatchError(ShmemError, RuntimeError):
     """Ranks called a collective operation with different arguments.
 
-    Raised on every rank; the message lists each rank's arguments.
+    Raised on every rank; the message lists each rank's call as that rank described it, by
+    world rank, the same table on every rank (:mod:`shmem.callreport`).
+
+    Parameters
+    ----------
+    message : str
+        The explanation.
+    calls : sequence of CallLine, optional
+        Every member's line (:class:`shmem.CallLine`: rank, member, call number,
+        description), in member order.
+
+    Attributes
+    ----------
+    calls : tuple of CallLine
+        Every member's line (empty where none were exchanged).
     """
+
+    def __init__(self, message: str, *, calls: Sequence[CallLine] = ()) -> None:
+        super().__init__(message)
+        self.calls: tuple[CallLine, ...] = tuple(calls)
 
 
 class HeapExhaustedError(ShmemError, MemoryError):
@@ -221,11 +245,15 @@ class PeerFailedError(ShmemError, RuntimeError):
         The explanation.
     failed_rank : int, optional
         The rank that failed (-1 when unknown).
+    mismatch : bool, optional
+        That rank stopped because ranks called different collectives (the caller then
+        reports the mismatch: ``CollectiveMismatchError``).
     """
 
-    def __init__(self, message: str, *, failed_rank: int = -1) -> None:
+    def __init__(self, message: str, *, failed_rank: int = -1, mismatch: bool = False) -> None:
         super().__init__(message)
         self.failed_rank = failed_rank
+        self.mismatch = mismatch
 
 
 class ViewError(ShmemError, IndexError):

@@ -13,13 +13,19 @@ from typing import Any, Protocol, cast
 import numpy as np
 
 from shmem import Buffer, SHMEMBuffer, World, flight
+from shmem.callreport import Reporter, mismatch_error
 from shmem.dtypes import dtype_name
-from shmem.errors import CollectiveArgumentError, ShmemStateError
+from shmem.errors import (
+    CollectiveArgumentError,
+    CollectiveMismatchError,
+    PeerFailedError,
+    ShmemStateError,
+)
 
 from ..operand import Array, Operand
 from ..ops import ReduceOp, accumulate_dtype, check_op, fused_out_dtype
 from ..schedule import Algorithm
-from ..signature import COLLECTIVES
+from ..signature import COLLECTIVES, describe_args
 
 __all__ = [
     "Engine",
@@ -27,6 +33,8 @@ __all__ = [
     "Output",
     "Result",
     "check_live",
+    "explain",
+    "mismatched",
     "not_on_channel",
     "refuse_device_buffers",
     "single_node",
@@ -85,18 +93,55 @@ class Engine(Protocol):
     def close(self) -> None: ...
 
 
-_RECORDED = (*COLLECTIVES, "all_to_allv", "barrier")  # each engine method recorded
+_RECORDED = COLLECTIVES  # each engine method recorded
 
 
 def _recording(op: str, fn: Callable[..., Any]) -> Callable[..., Any]:
     """``fn``, an engine's method, with its calls recorded as ``op`` on the engine's
-    stream in the flight recorder (:mod:`shmem.flight`)."""
+    stream in the flight recorder (:mod:`shmem.flight`), and a mismatch reported
+    (:func:`explain`)."""
 
     def call(self: Any, *args: Any, **kwargs: Any) -> Any:
-        with flight.recording(self.stream, op, args[0] if args and op != "barrier" else None):
-            return fn(self, *args, **kwargs)
+        try:
+            with flight.recording(self.stream, op, args[0] if args and op != "barrier" else None):
+                return fn(self, *args, **kwargs)
+        except (CollectiveMismatchError, PeerFailedError) as exc:
+            text = describe_args(op, args)
+            raise explain(self.reporter, self.stream, 0, exc, f"Communicator.{op}", text) from None
 
     return functools.update_wrapper(call, fn)
+
+
+def mismatched(exc: BaseException) -> bool:
+    """Whether ``exc`` says ranks called different collectives (found here, or learnt from
+    a peer that stopped on it)."""
+    return isinstance(exc, CollectiveMismatchError) or (
+        isinstance(exc, PeerFailedError) and exc.mismatch
+    )
+
+
+def explain(
+    reporter: Reporter | None,
+    stream: int,
+    call: int,
+    exc: BaseException,
+    where: str,
+    text: str,
+) -> BaseException:
+    """The error a call that failed with ``exc`` raises: for a mismatch, every member's own
+    account of its call, exchanged now (:mod:`shmem.callreport`; this member's is ``text``,
+    numbered by the flight recorder's ``stream``, else ``call``), in a
+    ``CollectiveMismatchError`` every member raises alike (``where``: this member's call);
+    else ``exc`` itself."""
+    if reporter is None or not mismatched(exc) or getattr(exc, "calls", None):
+        return exc
+    if getattr(exc, "agreed", False):  # every rank knows already (another rank's bad argument)
+        return exc
+    rec = flight.recorder()
+    number = rec.calls(stream) or call
+    rec.fail_current(stream)  # (before the wait for the others' lines: see fail_current)
+    lines = reporter.exchange(number, text)
+    return mismatch_error(where, lines).with_traceback(exc.__traceback__)
 
 
 class ChannelFree:
@@ -107,6 +152,7 @@ class ChannelFree:
 
     world: World
     stream = 0  # the engine's number in the flight recorder (each sets its own)
+    reporter: Reporter | None = None  # who exchanges report lines on a mismatch (explain)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

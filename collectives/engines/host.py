@@ -25,18 +25,23 @@ from ..all_to_all import all_to_all as _all_to_all
 from ..allreduce import all_reduce as _all_reduce
 from ..allreduce import choose as _choose
 from ..allreduce_plans import NodesPlan, TinyPlan
+from ..barrier import barrier as _barrier
+from ..barrier import meet
 from ..broadcast import broadcast as _broadcast
 from ..channel import Channel
 from ..operand import Array
 from ..ops import ReduceOp
 from ..reduce_scatter import reduce_scatter as _reduce_scatter
 from ..schedule import Algorithm, AlgorithmTable
+from ..signature import COLLECTIVES, describe_args
 from ..stats import CommStats
 from .base import (
     Input,
     Output,
     Result,
     check_live,
+    explain,
+    mismatched,
     refuse_device_buffers,
     single_node,
     widened_all_reduce,
@@ -71,6 +76,7 @@ class HostEngine:
         self._last_out: Array | None = None
         self._alias: tuple[object, object, bool] | None = None
         self._last_family: dict[str, Any] = {}  # kind -> the last family plan replayed
+        self._fused: tuple[object, ...] | None = None  # a fused all-reduce's arguments
         world.barrier()
 
     def _live(self, where: str) -> Channel:
@@ -78,11 +84,14 @@ class HostEngine:
         return self.ch
 
     @contextlib.contextmanager
-    def _call(self, ch: Channel, op: str, x: object = None) -> Iterator[Channel]:
-        """Run one collective, ``op`` of input ``x``, recorded in the flight recorder: if it
-        raises after exchanging flags, peers may be mid-call, so the channel is no longer in
-        step: it retracts its flags and warns the peers (``Channel.fail``), and the
-        communicator refuses later calls."""
+    def _call(
+        self, ch: Channel, op: str, args: tuple[object, ...], record: bool = True
+    ) -> Iterator[Channel]:
+        """Run one collective, ``op`` of the method's arguments ``args`` (the input first),
+        recorded in the flight recorder: if it raises after exchanging flags, peers may be
+        mid-call, so the channel is no longer in step: it retracts its flags and warns the
+        peers (``Channel.fail``), and the communicator refuses later calls. A mismatch is
+        reported with every rank's own account of its call (:meth:`_explain`)."""
         if ch.broken:
             raise ShmemStateError(
                 "Communicator: a previous call failed, so the ranks are out of step; close "
@@ -90,14 +99,38 @@ class HostEngine:
             )
         seq = ch.seq
         try:
-            with flight.recording(ch.stream, op, x):
+            if record:
+                with flight.recording(ch.stream, op, args[0] if args else None):
+                    yield ch
+            else:  # (its caller records it)
                 yield ch
         except BaseException as exc:
             # an error every rank raised at the same point of a finished call (``agreed``,
             # e.g. collect's out size, checked against the exchanged counts) leaves them in step
             if ch.seq != seq and not getattr(exc, "agreed", False):
-                ch.fail()
+                ch.fail(mismatched(exc))
+            if mismatched(exc):
+                raise self._explain(exc, op, args) from None
             raise
+
+    def _explain(self, exc: BaseException, op: str, args: tuple[object, ...]) -> BaseException:
+        """:func:`~collectives.engines.base.explain` on the channel: a collective described
+        from its arguments ``args`` (a fused all-reduce's inner call as the outer one, with
+        its ``out_dtype`` and ``scale``), any other call (:meth:`meet`) by ``args[0]``."""
+        if self._fused is not None:
+            op, args = "all_reduce", self._fused
+        if op in COLLECTIVES:
+            where, text = f"Communicator.{op}", describe_args(op, args)
+        else:
+            where, text = op, str(args[0])
+        return explain(self.ch.reporter, self.ch.stream, self.ch.seq, exc, where, text)
+
+    def meet(self, where: str, text: str, sig: int) -> None:
+        """A call that every rank enters together, as its first step (sequence-parallel
+        attention's): on the channel with signature ``sig``, so a rank in another call is a
+        mismatch every rank reports with its own account (``text``: this rank's call)."""
+        with self._call(self._live(where), where, (text,), record=False) as ch:
+            meet(ch, sig, where)
 
     @property
     def scratch_capacity(self) -> int:
@@ -131,9 +164,13 @@ class HostEngine:
         if out_dtype is not None or scale is not None:
             self._live("all_reduce")
             refuse_device_buffers(x, out)
-            return widened_all_reduce(
-                self.all_reduce, x, op, out, algorithm, out_dtype, scale, self.acc32
-            )
+            self._fused = (x, op, out, algorithm, stream, out_dtype, scale)
+            try:
+                return widened_all_reduce(
+                    self.all_reduce, x, op, out, algorithm, out_dtype, scale, self.acc32
+                )
+            finally:
+                self._fused = None
         ch = self.ch
         if algorithm == "auto" and not self.closed and (out is None or type(out) is np.ndarray):
             # replay a cached small one-shot call (only where the table picks one-shot, so
@@ -150,7 +187,13 @@ class HostEngine:
                 else:
                     count, dtype = x.count, x.dtype
             if shm is not None or src is not None:
-                if plan is None or plan.count != count or plan.dtype is not dtype or plan.op != op:
+                if (
+                    plan is None
+                    or plan.closed  # dropped from the cache since (evicted, scratch grew)
+                    or plan.count != count
+                    or plan.dtype is not dtype
+                    or plan.op != op
+                ):
                     plan = ch.plans.get((count, dtype, op))
                     self._last_plan = plan
                 if (
@@ -177,7 +220,7 @@ class HostEngine:
                     return res
         self._live("all_reduce")
         refuse_device_buffers(x, out)
-        with self._call(ch, "all_reduce", x):
+        with self._call(ch, "all_reduce", (x, op, out, algorithm)):
             return _all_reduce(ch, x, op, out, algorithm)
 
     def reduce_scatter(self, x: Input, op: ReduceOp | str, out: Output, stream: object) -> Input:
@@ -185,14 +228,14 @@ class HostEngine:
             done = self._replay_family("reduce_scatter", x, out, op)
             if done is not None:
                 return done  # type: ignore[no-any-return]
-        with self._call(self._live("reduce_scatter"), "reduce_scatter", x) as ch:
+        with self._call(self._live("reduce_scatter"), "reduce_scatter", (x, op)) as ch:
             return _reduce_scatter(ch, x, op, out)
 
     def all_gather(self, x: Input, out: Output, stream: object) -> Input:
         done = self._replay_family("all_gather", x, out, 0)
         if done is not None:
             return done  # type: ignore[no-any-return]
-        with self._call(self._live("all_gather"), "all_gather", x) as ch:
+        with self._call(self._live("all_gather"), "all_gather", (x,)) as ch:
             return _all_gather(ch, x, out)
 
     def broadcast(self, x: Input, root: int, out: Output, stream: object) -> Input:
@@ -200,24 +243,24 @@ class HostEngine:
             done = self._replay_family("broadcast", x, out, root)
             if done is not None:
                 return done  # type: ignore[no-any-return]
-        with self._call(self._live("broadcast"), "broadcast", x) as ch:
+        with self._call(self._live("broadcast"), "broadcast", (x, root)) as ch:
             return _broadcast(ch, x, root, out)
 
     def all_to_all(self, x: Input, out: Output, stream: object) -> Input:
         done = self._replay_family("all_to_all", x, out, 0)  # (small calls across nodes)
         if done is not None:
             return done  # type: ignore[no-any-return]
-        with self._call(self._live("all_to_all"), "all_to_all", x) as ch:
+        with self._call(self._live("all_to_all"), "all_to_all", (x,)) as ch:
             return _all_to_all(ch, x, out)
 
     def collect(self, x: Input, out: Output) -> Input:
-        with self._call(self._live("collect"), "collect", x):
+        with self._call(self._live("collect"), "collect", (x,)):
             return self.tc.collect(x, out)
 
     def alltoalls(
         self, x: Input, nelems: int, dst_stride: int, src_stride: int, out: Output
     ) -> Input:
-        with self._call(self._live("alltoalls"), "alltoalls", x):
+        with self._call(self._live("alltoalls"), "alltoalls", (x, nelems, dst_stride, src_stride)):
             return self.tc.alltoalls(
                 x, nelems, dst_stride=dst_stride, src_stride=src_stride, out=out
             )
@@ -225,12 +268,12 @@ class HostEngine:
     def all_to_allv(
         self, x: Input, send_counts: Sequence[int], recv_counts: Sequence[int], out: Output
     ) -> Input:
-        with self._call(self._live("all_to_allv"), "all_to_allv", x):
+        with self._call(self._live("all_to_allv"), "all_to_allv", (x, send_counts, recv_counts)):
             return self.tc.all_to_allv(x, send_counts, recv_counts, out)
 
     def barrier(self, timeout: float | None) -> None:
-        with flight.recording(self.ch.stream, "barrier"):
-            self.ch.pad.barrier(timeout)
+        with self._call(self._live("barrier"), "barrier", ()) as ch:
+            _barrier(ch, timeout)
 
     def close(self) -> None:
         if self.closed:
@@ -270,8 +313,13 @@ class HostEngine:
                 x = shm if shm is not None else src  # (the input, as the other paths record)
                 with flight.recording(ch.stream, plan.where.rpartition(".")[2], x):
                     plan.run(ch, src, shm, flat, in_place)
-        except BaseException:
-            ch.fail()  # flags moved: peers must not complete this call
+        except BaseException as exc:
+            ch.fail(mismatched(exc))  # flags moved: peers must not complete this call
+            if mismatched(exc):  # (a replay is a call with algorithm "auto", no options)
+                op = plan.where.rpartition(".")[2]
+                x = shm if shm is not None else src
+                args = (x, plan.op, out, "auto") if op == "all_reduce" else (x, plan.extra)
+                raise self._explain(exc, op, args) from None
             raise
         algos = ch.stats.algorithms
         if algos is not None:
@@ -310,7 +358,13 @@ class HostEngine:
         else:
             return None
         plan = self._last_family.get(kind)  # the last shape replayed: no key to build
-        if plan is None or plan.count != count or plan.dtype is not dtype or plan.extra != extra:
+        if (
+            plan is None
+            or plan.closed  # dropped from the cache since (evicted, scratch grew)
+            or plan.count != count
+            or plan.dtype is not dtype
+            or plan.extra != extra
+        ):
             plan = ch.plans.get((kind, count, dtype, extra))
             if plan is None:
                 return None

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from shmem import flight
+from shmem.callreport import Reporter
 from shmem.team import Team
 
 from ..ops import ReduceOp
@@ -47,6 +48,8 @@ class TeamEngine(ChannelFree):
         self.acc32 = acc32
         self.tc = team_collectives(team, acc32)
         self.stream = flight.recorder().new_stream(team.members, self.tc.comm.allgather)
+        cfg = team.world.config.signal
+        self.reporter = Reporter(self.tc.comm, team.members, cfg.timeout_s, self.tc.progress)
 
     def _live(self, where: str) -> TeamCollectives:
         check_live(self.closed, self.world, where)

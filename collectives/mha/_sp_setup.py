@@ -20,11 +20,12 @@ import numpy as np
 from shmem import CPU, Buffer
 from shmem.agreement import allgather_within
 from shmem.dtypes import as_dtype, dtype_name
-from shmem.errors import CollectiveMismatchError, SequenceParallelError
+from shmem.errors import SequenceParallelError
 
 from ..communicator import Communicator
 from ..interop import is_gpu_array
 from ..schedule import shard_bounds
+from ._sp_agree import agree, meet_first, text_of
 from ._units import SequenceParallelStats
 from .attention import INPUT_DTYPES, normalise_window
 from .scheduler import MaskSpec
@@ -260,33 +261,6 @@ def _check_operands(where: str, operands: Operands) -> None:
         )
 
 
-def _agree(
-    world: Any, where: str, record: tuple[Any, ...], rows: int, error: Exception | None
-) -> list[int]:
-    """One all-gather of every rank's record, row count and local error: this rank's error
-    raises here, other ranks' errors and disagreeing records raise on every rank. Returns
-    the ranks' row counts."""
-    gathered = allgather_within(
-        world.comm,
-        (record, rows, None if error is None else str(error)),
-        world.config.signal.timeout_s,
-        where,
-        world.heap.progress,
-    )
-    if error is not None:
-        raise error
-    bad = [(r, e) for r, (_, _, e) in enumerate(gathered) if e is not None]
-    if bad:
-        raise CollectiveMismatchError(
-            f"{where}: invalid arguments on other ranks: "
-            + "; ".join(f"rank {r}: {e}" for r, e in bad)
-        )
-    if any(rec != gathered[0][0] for rec, _, _ in gathered):
-        listing = "; ".join(f"rank {r}: {rec}" for r, (rec, _, _) in enumerate(gathered))
-        raise CollectiveMismatchError(f"{where}: ranks disagree ({listing})")
-    return [int(n) for _, n, _ in gathered]
-
-
 def _positions(
     where: str, schedule: str, counts: list[int], total: int, size: int
 ) -> list[np.ndarray[Any, Any]]:
@@ -371,7 +345,8 @@ def setup(
         )
     except Exception as exc:  # any local error: every rank must still reach the all-gather
         error = exc
-    counts = _agree(world, where, record, rows, error)
+    meet_first(comm, where, text_of(where, record, rows))
+    counts = agree(comm, where, record, rows, error)
     total, size = sum(counts), world.world_size
     positions = _positions(where, schedule, counts, total, size)
     q = operands.q
