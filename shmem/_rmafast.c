@@ -12,7 +12,10 @@
  * fence) + MPI_Rget_accumulate + MPI_Test: the request completes once the target applied
  * it. When it has not at the first test, a Pending object (owning the request and the
  * origin/result words MPI still uses) goes back to Python, which polls it against the
- * deadline as it polls mpi4py requests (Test, Wait).
+ * deadline as it polls mpi4py requests (Test, Wait). To a rank whose memory MPI shares with
+ * this process (nodes simulated on one machine: the Signaller's ``shm`` ranks) a signal is
+ * MPI_Fetch_and_op + MPI_Win_flush instead, complete on return: MPICH 5.0.2 leaks 128 bytes
+ * per MPI_Rget_accumulate to Win_allocate memory it reaches through shared memory.
  *
  * No MPI header is needed: shmem.backends.rma_accel finds the MPI functions in the libmpi
  * mpi4py loaded and passes their addresses and the handle width of its ABI (4 bytes:
@@ -36,7 +39,8 @@
                               h, h, h *);                                                  \
     typedef int (*test##sfx)(h *, int *, void *);                                          \
     typedef int (*wait##sfx)(h *, void *);                                                \
-    typedef int (*iprobe##sfx)(int, int, h, int *, void *);
+    typedef int (*iprobe##sfx)(int, int, h, int *, void *);                                \
+    typedef int (*fop##sfx)(const void *, void *, h, int, intptr_t, h, h);
 MPI_FNS(int32_t, 32)
 MPI_FNS(intptr_t, 64)
 
@@ -47,6 +51,7 @@ static void *rgacc_addr; /* MPI_Rget_accumulate */
 static void *test_addr;  /* MPI_Test */
 static void *wait_addr;  /* MPI_Wait */
 static void *iprobe_addr; /* MPI_Iprobe */
+static void *fop_addr;    /* MPI_Fetch_and_op */
 static int any_source, any_tag; /* MPI_ANY_SOURCE, MPI_ANY_TAG */
 static int handle_bytes; /* 4 or 8 */
 static intptr_t byte_type;  /* MPI_BYTE */
@@ -394,6 +399,7 @@ typedef struct {
     Py_ssize_t slots;
     Py_ssize_t nranks;
     Py_ssize_t *disp; /* per rank: the displacement of slot 0, or -1 */
+    char *shm;        /* per rank: its memory is shared with this process (see the top) */
     /* the next signal's Pending, made before the signal is sent: its words are the
        origin and result; it goes back to the caller only if the request is still in
        flight after the first test (so nothing is allocated once MPI has been called) */
@@ -405,6 +411,7 @@ static void Signaller_dealloc(Signaller *self) {
     if (self->weakrefs != NULL)
         PyObject_ClearWeakRefs((PyObject *)self);
     PyMem_Free(self->disp);
+    PyMem_Free(self->shm);
     Py_XDECREF(self->spare);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
@@ -426,15 +433,15 @@ static Pending *new_pending(void) {
 }
 
 static PyObject *Signaller_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
-    static char *kwlist[] = {"win", "disps", "slots", "extra", NULL};
-    PyObject *win_obj, *disps, *extra_obj = Py_None;
+    static char *kwlist[] = {"win", "disps", "slots", "extra", "shm", NULL};
+    PyObject *win_obj, *disps, *extra_obj = Py_None, *shm_obj = Py_None;
     Py_ssize_t slots;
     if (rgacc_addr == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "shmem._rmafast.Signaller: bind() was not called");
         return NULL;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOn|O", kwlist, &win_obj, &disps, &slots,
-                                     &extra_obj))
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOn|OO", kwlist, &win_obj, &disps, &slots,
+                                     &extra_obj, &shm_obj))
         return NULL;
     PyObject *seq = PySequence_Fast(disps, "Signaller: disps must be a sequence");
     if (seq == NULL)
@@ -451,10 +458,31 @@ static PyObject *Signaller_new(PyTypeObject *type, PyObject *args, PyObject *kwd
         return NULL;
     }
     self->disp = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)n);
-    if (self->disp == NULL) {
+    self->shm = PyMem_Calloc((size_t)n, 1);
+    if (self->disp == NULL || self->shm == NULL) {
         Py_DECREF(seq);
         Py_DECREF(self);
         return PyErr_NoMemory();
+    }
+    if (shm_obj != Py_None) { /* an iterable of ranks */
+        PyObject *it = PyObject_GetIter(shm_obj), *item;
+        if (it == NULL) {
+            Py_DECREF(seq);
+            Py_DECREF(self);
+            return NULL;
+        }
+        while ((item = PyIter_Next(it)) != NULL) {
+            Py_ssize_t r = PyLong_AsSsize_t(item);
+            Py_DECREF(item);
+            if (r >= 0 && r < n)
+                self->shm[r] = 1;
+        }
+        Py_DECREF(it);
+        if (PyErr_Occurred()) {
+            Py_DECREF(seq);
+            Py_DECREF(self);
+            return NULL;
+        }
     }
     for (Py_ssize_t r = 0; r < n; r++) {
         self->disp[r] = PyLong_AsSsize_t(PySequence_Fast_GET_ITEM(seq, r));
@@ -535,6 +563,29 @@ static PyObject *send_signal(Signaller *self, long rank, long slot, long long va
     w[0] = value;
     int flag = 0, rc, started = 0;
     status_t st;
+    if (self->shm[rank]) { /* complete on return, no request (see the top) */
+        if (handle_bytes == 4) {
+            rc = self->extra ? ((sync32)sync_addr)((int32_t)self->extra) : 0;
+            if (rc == 0)
+                rc = ((sync32)sync_addr)((int32_t)self->win);
+            if (rc == 0)
+                rc = ((fop32)fop_addr)(w, w + 1, (int32_t)int64_type, (int)rank, disp,
+                                       (int32_t)op, (int32_t)self->win);
+            if (rc == 0)
+                rc = ((flush32)flush_addr)((int)rank, (int32_t)self->win);
+        } else {
+            rc = self->extra ? ((sync64)sync_addr)(self->extra) : 0;
+            if (rc == 0)
+                rc = ((sync64)sync_addr)(self->win);
+            if (rc == 0)
+                rc = ((fop64)fop_addr)(w, w + 1, int64_type, (int)rank, disp, op, self->win);
+            if (rc == 0)
+                rc = ((flush64)flush_addr)((int)rank, self->win);
+        }
+        if (rc != 0)
+            return raise_mpi(rc);
+        Py_RETURN_TRUE;
+    }
     if (handle_bytes == 4) {
         rc = self->extra ? ((sync32)sync_addr)((int32_t)self->extra) : 0;
         if (rc == 0)
@@ -600,9 +651,11 @@ static PyTypeObject SignallerType = {
     .tp_basicsize = sizeof(Signaller),
     .tp_weaklistoffset = offsetof(Signaller, weakrefs),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "Signaller(win, disps, slots, extra=None): a signal pad's int64 slots on the "
-              "ranks reached through an MPI window (disps: per rank, the displacement of "
-              "slot 0, or -1; extra: a second window to sync first).",
+    .tp_doc = "Signaller(win, disps, slots, extra=None, shm=None): a signal pad's int64 slots "
+              "on the ranks reached through an MPI window (disps: per rank, the displacement "
+              "of slot 0, or -1; extra: a second window to sync first; shm: the ranks whose "
+              "memory MPI shares with this process, signalled with MPI_Fetch_and_op + "
+              "MPI_Win_flush).",
     .tp_new = Signaller_new,
     .tp_dealloc = (destructor)Signaller_dealloc,
     .tp_methods = Signaller_methods,
@@ -872,15 +925,15 @@ static PyObject *spin(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 
 /* bind(fns, handle_bytes, handles, ndarray, exception) */
 static PyObject *bind(PyObject *module, PyObject *args) {
-    unsigned long long put, flush, sync, rgacc, test, wait, iprobe, byte, i64, replace, sum;
+    unsigned long long put, flush, sync, rgacc, test, wait, iprobe, fop, byte, i64, replace, sum;
     int hb, anysrc, anytag;
     PyObject *nd, *exc;
-    if (!PyArg_ParseTuple(args, "(KKKKKKK)i(KKKK)(ii)OO", &put, &flush, &sync, &rgacc, &test,
-                          &wait, &iprobe, &hb, &byte, &i64, &replace, &sum, &anysrc, &anytag,
-                          &nd, &exc))
+    if (!PyArg_ParseTuple(args, "(KKKKKKKK)i(KKKK)(ii)OO", &put, &flush, &sync, &rgacc, &test,
+                          &wait, &iprobe, &fop, &hb, &byte, &i64, &replace, &sum, &anysrc,
+                          &anytag, &nd, &exc))
         return NULL;
-    if (!put || !flush || !sync || !rgacc || !test || !wait || !iprobe || (hb != 4 && hb != 8) ||
-        !PyType_Check(nd) || !PyExceptionClass_Check(exc)) {
+    if (!put || !flush || !sync || !rgacc || !test || !wait || !iprobe || !fop ||
+        (hb != 4 && hb != 8) || !PyType_Check(nd) || !PyExceptionClass_Check(exc)) {
         PyErr_SetString(PyExc_ValueError, "shmem._rmafast.bind: invalid arguments");
         return NULL;
     }
@@ -891,6 +944,7 @@ static PyObject *bind(PyObject *module, PyObject *args) {
     test_addr = (void *)(uintptr_t)test;
     wait_addr = (void *)(uintptr_t)wait;
     iprobe_addr = (void *)(uintptr_t)iprobe;
+    fop_addr = (void *)(uintptr_t)fop;
     any_source = anysrc;
     any_tag = anytag;
     handle_bytes = hb;
@@ -907,10 +961,11 @@ static PyObject *bind(PyObject *module, PyObject *args) {
 
 static PyMethodDef module_methods[] = {
     {"bind", bind, METH_VARARGS,
-     "bind((put, flush, sync, rget_accumulate, test, wait, iprobe), handle_bytes, (byte, "
-     "int64, replace, sum), (any_source, any_tag), ndarray, exception): the addresses of "
-     "MPI_Put, MPI_Win_flush, MPI_Win_sync, MPI_Rget_accumulate, MPI_Test, MPI_Wait and "
-     "MPI_Iprobe, the ABI's handle width, the handles of MPI_BYTE, MPI_INT64_T, MPI_REPLACE "
+     "bind((put, flush, sync, rget_accumulate, test, wait, iprobe, fetch_and_op), "
+     "handle_bytes, (byte, int64, replace, sum), (any_source, any_tag), ndarray, exception): "
+     "the addresses of MPI_Put, MPI_Win_flush, MPI_Win_sync, MPI_Rget_accumulate, MPI_Test, "
+     "MPI_Wait, MPI_Iprobe and MPI_Fetch_and_op, the ABI's handle width, the handles of "
+     "MPI_BYTE, MPI_INT64_T, MPI_REPLACE "
      "and MPI_SUM, MPI_ANY_SOURCE and MPI_ANY_TAG, numpy.ndarray and the exception raised "
      "for an MPI error code."},
     {"pending", pending, METH_NOARGS,

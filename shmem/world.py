@@ -18,13 +18,16 @@ import numpy as np
 
 from . import flight
 from .agreement import (
+    BARRIER_SIGNATURE,
+    alloc_after_collecting,
     compare_across_ranks,
-    describe_heap_call,
+    heap_mismatch,
     heap_signature,
 )
 from .arena import Arena
 from .backends import Backend, resolve_backend
 from .buffer import SHMEMBuffer
+from .callreport import Reporter
 from .config import Config, load_config
 from .device.context import DeviceContext
 from .device.devices import CPU
@@ -120,7 +123,8 @@ class World:
             self.config = config
             self.rank = self.comm.Get_rank()
             self.world_size = self.comm.Get_size()
-            from .backends.host import HostHeap, split_nodes
+            from .backends.host import HostHeap
+            from .backends.nodes import split_nodes
 
             self.node_comm: MPI.Intracomm = split_nodes(self.comm, config.heap.node_split)
             stack.callback(self.node_comm.Free)
@@ -129,6 +133,7 @@ class World:
             self.backend = backend
             self._arena = Arena(config.heap.nbytes, config.heap.alignment)
             self._calls = 0
+            self._reporter = Reporter(self.comm, range(self.world_size), config.signal.timeout_s)
             self._finalized = False
             self._out_of_step = ""  # why collective heap calls are refused (a timed-out check)
             self._live: weakref.WeakValueDictionary[int, SHMEMBuffer] = (
@@ -279,20 +284,30 @@ class World:
             except SignalTimeoutError as exc:
                 self._out_of_step = f"{where} timed out: {exc}"
                 raise
+            except CollectiveMismatchError as exc:  # every rank: each one's own account
+                if getattr(exc, "agreed", False):  # (another rank's bad argument: known)
+                    raise
+                raise heap_mismatch(self, where, record, exc) from None
             if self.heap.device_memory:
                 return False
         held = self._barrier_with_signature(
-            where, heap_signature(record), self._quarantine.mask(closing)
+            where, heap_signature(record), self._quarantine.mask(closing), record
         )
         self._quarantine.settle(held, self._arena)
         return bool(held & FREED_BIT)
 
-    def _barrier_with_signature(self, where: str, sig: int, mask: int) -> int:
+    def _barrier_with_signature(
+        self, where: str, sig: int, mask: int, record: tuple[Any, ...]
+    ) -> int:
         """The allocation barrier, with every rank's call signature compared after it;
-        returns the OR of every rank's view ``mask``."""
+        returns the OR of every rank's view ``mask`` (``record``: this rank's call)."""
         off = self._sig_offset + 16 * (self._calls % 2)  # a fast rank writes the other pair
         self.heap.local_view(off, 16).view(np.int64)[:] = (sig, mask)
         self.signals.barrier()
+        # the next pair says "a barrier" until the next heap call: a peer's heap call that
+        # meets this rank's World.barrier reads that, never this call's stale words
+        nxt = self._sig_offset + 16 * ((self._calls + 1) % 2)
+        self.heap.local_view(nxt, 16).view(np.int64)[:] = (BARRIER_SIGNATURE, 0)
         words = np.empty(2, np.int64)
         theirs = []
         held = 0
@@ -304,11 +319,8 @@ class World:
                 self.heap.get_bytes(r, off, words)
             theirs.append(int(words[0]))
             held |= int(words[1])
-        if any(t != sig for t in theirs):
-            listing = "; ".join(f"rank {r}: {describe_heap_call(t)}" for r, t in enumerate(theirs))
-            raise CollectiveMismatchError(
-                f"{where}: ranks disagree ({listing}); nothing was allocated or freed"
-            )
+        if any(t != sig for t in theirs):  # every rank sees it: each one's own account
+            raise heap_mismatch(self, where, record)
         return held
 
     # -- allocation -------------------------------------------------------------------------
@@ -362,18 +374,10 @@ class World:
         self._agree("World.empty", record, error)
         try:
             offset = self._arena.alloc(record[1], record[4])
-        except HeapExhaustedError as exc:
-            held = self._quarantine.held_nbytes
-            if not held:
+        except HeapExhaustedError:
+            if not self._quarantine.held_nbytes:
                 raise
-            raise HeapExhaustedError(
-                f"World.empty: {exc} ({held} bytes belong to closed buffers that views are "
-                "still alive for: they are freed at the next heap call after the last view "
-                "is gone)",
-                requested=exc.requested,
-                free_total=exc.free_total,
-                largest_free=exc.largest_free,
-            ) from None
+            offset = alloc_after_collecting(self, record)
         buf = SHMEMBuffer(self, offset, dims, dt)
         self._live[offset] = buf
         return buf

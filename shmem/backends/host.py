@@ -56,7 +56,8 @@ from ..config import HeapConfig
 from ..errors import ArgumentError, RemoteTimeoutError
 from ..heap import ATOMIC_DTYPES, FLOAT_ATOMIC_DTYPES
 from ..signals import poll_until
-from . import _cpu_atomics, rma_accel
+from . import _cpu_atomics, rma_accel, strided
+from .nodes import host_size, shared_ranks
 
 __all__ = ["HostHeap", "strided_view"]
 
@@ -96,11 +97,6 @@ def _check_atomic_dtype(where: str, dtype: np.dtype[Any], op: str = "add") -> No
         f"{where}: unsupported dtype for {op!r} (got {dtype}; expected int32, int64, uint32 or "
         "uint64, or float32/float64 for fetch and set)"
     )
-
-
-def _strided_type(itemsize: int, block: int, nblocks: int, stride: int) -> MPI.Datatype:
-    """``nblocks`` blocks of ``block`` elements, block starts ``stride`` elements apart."""
-    return MPI.BYTE.Create_vector(nblocks, block * itemsize, stride * itemsize).Commit()
 
 
 def _message(arr: np.ndarray[Any, Any]) -> list[Any]:
@@ -171,28 +167,6 @@ def _fill_holes(ranges: list[tuple[int, int]]) -> None:
                 fill(at, at + page)
 
 
-def split_nodes(comm: MPI.Intracomm, node_split: str) -> MPI.Intracomm:
-    """The node communicator: ranks that share memory (``"node"``), each rank alone
-    (``"rank"``), or groups of K consecutive ranks of a shared-memory node (``"K"``)."""
-    if node_split == "rank":
-        return cast(MPI.Intracomm, comm.Split(color=comm.Get_rank(), key=0))
-    shared = cast(MPI.Intracomm, comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank()))
-    if node_split == "node":
-        return shared
-    group = int(node_split)
-    sub = cast(MPI.Intracomm, shared.Split(color=shared.Get_rank() // group, key=comm.Get_rank()))
-    shared.Free()
-    return sub
-
-
-def host_size(comm: MPI.Intracomm, node_comm: MPI.Intracomm) -> int:
-    """The number of ranks of ``comm`` on this machine (collective): ``node_comm``'s size,
-    or more where nodes are simulated (``node_split`` "rank" or K). By host name: MPICH's
-    shared-memory split sees one rank per node under ``MPIR_CVAR_NOLOCAL``."""
-    names = comm.allgather(MPI.Get_processor_name())
-    return max(names.count(names[comm.Get_rank()]), node_comm.Get_size())
-
-
 class HostHeap:
     """One shared-memory slab per rank, plus an RMA window when the job spans nodes.
 
@@ -209,6 +183,7 @@ class HostHeap:
     name = "host"
     device_memory = False  # the slab is host memory: buffers are numpy views
     _bitwise_by_cas = False  # and/or/xor as compare-and-swap loops (see __init__)
+    _vector_leaks = False  # strided RMA a block at a time (see __init__)
 
     def __init__(
         self,
@@ -291,14 +266,17 @@ class HostHeap:
                 self._pads.append(pad)
                 self._slabs.append(raw[pad : pad + self.nbytes])
             self._slab = self._slabs[self.local_rank]
+            self._shm_rma: frozenset[int] = frozenset()  # (see _rget)
             if world_win is not None:
                 self._rma_base = comm.allgather(self._pads[self.local_rank])
+                self._shm_rma = shared_ranks(comm) - set(self._world_of)
             elif self.num_nodes > 1:  # MPI cannot share window memory: a second window
                 self._rma_win = MPI.Win.Create(self._slab, 1, comm=comm)
                 # Open MPI applies bitwise accumulates to Win_create memory wrongly (every
                 # and/or lost between 2 ranks, 200 of 200 rounds; sum and replace are right):
                 # those run as compare-and-swap loops there
                 self._bitwise_by_cas = MPI.get_vendor()[0] != "MPICH"
+                self._vector_leaks = strided.vector_leaks()  # (shmem/backends/strided.py)
                 stack.callback(self._rma_win.Free)
                 self._rma_win.Lock_all(MPI.MODE_NOCHECK)
                 stack.callback(self._rma_win.Unlock_all)
@@ -382,7 +360,7 @@ class HostHeap:
             -1 if self._local_of[r] >= 0 else self._rma_base[r] + offset
             for r in range(self.world_size)
         ]
-        signaller = rma_accel.signaller(self._rma_win, disps, slots, extra)
+        signaller = rma_accel.signaller(self._rma_win, disps, slots, extra, self._shm_rma)
         if signaller is not None:
             self._accel.add(signaller)
         return signaller
@@ -451,9 +429,8 @@ class HostHeap:
         if lr >= 0:
             dst.reshape(-1).view(np.uint8)[...] = self._slabs[lr][offset : offset + dst.nbytes]
             return
-        win = self._remote_window()
-        req = win.Rget(_message(dst), rank, self._rma_base[rank] + offset)
-        if not poll_until(req.Test, time.monotonic() + self.timeout_s, self.progress):
+        req = self._rget(_message(dst), rank, self._rma_base[rank] + offset)
+        if req and not poll_until(req.Test, time.monotonic() + self.timeout_s, self.progress):
             req.Wait()  # the destination buffer must not be released under MPI
             raise RemoteTimeoutError(
                 f"get: rank {self.rank}: reading rank {rank} took longer than "
@@ -492,10 +469,12 @@ class HostHeap:
             return
         win = self._remote_window()
         self.progress()
-        vec = _strided_type(isz, block, nblocks, stride)
+        at = self._rma_base[rank] + offset
+        if self._vector_leaks:  # (see __init__)
+            return strided.put_blocks(win, rank, at, src, block, nblocks, stride)
+        vec = strided.vector_type(isz, block, nblocks, stride)
         try:
-            where = (self._rma_base[rank] + offset, 1, vec)
-            win.Put([src.reshape(-1).view(np.uint8), MPI.BYTE], rank, where)
+            win.Put([src.reshape(-1).view(np.uint8), MPI.BYTE], rank, (at, 1, vec))
             win.Flush(rank)
         finally:
             vec.Free()
@@ -518,13 +497,15 @@ class HostHeap:
                 source = strided_view(view.view(dst.dtype), block, nblocks, stride)
                 dst.reshape(nblocks, block)[...] = source
             return
-        win = self._remote_window()
         self.progress()
-        vec = _strided_type(isz, block, nblocks, stride)
+        at = self._rma_base[rank] + offset
+        if self._vector_leaks:  # (see __init__)
+            return strided.get_blocks(self._remote_window(), rank, at, dst, block, nblocks, stride)
+        vec = strided.vector_type(isz, block, nblocks, stride)
         try:
-            where = (self._rma_base[rank] + offset, 1, vec)
-            req = win.Rget([dst.reshape(-1).view(np.uint8), MPI.BYTE], rank, where)
-            self._wait_request(req, "iget", rank)
+            req = self._rget([dst.reshape(-1).view(np.uint8), MPI.BYTE], rank, (at, 1, vec))
+            if req:
+                self._wait_request(req, "iget", rank)
         finally:
             vec.Free()
 
@@ -536,7 +517,7 @@ class HostHeap:
         if lr >= 0:
             self._slabs[lr][offset : offset + src.nbytes] = src.reshape(-1).view(np.uint8)
             return None
-        return self._remote_window().Rput(_message(src), rank, self._rma_base[rank] + offset)
+        return self._rget(_message(src), rank, self._rma_base[rank] + offset, put=True)
 
     def get_nbi(self, rank: int, offset: int, dst: np.ndarray[Any, Any]) -> MPI.Request | None:
         """Start a get into ``dst``: at once from a node-local peer (None), else ``Rget``
@@ -545,7 +526,20 @@ class HostHeap:
         if lr >= 0:
             dst.reshape(-1).view(np.uint8)[...] = self._slabs[lr][offset : offset + dst.nbytes]
             return None
-        return self._remote_window().Rget(_message(dst), rank, self._rma_base[rank] + offset)
+        return self._rget(_message(dst), rank, self._rma_base[rank] + offset)
+
+    def _rget(self, buf: Any, rank: int, where: Any, put: bool = False) -> MPI.Request | None:
+        """An ``Rget`` (``Rput`` with ``put``) of ``where`` on off-node ``rank``; to a rank
+        whose memory MPI shares (nodes simulated on one machine) a ``Get``/``Put`` +
+        ``Flush``, complete now (None): MPICH 5.0.2 leaks 48 bytes per ``Rget``/``Rput`` (128
+        per ``Rget_accumulate``: atomics and signals take ``Fetch_and_op``) to ``Win_allocate``
+        memory it reaches through shared memory."""
+        win = self._remote_window()
+        if rank not in self._shm_rma:
+            return (win.Rput if put else win.Rget)(buf, rank, where)
+        (win.Put if put else win.Get)(buf, rank, where)
+        win.Flush(rank)
+        return None
 
     def flush(self, rank: int) -> None:
         """Complete every RMA operation of this process to ``rank`` at the target."""
@@ -577,16 +571,15 @@ class HostHeap:
         op: str,
         timeout_s: float | None = None,
     ) -> int:
-        """Atomically apply ``op`` and return the old value.
-
-        On the world window the operation is request-based (``Rget_accumulate``: the request
-        completes only once the target applied it) and polled against the deadline, so a peer
-        that makes no MPI progress raises :class:`RemoteTimeoutError` instead of blocking.
-        """
+        """Atomically apply ``op`` and return the old value. On the world window the
+        operation is request-based (``Rget_accumulate``: the request completes only once the
+        target applied it) and polled against the deadline, so a peer that makes no MPI
+        progress raises :class:`RemoteTimeoutError` instead of blocking."""
         win = self._rma_win
         if self._bitwise_by_cas and op in _BITWISE:
             return self._bitwise_cas(rank, offset, value, dtype, op, timeout_s)
-        if win is None or dtype not in _MPI_ATOMIC_TYPES or dtype.kind == "f":
+        requests = win is not None and rank not in self._shm_rma  # (see _rget)
+        if not requests or dtype not in _MPI_ATOMIC_TYPES or dtype.kind == "f":
             req, result = self.atomic_fetch_op_nbi(rank, offset, value, dtype, op)
             if req is None or req.Test():  # most complete at once: no clock, no poll loop
                 return int(result[0])
@@ -600,7 +593,7 @@ class HostHeap:
                 arrays = (origin, result, [origin, mpi_t], [result, mpi_t], mpi_t)
             arrays[0][0] = value
             result = arrays[1]
-            req = win.Rget_accumulate(
+            req = cast("MPI.Win", win).Rget_accumulate(
                 arrays[2],
                 arrays[3],
                 rank,
@@ -636,6 +629,11 @@ class HostHeap:
             return None, result
         if self._bitwise_by_cas and op in _BITWISE:  # complete at once (allowed for *_nbi)
             result[0] = self._bitwise_cas(rank, offset, int(value), dtype, op)
+            return None, result
+        if rank in self._shm_rma:  # complete now, no request (see _rget)
+            disp = self._rma_base[rank] + offset
+            win.Fetch_and_op([origin, mpi_t], [result, mpi_t], rank, disp, _MPI_OPS[op])
+            win.Flush(rank)
             return None, result
         # request-based (completes once applied at the target), so callers bound it by the
         # deadline; the wait loops serve peers' operations aimed at this rank (progress)

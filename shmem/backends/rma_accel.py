@@ -2,7 +2,8 @@
 
 ``SHMEMBuffer.put`` to a rank reached through MPI RMA is ``MPI_Put`` + ``MPI_Win_flush``; a
 signal is ``MPI_Win_sync`` + ``MPI_Rget_accumulate`` + ``MPI_Test``, returning once MPI has
-started it (the process's next operation on the heap completes it: ``pending``); a wait spins
+started it (the process's next operation on the heap completes it: ``pending``; to a rank
+whose memory MPI shares, ``MPI_Fetch_and_op`` + ``MPI_Win_flush``); a wait spins
 on its word with ``MPI_Iprobe`` between loads (``spinner``). Through mpi4py a small
 put or signal spends more time in Python (method calls, mpi4py's buffer and target parsing,
 our argument checks) than in MPI; :mod:`shmem._rmafast` makes the same checks and calls in
@@ -39,6 +40,7 @@ _FUNCTIONS = (
     "MPI_Test",
     "MPI_Wait",
     "MPI_Iprobe",
+    "MPI_Fetch_and_op",
 )
 
 log = logging.getLogger(__name__)
@@ -142,16 +144,22 @@ def putter(win: MPI.Win, nbytes: int, dtype: np.dtype[Any], nranks: int) -> Any:
     return mod.Putter(MPI._handleof(win), nbytes, dtype, nranks)
 
 
-def signaller(win: MPI.Win, disps: list[int], slots: int, extra: MPI.Win | None = None) -> Any:
+def signaller(
+    win: MPI.Win,
+    disps: list[int],
+    slots: int,
+    extra: MPI.Win | None = None,
+    shm: frozenset[int] = frozenset(),
+) -> Any:
     """A ``shmem._rmafast.Signaller`` for a signal pad of ``slots`` int64 words whose slot 0
     is at window displacement ``disps[rank]`` (-1: a rank not reached through ``win``),
-    syncing ``extra`` too before each signal; or None when the C path is not available."""
+    syncing ``extra`` too before each signal (``shm``: ranks whose memory MPI shares with
+    this process, signalled without a request); or None when the C path is not available."""
     mod = _bound()
     if mod is None:
         return None
-    return mod.Signaller(
-        MPI._handleof(win), disps, slots, None if extra is None else MPI._handleof(extra)
-    )
+    handle = None if extra is None else MPI._handleof(extra)
+    return mod.Signaller(MPI._handleof(win), disps, slots, handle, tuple(shm))
 
 
 def barrier(rounds: list[tuple[int, int, int, int]], signaller: Any, comm: MPI.Comm | None) -> Any:

@@ -153,6 +153,21 @@ class FlightRecorder:
         self.end(self.begin(stream, "communicator", numbered=False))
         return stream
 
+    def calls(self, stream: int) -> int:
+        """How many numbered calls ``stream`` has begun: the number of its current (or
+        last) call, as the launcher's report names it; 0 with the recorder off.
+
+        Parameters
+        ----------
+        stream : int
+            0 (the World's calls) or a Communicator's stream.
+
+        Returns
+        -------
+        int
+        """
+        return int(self._counters[stream]) if self.capacity else 0
+
     def begin(
         self,
         stream: int,
@@ -238,6 +253,24 @@ class FlightRecorder:
             return  # overwritten by a newer record
         struct.pack_into("=d", self._map, at + _T_END_AT, time.time())
         struct.pack_into("=h", self._map, at + _STATE_AT, FAILED if failed else DONE)
+
+    def fail_current(self, stream: int) -> None:
+        """Record now that this process's current call on ``stream`` (its newest pending
+        record there) failed: a rank about to report a mismatch says so before it waits
+        for the other ranks' lines, so a rank the job's abort ends while it waits has its
+        call recorded failed, as the launcher and the report say it is (the call's own
+        :meth:`end` comes later, and records the same).
+
+        Parameters
+        ----------
+        stream : int
+            0 (the World's calls) or a Communicator's stream.
+        """
+        if not self.capacity:
+            return
+        pending = [r for r in self.log().records if r.stream == stream and r.state == "pending"]
+        if pending:
+            self.end(pending[-1].number, failed=True)
 
     def log(self) -> FlightLog:
         """What the ring holds now.

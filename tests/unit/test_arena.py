@@ -141,11 +141,19 @@ def test_alloc_with_a_larger_alignment_keeps_the_skipped_bytes_free() -> None:
 
 
 def test_heap_signatures_carry_the_alignment() -> None:
-    from shmem.agreement import describe_heap_call, heap_signature
+    from shmem.agreement import describe_heap_record, heap_signature
 
     plain = heap_signature(("alloc", 4096, "float32", (1024,), None))
     aligned = heap_signature(("alloc", 4096, "float32", (1024,), 4096))
     assert plain != aligned
-    assert describe_heap_call(plain) == "empty/zeros of 4096 bytes"
-    assert describe_heap_call(aligned) == "empty/zeros of 4096 bytes aligned to 4096"
-    assert describe_heap_call(heap_signature(("free", 512))) == "close of the buffer at offset 512"
+    assert heap_signature(("free", 512, 64)) != heap_signature(("free", 576, 64))
+    record = ("alloc", 4096, "float32", (1024,), 4096)
+    assert describe_heap_record("World.empty", record) == (
+        "World.empty(shape=(1024,), dtype=float32, alignment=4096): 4096 bytes"
+    )
+    assert describe_heap_record("SHMEMBuffer.close", ("free", 512, 64)) == (
+        "SHMEMBuffer.close() of the buffer at offset 512 (64 bytes)"
+    )
+    assert describe_heap_record("World.empty", ("alloc", "invalid")) == (
+        "World.empty(invalid arguments)"
+    )

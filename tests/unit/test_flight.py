@@ -382,3 +382,25 @@ def test_the_63rd_communicator_takes_the_first_ones_stream_anew() -> None:
     log = rec.log()
     assert log.records[-1].seq == 1 and log.counters[1] == 1  # its calls are numbered anew
     assert log.members[1] != log.members[2]  # and its members are its own
+
+
+def test_fail_current_marks_the_newest_pending_call_of_its_stream_only() -> None:
+    """A rank about to report a mismatch records its call failed before it waits for the
+    other lines (the job's abort may end it while it waits: CI saw such a rank's call still
+    pending in flight.json)."""
+    rec = flight.FlightRecorder(8)
+    s, t = rec.new_stream(), rec.new_stream()
+    outer = rec.begin(0, "alloc", 64, "float32")
+    other = rec.begin(t, "all_reduce", 8, "float32")
+    rec.end(rec.begin(s, "all_reduce", 8, "float32"))
+    inner = rec.begin(s, "broadcast", 8, "float32")
+    rec.fail_current(s)
+    states = {r.number: r.state for r in rec.log().records}
+    assert (states[inner], states[other], states[outer]) == ("failed", "pending", "pending")
+    assert rec.log().records[-1].t_end > 0
+    rec.fail_current(0)
+    assert {r.number: r.state for r in rec.log().records}[outer] == "failed"
+    rec.end(inner, failed=True)  # the call's own end records the same
+    assert {r.number: r.state for r in rec.log().records}[inner] == "failed"
+    rec.fail_current(s)  # nothing pending there: nothing changes
+    flight.FlightRecorder(0).fail_current(0)  # the recorder off: a no-op
