@@ -17,6 +17,8 @@ UsageError = LaunchUsageError  # the name launch has always used
 __all__ = [
     "LAUNCHERS",
     "MPI_FLAVOURS",
+    "OPENMPI_SANDBOX_ENV",
+    "OPENMPI_SIMULATED_NODES_ENV",
     "SCHEDULER_VARIABLES",
     "LaunchCommand",
     "LaunchOptions",
@@ -40,6 +42,12 @@ OPENMPI_OVERSUBSCRIBE_ENV = {"PRTE_MCA_rmaps_default_mapping_policy": ":oversubs
 # cluster job: UCX one-sided is how the off-node RMA path moves data there.
 OPENMPI_SANDBOX_ENV = {"OMPI_MCA_btl": "^ofi", "OMPI_MCA_osc": "^ucx"}
 OPENMPI_ENV = {**OPENMPI_ROOT_ENV, **OPENMPI_OVERSUBSCRIBE_ENV, **OPENMPI_SANDBOX_ENV}
+# Nodes simulated on one machine (SHMEM_HEAP_NODE_SPLIT other than "node"): the ranks talk over
+# TCP on the loopback, as between real nodes. Over the sm transport (no single-copy mechanism
+# in a container) Open MPI 5.0.11 emulates one-sided operations with active messages, and a
+# target keeps about 1 KiB for every Get or Put toward it beyond ~48 in flight while it is not
+# in MPI: 530 MiB a round of the strided RMA test at 4 ranks (docs/reliability.md).
+OPENMPI_SIMULATED_NODES_ENV = {"OMPI_MCA_btl": "self,tcp", "OMPI_MCA_btl_tcp_if_include": "lo"}
 # Variables that mean "inside a batch scheduler's allocation": a real cluster job.
 SCHEDULER_VARIABLES = ("SLURM_JOB_ID", "SLURM_JOBID", "PBS_JOBID", "LSB_JOBID", "FLUX_JOB_ID")
 
@@ -51,7 +59,9 @@ def openmpi_environment(
 
     * Running as root: :data:`OPENMPI_ROOT_ENV`.
     * One machine (no ``--hostfile`` and no scheduler allocation): oversubscription when
-      ``nranks`` exceeds ``local_cores``, and :data:`OPENMPI_SANDBOX_ENV`.
+      ``nranks`` exceeds ``local_cores``, and :data:`OPENMPI_SANDBOX_ENV`; with nodes
+      simulated (``[heap] node_split`` not ``node``: the config file, the environment or
+      ``--env``), the TCP transport instead (:data:`OPENMPI_SIMULATED_NODES_ENV`).
     * A cluster job (a hostfile, or inside Slurm/PBS/LSF/Flux): no transport setting at all.
 
     A variable already set in ``environ`` is left to the user's value.
@@ -64,7 +74,23 @@ def openmpi_environment(
         if local_cores is not None and opts.nranks > local_cores:
             env.update(OPENMPI_OVERSUBSCRIBE_ENV)
         env.update(OPENMPI_SANDBOX_ENV)
+        if _simulated_nodes(opts, environ):
+            env.update(OPENMPI_SIMULATED_NODES_ENV)
     return {k: v for k, v in env.items() if k not in environ}
+
+
+def _simulated_nodes(opts: LaunchOptions, environ: Mapping[str, str]) -> bool:
+    """Whether the ranks will split one machine into nodes (``[heap] node_split`` other than
+    ``node``, as the ranks resolve it: the config file, the environment, ``--env``). An
+    invalid value is the ranks' to report: no transport choice rests on it."""
+    from shmem.config import load_config
+    from shmem.errors import ConfigError
+
+    try:
+        cfg = load_config(opts.config, env={**environ, **dict(opts.env)})
+    except (ConfigError, OSError):
+        return False
+    return cfg.heap.node_split != "node"
 
 
 @dataclass(frozen=True)

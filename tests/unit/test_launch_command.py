@@ -10,6 +10,8 @@ import pytest
 from launch.cli import _split_target, parse_args
 from launch.command import (
     OPENMPI_ENV,
+    OPENMPI_SANDBOX_ENV,
+    OPENMPI_SIMULATED_NODES_ENV,
     LaunchOptions,
     UsageError,
     build_command,
@@ -111,6 +113,30 @@ def test_openmpi_settings_only_where_needed() -> None:
     # the user's own settings win
     env = _sandbox(4, is_root=True, local_cores=2, environ={"OMPI_MCA_osc": "pt2pt"})
     assert "OMPI_MCA_osc" not in env
+
+
+@pytest.mark.parametrize("split", ["rank", "2"])
+def test_simulated_nodes_on_open_mpi_talk_over_tcp(split: str, tmp_path: Path) -> None:
+    """Across simulated nodes Open MPI's sm transport emulates RMA and its targets grow
+    (docs/reliability.md): the ranks use TCP on the loopback there, from the environment,
+    --env or the config file; one node keeps the sandbox's transports, a cluster job and the
+    user's own btl setting are left alone."""
+    config = tmp_path / "job.toml"
+    config.write_text(f'[heap]\nnode_split = "{split}"\n')
+    opts = LaunchOptions(nranks=2, target=("a.py",), config=str(config))
+    env = openmpi_environment(opts, is_root=False, local_cores=8, environ={})
+    assert env == {**OPENMPI_SANDBOX_ENV, **OPENMPI_SIMULATED_NODES_ENV}
+    env = _sandbox(4, is_root=False, local_cores=8, environ={"SHMEM_HEAP_NODE_SPLIT": split})
+    assert env == {**OPENMPI_SANDBOX_ENV, **OPENMPI_SIMULATED_NODES_ENV}
+    opts = LaunchOptions(nranks=2, target=("a.py",), env=(("SHMEM_HEAP_NODE_SPLIT", split),))
+    env = openmpi_environment(opts, is_root=False, local_cores=8, environ={})
+    assert env["OMPI_MCA_btl"] == "self,tcp" and env["OMPI_MCA_btl_tcp_if_include"] == "lo"
+    for environ in ({"SHMEM_HEAP_NODE_SPLIT": "node"}, {}):
+        assert _sandbox(2, is_root=False, local_cores=8, environ=environ) == OPENMPI_SANDBOX_ENV
+    environ = {"SHMEM_HEAP_NODE_SPLIT": split, "SLURM_JOB_ID": "3"}
+    assert _sandbox(2, is_root=False, local_cores=8, environ=environ) == {}
+    environ = {"SHMEM_HEAP_NODE_SPLIT": split, "OMPI_MCA_btl": "self,sm"}
+    assert "OMPI_MCA_btl" not in _sandbox(2, is_root=False, local_cores=8, environ=environ)
 
 
 def test_build_command_applies_the_rule() -> None:
