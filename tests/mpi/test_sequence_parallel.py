@@ -37,6 +37,22 @@ MASKS = [
 ]
 SCHEDULES = ["dynamic", "ring", "zigzag"]
 TOTAL = 203  # not divisible by 2, 3 or 4
+FORWARD_SHAPES = [(4, 2, 32), (2, 2, 64), (2, 1, 128)]  # (heads, kv_heads, dim)
+BACKWARD_SHAPES = [(4, 2, 32), (2, 1, 64)]
+
+
+def every_pair(shapes: list[tuple[int, int, int]]) -> list[Any]:
+    """Each mask with each schedule once, the shape turning with both (a Latin square: every
+    mask meets every shape, and every schedule every shape), so the tier runs each pair of
+    options without the whole product (15 cases instead of 45 at every size and layout; the
+    tile and unit choices themselves are the unit tier's, tests/unit/test_mha_*)."""
+    cases = []
+    for i, mask in enumerate(MASKS):
+        for j, schedule in enumerate(SCHEDULES):
+            shape = shapes[(i + j) % len(shapes)]
+            name = "-".join(map(str, (*shape, mask[0], schedule)))
+            cases.append(pytest.param(schedule, *mask, *shape, id=name))
+    return cases
 
 
 def visible_mask(s_len: int, causal: bool, window: Any, docs: Any) -> Any:
@@ -107,9 +123,10 @@ def sharder(world: World, schedule: str, total: int = TOTAL) -> Any:
     return lambda x: x[a:b]
 
 
-@pytest.mark.parametrize("schedule", SCHEDULES)
-@pytest.mark.parametrize(("name", "causal", "window", "docs"), MASKS, ids=[m[0] for m in MASKS])
-@pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(4, 2, 32), (2, 2, 64), (2, 1, 128)])
+@pytest.mark.parametrize(
+    ("schedule", "name", "causal", "window", "docs", "heads", "kv_heads", "dim"),
+    every_pair(FORWARD_SHAPES),
+)
 def test_forward_matches_the_full_sequence(
     world: World,
     comm: Any,
@@ -146,9 +163,10 @@ def test_forward_matches_the_full_sequence(
         np.testing.assert_allclose(full, ref, rtol=1e-5, atol=2e-5)
 
 
-@pytest.mark.parametrize("schedule", SCHEDULES)
-@pytest.mark.parametrize(("name", "causal", "window", "docs"), MASKS, ids=[m[0] for m in MASKS])
-@pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(4, 2, 32), (2, 1, 64)])
+@pytest.mark.parametrize(
+    ("schedule", "name", "causal", "window", "docs", "heads", "kv_heads", "dim"),
+    every_pair(BACKWARD_SHAPES),
+)
 def test_backward_matches_the_float64_gradient(
     world: World,
     comm: Any,
@@ -327,8 +345,11 @@ def test_errors(world: World, comm: Any) -> None:
             match=r"unsupported dtype|invalid arguments on other ranks: rank 0",
         ):
             sequence_parallel_attention(comm, bad, x, x)
-        with pytest.raises(CollectiveMismatchError, match="ranks disagree"):
+        with pytest.raises(CollectiveMismatchError, match="ranks called different") as err:
             sequence_parallel_attention(comm, x, x, x, causal=world.rank == 0)
+        texts = [line.text for line in err.value.calls]
+        assert len(texts) == world.world_size and "causal=True" in texts[0]
+        assert all("causal=False" in t for t in texts[1:])
     # the communicator and the heap are still usable
     out = sequence_parallel_attention(comm, x + 1, x, x)
     np.testing.assert_allclose(out, 0.0)

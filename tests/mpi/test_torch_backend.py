@@ -377,8 +377,22 @@ def test_mismatched_calls_raise_on_every_rank(pg: Any) -> None:
         pytest.skip("a mismatch needs two ranks")
     group = dist.new_group(list(range(size)))
     n = 4 + (dist.get_rank() == 0)
-    with pytest.raises(CollectiveMismatchError):
+    with pytest.raises(CollectiveMismatchError) as err:
         dist.all_reduce(torch.ones(n), group=group)
+    # every rank's own account of its call (issue 40: "rank 1: no collective" half the time)
+    texts = [(line.rank, line.text) for line in err.value.calls]
+    assert texts == [
+        (r, f"all_reduce({5 if r == 0 else 4} float32, op=sum, algorithm=auto)")
+        for r in range(size)
+    ], str(err.value)
+    assert len({line.call for line in err.value.calls}) == 1
+    with pytest.raises(CollectiveMismatchError) as err:  # another collective altogether
+        if dist.get_rank() == size - 1:
+            dist.broadcast(torch.ones(4), src=0, group=dist.new_group(list(range(size))))
+        else:
+            dist.all_reduce(torch.ones(4), group=dist.new_group(list(range(size))))
+    names = [line.text.split("(")[0] for line in err.value.calls]
+    assert names == ["all_reduce"] * (size - 1) + ["broadcast"], str(err.value)
 
 
 def _train(group: Any, steps: int, **ddp: Any) -> list[Any]:
