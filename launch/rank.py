@@ -171,7 +171,11 @@ class _Rank:
         here = {r: starts[r].pid for r in ranks if r in starts and starts[r].host == self.host}
         states = {str(r): process_state(pid) for r, pid in here.items()}
         awake = {r: pid for r, pid in here.items() if not states[str(r)].startswith("stopped")}
-        mine = {r: pid for r, pid in awake.items() if self._first_to_ask(r)}  # one dump each
+        mine: dict[int, int] = {}
+        for r, pid in awake.items():  # one dump each; the state as seen before any dump
+            first, states[str(r)] = self._first_to_ask(r, states[str(r)])
+            if first:
+                mine[r] = pid
         stacks = [self.log_dir / f"rank.{r}.stack" for r in awake]
         ask_for_stacks(mine.values(), stacks, wait_s=_STACK_WAIT_S)
         for r in ranks:
@@ -193,14 +197,27 @@ class _Rank:
             return [r for r in behind if r != self.rank]
         return []
 
-    def _first_to_ask(self, rank: int) -> bool:
-        """Whether this rank is the first to ask ``rank`` for its stacks (a marker file)."""
+    def _first_to_ask(self, rank: int, state: str) -> tuple[bool, str]:
+        """Whether this rank is the first to ask ``rank`` for its stacks, and the state to
+        report for it. The first asker leaves the state it read in a marker file before its
+        ``SIGUSR1``; a later asker reports that one, not its own reading (``rank`` may be
+        running its stack dump by then, which ``/proc`` shows as busy on a CPU)."""
         assert self.log_dir is not None
+        marker = self.log_dir / f"rank.{rank}.stack.asked"
+        draft = self.log_dir / f".rank.{rank}.stack.asked.{self.rank}"
         try:
-            os.close(os.open(self.log_dir / f"rank.{rank}.stack.asked", os.O_CREAT | os.O_EXCL))
+            draft.write_text(state)
+            os.link(draft, marker)  # atomic and exclusive: the marker has its content at once
+        except FileExistsError:
+            with contextlib.suppress(OSError):
+                state = marker.read_text() or state
+            return False, state
         except OSError:
-            return False
-        return True
+            return False, state
+        finally:
+            with contextlib.suppress(OSError):
+                draft.unlink()
+        return True, state
 
     def _await_cause(self, cause: int) -> None:
         """Give the failed peer time to record its own error before this rank aborts the

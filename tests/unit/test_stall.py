@@ -83,3 +83,19 @@ def test_timeouts_that_name_nobody_keep_the_earliest_as_root_cause(tmp_path: Pat
     work, issue 33)."""
     result = root_cause(tmp_path, [_error(0, []), _error(2, [])], [], 1)
     assert result.summary[0].startswith("launch: job failed; root cause: rank 0 of 3")
+
+
+def test_a_later_asker_reports_the_state_the_first_saw_before_its_signal(tmp_path: Path) -> None:
+    """Two ranks time out on rank 1 together: the first reads ``/proc``, asks for the stacks
+    (rank 1 then runs its dump); the second, reading ``/proc`` during the dump, would say
+    "running on a CPU". It reports the first asker's reading instead (CI saw the race)."""
+    from launch.rank import _Rank
+
+    first, second = object.__new__(_Rank), object.__new__(_Rank)
+    first.log_dir = second.log_dir = tmp_path
+    first.rank, second.rank = 0, 2
+    assert first._first_to_ask(1, "sleeping in the kernel") == (True, "sleeping in the kernel")
+    assert second._first_to_ask(1, "running on a CPU (busy)") == (False, "sleeping in the kernel")
+    assert second._first_to_ask(3, "running on a CPU (busy)") == (True, "running on a CPU (busy)")
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert left == ["rank.1.stack.asked", "rank.3.stack.asked"]  # no draft stays
