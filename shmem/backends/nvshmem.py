@@ -27,12 +27,12 @@ nodes it raises.
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any
 
 import numpy as np
 
 from ..errors import BackendUnavailableError, NvshmemError
+from .nvshmem_env import environment, symmetric_size
 
 __all__ = ["SAFE_IN_LIMITED_MPG", "NvshmemHeap"]
 
@@ -79,19 +79,6 @@ def _mpi_min() -> Any:
     return MPI.MIN
 
 
-def _environment(cfg: Any, single_node: bool) -> None:
-    """NVSHMEM settings from ``[nvshmem]`` (the launcher sets them too; the environment wins)."""
-    wanted = {
-        "NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME": cfg.bootstrap_ifname or ("lo" if single_node else ""),
-        "NVSHMEM_REMOTE_TRANSPORT": cfg.remote_transport,
-        "NVSHMEM_DISABLE_NVLS": "1" if cfg.disable_nvls else "",
-        "NVSHMEM_DISABLE_NCCL": "1" if cfg.disable_nccl else "",
-    }
-    for key, value in wanted.items():
-        if value:
-            os.environ.setdefault(key, value)
-
-
 class NvshmemHeap:
     """One NVSHMEM slab per rank on its GPU; see the module docstring."""
 
@@ -130,7 +117,8 @@ class NvshmemHeap:
         self.device = Accelerator(self.local_rank % count)
         self._gpu = _cuda.CudaDevice.get(self.device.id)
         cc_dev = self._gpu.current()
-        _environment(config.nvshmem, self.num_nodes == 1)
+        environment(config.nvshmem, self.num_nodes == 1)
+        self.symmetric_nbytes = symmetric_size(self.nbytes)
         uid = nv.get_unique_id(empty=self.rank != 0)
         comm.Bcast(uid._data.view(np.int8), root=0)
         nv.init(
@@ -145,7 +133,9 @@ class NvshmemHeap:
         # blocking, like cudaStreamCreate: ordered after the legacy default stream, where
         # torch/cupy (DLPack) and buffers made without a context do their work
         self.stream = cc_dev.create_stream(options=StreamOptions(nonblocking=False))
-        self._slab = nv.buffer(self.nbytes)
+        # except_on_del=False: a slab left to the garbage collector after a local teardown
+        # (close(collective=False)) is logged by nvshmem4py, not raised from a finalizer
+        self._slab = nv.buffer(self.nbytes, except_on_del=False)
         self.base = int(self._slab.handle)
         # the slab's own alignment (NVSHMEM's heap is aligned far beyond a page), up to a page
         self.max_alignment = min(self.base & -self.base, 4096) if self.base else 4096
@@ -203,6 +193,7 @@ class NvshmemHeap:
                 f"nvshmem.core.{name} is not safe with several ranks per GPU (LIMITED_MPG: "
                 "NVSHMEM would exit the process); start the MPS daemon or use one rank per GPU"
             )
+        self._gpu.current()  # NVSHMEM runs host calls on the current context: this GPU's
         return getattr(self._nv, name)
 
     # -- addresses ---------------------------------------------------------------------------
@@ -270,6 +261,7 @@ class NvshmemHeap:
         """Queue a copy of ``nbytes`` between addresses on the heap's stream."""
         from ..device import cuda as _cuda
 
+        self._gpu.current()  # the stream is this GPU's: another one may be current here
         _cuda.memcpy_async(dst, src, nbytes, self.stream)
 
     def put_device(self, rank: int, offset: int, src_ptr: int, nbytes: int) -> None:
@@ -329,6 +321,7 @@ class NvshmemHeap:
     def memset(self, offset: int, nbytes: int, value: int = 0) -> None:
         from ..device import cuda as _cuda
 
+        self._gpu.current()
         _cuda.memset_async(self.base + offset, value, nbytes, self.stream)
         self.stream.sync()
 
@@ -337,6 +330,7 @@ class NvshmemHeap:
     def launch(self, name: str, *args: Any) -> None:
         from ..device import cuda as _cuda
 
+        self._gpu.current()
         _cuda.launch(self.stream, _cuda.kernel(self.device.id, _KERNELS, name), 1, 32, *args)
 
     def result(self) -> tuple[int, int]:
@@ -410,13 +404,38 @@ class NvshmemHeap:
         if self._closed:
             return
         self._closed = True
-        if not collective:  # peers may be gone: free nothing collectively
+        if not collective and self.world_size > 1:
+            # peers may be gone and NVSHMEM's free and finalize are collective (they would
+            # hang here): release what is this rank's alone; the slab stays with NVSHMEM
+            self._release_local()
             return
-        self.stream.sync()
-        if self._scratch is not None:
-            self._scratch.close(self.stream)
-        self._result.close(self.stream)
+        self._release_local(sync=collective)
+        try:  # every PE in step, or one PE alone: nobody to wait for
+            self.nv("free")(self._slab)
+            self.nv("finalize")()
+            self.stream.close()
+        except Exception as exc:
+            if collective:
+                raise
+            log.warning(
+                "nvshmem: teardown of the one PE after an error: %s: %s", type(exc).__name__, exc
+            )
+
+    def _release_local(self, sync: bool = False) -> None:
+        """Free this rank's own device memory (staging, the result words) and drop the peer
+        mappings; after an error (``sync`` false) a failure here is only logged."""
+        try:
+            self._gpu.current()
+            if sync:
+                self.stream.sync()
+            if self._scratch is not None:
+                self._scratch.close(self.stream)
+                self._scratch = None
+            self._result.close(self.stream)
+        except Exception as exc:
+            if sync:
+                raise
+            log.warning(
+                "nvshmem: local teardown of rank %d: %s: %s", self.rank, type(exc).__name__, exc
+            )
         self._peer_buffers.clear()
-        self.nv("free")(self._slab)
-        self.nv("finalize")()
-        self.stream.close()

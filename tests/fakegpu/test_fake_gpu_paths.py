@@ -325,3 +325,16 @@ def test_the_gpu_runs_tiers_on_the_fake(tmp_path: Path) -> None:
     assert listed and set(cut_for_time) == set(listed[1].split()), summary
     elapsed = re.search(r"^elapsed (\d+) s of a 25 s budget", summary, re.M)
     assert elapsed and int(elapsed[1]) <= 25, summary
+
+
+@pytest.mark.parametrize("risk", ["big-heap", "other-gpu", "teardown"])
+def test_the_nvshmem_backends_risks_are_handled_on_the_fake(tmp_path: Path, risk: str) -> None:
+    """Issue 42's risks 3-5, each in its own process (run_nvshmem_risks.py): a heap over
+    NVSHMEM's default symmetric size, another GPU current when the World calls NVSHMEM, and
+    the teardown after an error at one PE. The stand-in refuses each as NVSHMEM would."""
+    run = run_on_the_fake(tmp_path, "run_nvshmem_risks.py", risk, gpus=2)
+    output = run.stdout + run.stderr
+    assert run.returncode == 0, output[-4000:]
+    assert f"RISK {risk} ok" in output, output[-4000:]
+    for problem in ("freed implicitly", "MISMATCH", "Exception ignored", "Traceback"):
+        assert problem not in output, output[-4000:]

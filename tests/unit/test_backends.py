@@ -56,8 +56,11 @@ def test_limited_mpg_guard_refuses_unsafe_calls() -> None:
 
     heap = NvshmemHeap.__new__(NvshmemHeap)
     heap._nv = SimpleNamespace(barrier_all="ok", reduce="exits")
+    made_current: list[int] = []
+    heap._gpu = SimpleNamespace(current=lambda: made_current.append(1))  # type: ignore[assignment]
     heap.limited_mpg = True
     assert heap.nv("barrier_all") == "ok"
+    assert made_current == [1]  # the World's GPU, before the call (issue 42, risk 3)
     with pytest.raises(NvshmemError, match="LIMITED_MPG"):
         heap.nv("reduce")
     heap.limited_mpg = False
@@ -65,7 +68,7 @@ def test_limited_mpg_guard_refuses_unsafe_calls() -> None:
 
 
 def test_nvshmem_environment_from_config(monkeypatch: pytest.MonkeyPatch) -> None:
-    from shmem.backends.nvshmem import _environment
+    from shmem.backends.nvshmem_env import environment as _environment
 
     for key in (
         "NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME",

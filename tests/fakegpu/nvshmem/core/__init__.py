@@ -6,14 +6,21 @@ sharing a device (``FAKE_GPUS=1`` in the fake libcuda: the lent machine's one GP
 NVSHMEM's LIMITED_MPG mode, where a host collective exits the process as NVSHMEM's does. Calls that
 move data through NVSHMEM itself (``put``, ``get``, ``signal_op``: peers not reachable by
 load/store) are refused: every PE here is reachable.
+
+Like NVSHMEM it refuses a heap beyond ``NVSHMEM_SYMMETRIC_SIZE`` (1 GiB unset, read at
+``init``), calls made while another GPU is current (NVSHMEM runs them on the current context),
+and, like nvshmem4py, reports a buffer garbage-collected without ``free``: "freed implicitly",
+raised where ``except_on_del`` is true (the default), logged otherwise.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import logging
 import mmap
 import os
+import weakref
 from typing import Any
 
 import numpy as np
@@ -94,7 +101,45 @@ def init(
         rank=rank,
         nranks=nranks,
         maps=[],
+        symmetric=_symmetric_size(),
+        allocated=0,
     )
+
+
+def _symmetric_size() -> int:
+    """``NVSHMEM_SYMMETRIC_SIZE`` as NVSHMEM reads it (a number, one scale letter)."""
+    import re
+
+    text = os.environ.get("NVSHMEM_SYMMETRIC_SIZE", "")
+    if not text:
+        return 1 << 30
+    m = re.fullmatch(r"(\d+\.?\d*|\.\d+)([kKmMgGtT]?).*", text.strip())
+    if m is None:
+        raise AssertionError(f"fake nvshmem: NVSHMEM_SYMMETRIC_SIZE={text!r} is invalid")
+    scale = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+    return int(float(m.group(1)) * scale[m.group(2).lower()] + 0.999)
+
+
+def _on_its_device(name: str) -> None:
+    """NVSHMEM runs a host call on the current context: refuse one made while another GPU
+    (or none) is current."""
+    dev = _state["device"]
+    current = ctypes.c_int(-1)
+    ctypes.CDLL("libcuda.so.1").cuCtxGetDevice(ctypes.byref(current))
+    if current.value != int(dev.device_id):
+        raise AssertionError(
+            f"fake nvshmem: {name} called with device {current.value} current; this PE's "
+            f"device is {int(dev.device_id)} (NVSHMEM would run it on the wrong context)"
+        )
+
+
+def _implicitly_freed(handle: int, raise_: bool) -> None:
+    """What nvshmem4py's NvshmemResource.deallocate does for a buffer never freed."""
+    if handle not in _state.get("live", {}):
+        return
+    if raise_:
+        raise RuntimeError(f"nvshmem4py: Buffer {handle:#x} freed implicitly.")
+    logging.getLogger("nvshmem").error("Buffer %#x freed implicitly.", handle)
 
 
 def init_status() -> int:
@@ -137,6 +182,20 @@ def buffer(size: int, release: bool = False, except_on_del: bool = True) -> Any:
     PEs each part is a memfd that peers open through /proc/<pid>/fd: nothing in /dev/shm,
     nothing left behind by a PE that dies."""
     CALLS.append("buffer")
+    _on_its_device("buffer")
+    if _state["allocated"] + size > _state["symmetric"]:
+        raise RuntimeError(  # nvshmem4py's NvshmemError when nvshmem_malloc returns NULL
+            f"fake nvshmem: nvshmem_malloc({size}) failed: the symmetric heap holds "
+            f"{_state['symmetric']} bytes (NVSHMEM_SYMMETRIC_SIZE), {_state['allocated']} in use"
+        )
+    _state["allocated"] += size
+    buf = _allocate(size)
+    _state.setdefault("live", {})[int(buf.handle)] = size
+    weakref.finalize(buf, _implicitly_freed, int(buf.handle), except_on_del)
+    return buf
+
+
+def _allocate(size: int) -> Any:
     dev = _state["device"]
     if _state["nranks"] == 1:
         return dev.allocate(size, stream=dev.default_stream)
@@ -170,7 +229,9 @@ def _collective() -> None:
 
 def free(buf: Any) -> None:
     CALLS.append("free")
+    _on_its_device("free")
     _collective()
+    _state["allocated"] -= _state.get("live", {}).pop(int(buf.handle), 0)
     known = _state.get("buffers", {}).pop(int(buf.handle), None)
     if known is not None:  # (peers that mapped it keep their mapping)
         os.close(known[0])
@@ -179,6 +240,7 @@ def free(buf: Any) -> None:
 
 def barrier_all(stream: Any) -> None:
     CALLS.append("barrier_all")
+    _on_its_device("barrier_all")
     if stream is None:
         raise TypeError("fake nvshmem: barrier_all needs a stream")
     if _state.get("nranks", 1) > 1:
@@ -189,10 +251,12 @@ def barrier_all(stream: Any) -> None:
 
 def quiet(stream: Any = None) -> None:
     CALLS.append("quiet")
+    _on_its_device("quiet")
 
 
 def finalize() -> None:
     CALLS.append("finalize")
+    _on_its_device("finalize")
     _collective()
     _state["status"] = InitStatus.STATUS_NOT_INITIALIZED
     if _state.get("nranks", 1) > 1:
