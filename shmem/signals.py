@@ -198,10 +198,10 @@ class SignalPad:
         The default deadline of :meth:`wait_until` and :meth:`barrier`, in seconds.
     """
 
-    # signals to ranks off the node in C where shmem._rmafast is built (the bound
-    # Signaller.signal of the user slots, and of every slot for the pad's own use)
+    # in C where shmem._rmafast is built: signals off the node (user slots, every slot), barrier
     _fast: Any = None
     _fast_raw: Any = None
+    _fast_barrier: Any = None
 
     def __init__(self, heap: SymmetricHeap, offset: int, slots: int, timeout_s: float) -> None:
         self._heap = heap
