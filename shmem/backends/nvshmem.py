@@ -8,11 +8,15 @@
   World's arena exactly like the host heap. Offsets are therefore the same on every rank.
 * **Peers.** ``peer_address`` comes from ``get_peer_buffer`` (``nvshmem_ptr``): a pointer
   this GPU can load and store, for peers on the same node (P2P/NVLink) and for other ranks
-  on the same GPU. It is None for unreachable peers, whose data moves with ``nvshmem``
-  put/get on the stream.
+  on the same GPU. It is None for unreachable peers (other nodes), whose data moves with
+  ``nvshmem`` put/get on the stream. Their local side must be memory NVSHMEM knows (its
+  heap, or registered), so data from anywhere else passes through a 4 MiB staging buffer on
+  the symmetric heap, made by every rank when any rank has such a peer.
 * **Signals, waits and barriers.** These are small kernels (``shmem/kernels/signals.cu``)
-  using system-scope release/acquire on peer pointers. Every wait is bounded by a deadline
-  on the GPU's global timer, and a timeout raises ``SignalTimeoutError`` on the host.
+  using system-scope release/acquire on peer pointers; in a World with peers on other nodes
+  every signal is NVSHMEM's ``signal_op`` instead (one kind of atomic per word). Every wait
+  is bounded by a deadline on the GPU's global timer, and a timeout raises
+  ``SignalTimeoutError`` on the host.
 * **Several ranks on one GPU without MPS** give ``init_status() == LIMITED_MPG``. In that
   mode NVSHMEM's team barriers, ``signal_wait`` on a stream, its collectives and team
   creation call ``exit(-1)``. This module never calls them (:data:`SAFE_IN_LIMITED_MPG`
@@ -56,6 +60,7 @@ SAFE_IN_LIMITED_MPG = frozenset(
     }
 )
 _KERNELS = "shmem/kernels/signals.cu"
+_STAGE_NBYTES = 4 << 20  # staging on the symmetric heap for peers on other nodes
 _ATOMIC_OPS = {"add": 0, "set": 1, "cas": 2}
 _MODES = {
     0: "not initialised",
@@ -168,7 +173,16 @@ class NvshmemHeap:
                 continue
             self._peer_buffers.append(pb)
             self._peer_base.append(int(pb.handle))
-        self._scratch: Any = None  # device staging for unreachable peers
+        # Peers this GPU cannot map (other nodes) are reached by NVSHMEM put/get/signal over
+        # the network. Decided for the whole World, so that every rank agrees (collective):
+        # - their local side must be memory NVSHMEM knows: a staging buffer on the symmetric
+        #   heap (out of SYMMETRIC_RESERVE), which data from elsewhere passes through;
+        # - every signal goes through NVSHMEM, to every peer: a network atomic and a GPU
+        #   atomic on one word are not atomic with each other (DeviceSignalPad).
+        self.remote_peers: bool = max(comm.allgather(any(b is None for b in self._peer_base)))
+        self._stage: Any = None
+        if self.remote_peers:
+            self._stage = nv.buffer(_STAGE_NBYTES, except_on_del=False)
         self._result = self._gpu.current().allocate(16, stream=self.stream)
         self._pinned = np.zeros(2, np.int64)
         self._closed = False
@@ -245,13 +259,6 @@ class NvshmemHeap:
 
         return Buffer.from_handle(ptr, nbytes)
 
-    def _staging(self, nbytes: int) -> int:
-        if self._scratch is None or self._scratch.size < nbytes:
-            if self._scratch is not None:
-                self._scratch.close(self.stream)
-            self._scratch = self._gpu.current().allocate(max(nbytes, 1 << 20), stream=self.stream)
-        return int(self._scratch.handle)
-
     @property
     def gpu(self) -> Any:
         """This rank's CUDA device (``shmem`` Device; ``.current()`` gives cuda.core's)."""
@@ -264,59 +271,82 @@ class NvshmemHeap:
         self._gpu.current()  # the stream is this GPU's: another one may be current here
         _cuda.memcpy_async(dst, src, nbytes, self.stream)
 
+    def _nvshmem_knows(self, ptr: int, nbytes: int) -> bool:
+        """Whether ``[ptr, ptr + nbytes)`` is in this rank's slab or staging buffer: memory a
+        network transport can read and write (anything else passes through the stage)."""
+        for start, size in ((self.base, self.nbytes), (self._stage_base(), _STAGE_NBYTES)):
+            if start and start <= ptr and ptr + nbytes <= start + size:
+                return True
+        return False
+
+    def _stage_base(self) -> int:
+        return 0 if self._stage is None else int(self._stage.handle)
+
     def put_device(self, rank: int, offset: int, src_ptr: int, nbytes: int) -> None:
-        """Copy ``nbytes`` of device (or pinned) memory at ``src_ptr`` into ``rank``'s slab."""
+        """Copy ``nbytes`` of device, pinned or host memory at ``src_ptr`` into ``rank``'s
+        slab: a copy to a peer this GPU maps, else NVSHMEM puts (through the stage when the
+        source is not memory NVSHMEM knows)."""
         if nbytes == 0:
             return
         target = self.peer_address(rank, offset)
         if target is not None:
             self.memcpy(target, src_ptr, nbytes)
+        elif self._nvshmem_knows(src_ptr, nbytes):
+            self._put(rank, offset, src_ptr, nbytes)
         else:
-            self.nv("put")(
-                self._cc_buffer(self.base + offset, nbytes),
-                self._cc_buffer(src_ptr, nbytes),
-                remote_pe=rank,
-                stream=self.stream,
-            )
-            self.nv("quiet")(stream=self.stream)
+            stage = self._stage_base()
+            for at in range(0, nbytes, _STAGE_NBYTES):
+                n = min(_STAGE_NBYTES, nbytes - at)
+                self.memcpy(stage, src_ptr + at, n)  # stream order: then the put reads it
+                self._put(rank, offset + at, stage, n)
         self.stream.sync()
 
     def get_device(self, rank: int, offset: int, dst_ptr: int, nbytes: int) -> None:
-        """Copy ``nbytes`` from ``rank``'s slab into device (or pinned) memory at ``dst_ptr``."""
+        """Copy ``nbytes`` from ``rank``'s slab into device, pinned or host memory at
+        ``dst_ptr`` (through the stage, as :meth:`put_device`)."""
         if nbytes == 0:
             return
         source = self.peer_address(rank, offset)
         if source is not None:
             self.memcpy(dst_ptr, source, nbytes)
+        elif self._nvshmem_knows(dst_ptr, nbytes):
+            self._get(rank, offset, dst_ptr, nbytes)
         else:
-            self.nv("get")(
-                self._cc_buffer(dst_ptr, nbytes),
-                self._cc_buffer(self.base + offset, nbytes),
-                remote_pe=rank,
-                stream=self.stream,
-            )
+            stage = self._stage_base()
+            for at in range(0, nbytes, _STAGE_NBYTES):
+                n = min(_STAGE_NBYTES, nbytes - at)
+                self._get(rank, offset + at, stage, n)
+                self.memcpy(dst_ptr + at, stage, n)
         self.stream.sync()
+
+    def _put(self, rank: int, offset: int, src_ptr: int, nbytes: int) -> None:
+        if self._stage is None:  # only a World with remote peers reaches here
+            raise NvshmemError(f"put to rank {rank}: not reachable and no staging buffer")
+        self.nv("put")(
+            self._cc_buffer(self.base + offset, nbytes),
+            self._cc_buffer(src_ptr, nbytes),
+            remote_pe=rank,
+            stream=self.stream,
+        )
+        self.nv("quiet")(stream=self.stream)
+
+    def _get(self, rank: int, offset: int, dst_ptr: int, nbytes: int) -> None:
+        if self._stage is None:
+            raise NvshmemError(f"get from rank {rank}: not reachable and no staging buffer")
+        self.nv("get")(
+            self._cc_buffer(dst_ptr, nbytes),
+            self._cc_buffer(self.base + offset, nbytes),
+            remote_pe=rank,
+            stream=self.stream,
+        )
 
     def put_bytes(self, rank: int, offset: int, src: np.ndarray[Any, Any]) -> None:
         data = np.ascontiguousarray(src).reshape(-1).view(np.uint8)
-        n = data.nbytes
-        if self.peer_address(rank, offset) is not None:
-            self.put_device(rank, offset, int(data.ctypes.data), n)  # UVA: host -> peer GPU
-            return
-        stage = self._staging(n)
-        self.memcpy(stage, int(data.ctypes.data), n)
-        self.put_device(rank, offset, stage, n)
+        self.put_device(rank, offset, int(data.ctypes.data), data.nbytes)  # UVA: host memory
 
     def get_bytes(self, rank: int, offset: int, dst: np.ndarray[Any, Any]) -> None:
         raw = dst.reshape(-1).view(np.uint8)
-        n = raw.nbytes
-        if self.peer_address(rank, offset) is not None:
-            self.get_device(rank, offset, int(raw.ctypes.data), n)
-            return
-        stage = self._staging(n)
-        self.get_device(rank, offset, stage, n)
-        self.memcpy(int(raw.ctypes.data), stage, n)
-        self.stream.sync()
+        self.get_device(rank, offset, int(raw.ctypes.data), raw.nbytes)
 
     def memset(self, offset: int, nbytes: int, value: int = 0) -> None:
         from ..device import cuda as _cuda
@@ -411,6 +441,9 @@ class NvshmemHeap:
             return
         self._release_local(sync=collective)
         try:  # every PE in step, or one PE alone: nobody to wait for
+            if self._stage is not None:
+                self.nv("free")(self._stage)
+                self._stage = None
             self.nv("free")(self._slab)
             self.nv("finalize")()
             self.stream.close()
@@ -422,15 +455,12 @@ class NvshmemHeap:
             )
 
     def _release_local(self, sync: bool = False) -> None:
-        """Free this rank's own device memory (staging, the result words) and drop the peer
-        mappings; after an error (``sync`` false) a failure here is only logged."""
+        """Free this rank's own device memory (the result words) and drop the peer mappings;
+        after an error (``sync`` false) a failure here is only logged."""
         try:
             self._gpu.current()
             if sync:
                 self.stream.sync()
-            if self._scratch is not None:
-                self._scratch.close(self.stream)
-                self._scratch = None
             self._result.close(self.stream)
         except Exception as exc:
             if sync:

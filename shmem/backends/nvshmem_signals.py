@@ -1,6 +1,11 @@
 """The nvshmem backend's signal pad: flags in GPU memory, signalled and waited on by kernels
 (``shmem/kernels/signals.cu``) with system-scope release/acquire and a deadline on the GPU
-timer."""
+timer.
+
+In a World with peers on other nodes every signal, to every peer, is NVSHMEM's
+``signal_op``: a word that one peer adds to over the network and another with a GPU atomic
+could lose an addition (network and GPU atomics are not atomic with each other), so one kind
+of atomic touches each word."""
 
 from __future__ import annotations
 
@@ -45,7 +50,7 @@ class DeviceSignalPad(SignalPad):
         self._spin_s = 0.0
         heap.memset(offset, self.nbytes_for(slots))
         self._pads: Any = None
-        if all(heap.is_local(r) for r in range(heap.world_size)):
+        if not heap.remote_peers:  # (every rank agrees: one barrier algorithm for all)
             table = np.array(
                 [
                     heap.peer_address(r, offset + slots * SLOT_DTYPE.itemsize)
@@ -68,7 +73,8 @@ class DeviceSignalPad(SignalPad):
         # context, torch, cupy) completes before the flag
         _cuda_sync(heap)
         value &= (1 << 64) - 1
-        target = heap.peer_address(rank, self._slot_offset(slot))
+        # a GPU atomic only where no word is ever signalled over a network
+        target = None if heap.remote_peers else heap.peer_address(rank, self._slot_offset(slot))
         if target is not None:
             heap.launch(
                 "shmem_signal",

@@ -7,7 +7,10 @@ of their sources, and give the environment that makes a process use them.
 - ``libcudacpu.so``: the CUDA-on-CPU runtime (``cudacpu/runtime.cpp``, C++20);
 - ``libcuda.so.1`` (and ``libcuda.so``): the fake driver (``fake_libcuda.c``), linked to it;
 - ``libnvrtc.so.13``: the recording NVRTC (``fake_nvrtc.c``), preloaded so that every cubin
-  NVRTC compiles is recorded with its source for the fake driver to build for the CPU.
+  NVRTC compiles is recorded with its source for the fake driver to build for the CPU;
+- ``libnvshmem_host.so.3``: the NVSHMEM stand-in (``fake_nvshmem.c``) under the real
+  nvshmem4py, which finds it on ``LD_LIBRARY_PATH`` as it finds NVSHMEM's own where the
+  ``nvidia-nvshmem`` wheel is not installed (cuda.pathfinder's last resort: the loader).
 
 Concurrent builds into one folder wait for each other (a lock file); a folder built from the
 same sources is reused.
@@ -32,6 +35,7 @@ SOURCES = [
     HERE / "fake_async.h",
     HERE / "fake_cubin.h",
     HERE / "fake_nvrtc.c",
+    HERE / "fake_nvshmem.c",
     LAYER / "runtime.cpp",
     LAYER / "cudacpu_api.h",
     LAYER / "cudacpu.h",
@@ -64,7 +68,7 @@ def _run(cmd: list[str]) -> None:
 
 
 def build(out: str | os.PathLike[str]) -> Path:
-    """Build the three libraries into ``out`` (skipped when they are there for these
+    """Build the four libraries into ``out`` (skipped when they are there for these
     sources); returns the folder.
 
     Raises
@@ -116,6 +120,15 @@ def build(out: str | os.PathLike[str]) -> Path:
             ]
         )  # fmt: skip
         os.replace(f"{nvrtc}.tmp", nvrtc)
+        nvshmem = folder / "libnvshmem_host.so.3"
+        _run(
+            [
+                cc, "-shared", "-fPIC", "-O1", "-g", "-Wall", "-Wextra", "-Werror",
+                "-Wl,-soname,libnvshmem_host.so.3", "-o", f"{nvshmem}.tmp",
+                str(HERE / "fake_nvshmem.c"), "-ldl", "-lpthread",
+            ]
+        )  # fmt: skip
+        os.replace(f"{nvshmem}.tmp", nvshmem)
         stamp.touch()
     return folder
 

@@ -22,7 +22,9 @@
 
 typedef struct FQ FQ;
 typedef struct FOp {
-    int kind;  /* 0 kernel, 1 copy, 2 fill (8/16/32-bit, 2-D), 3 wait for (queue, position) */
+    int kind;  /* 0 kernel, 1 copy, 2 fill (8/16/32-bit, 2-D), 3 wait for (queue, position),
+                  4 host function (cuLaunchHostFunc) */
+    void (*fn)(void*); void* data;
     CUlaunchConfig cfg; void* f; uint64_t vals[FA_SLOTS]; void* slots[FA_SLOTS];
     uintptr_t dst, src; size_t n, pitch, w, h; unsigned v; int width;
     FQ* on; uint64_t at; uint64_t queued_ns; int dev;
@@ -97,6 +99,7 @@ static void fa_demand(FQ* q, uint64_t at) {
 static void fa_run(FOp* op) {
     if (op->kind == 0) { fa_launch_dev = op->dev; run_kernel(&op->cfg, op->f, op->slots); fa_launch_dev = -1; return; }
     if (op->kind == 1) { memcpy((void*)op->dst, (const void*)op->src, op->n); return; }
+    if (op->kind == 4) { op->fn(op->data); return; }
     if (op->kind == 2) {
         for (size_t r = 0; r < op->h; r++) {
             char* row = (char*)op->dst + r * op->pitch;

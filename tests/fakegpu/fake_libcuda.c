@@ -167,6 +167,10 @@ CUresult cuMemcpyAsync(uintptr_t d,uintptr_t s,size_t n,void* st){LOG("cuMemcpyA
     if(ad && as && !(ad->dev==-2 && as->dev==-2)){ FOp* op=calloc(1,sizeof(FOp)); op->kind=1; op->dst=d; op->src=s; op->n=n; fa_enqueue(st,op); return 0; }
     fa_implicit(q); fa_drain(q); } /* pageable or host-to-host: the stream first, then the copy, in the call (as CUDA) */
   memcpy((void*)d,(void*)s,n);return 0;}
+/* a host function in stream order (the NVSHMEM stand-in's network operations, fake_nvshmem.c) */
+CUresult cuLaunchHostFunc(void* s,void (*fn)(void*),void* data){chk_stream("cuLaunchHostFunc",s);LOG("cuLaunchHostFunc stream=%p",s);
+  if(fa_enabled()){ FOp* op=calloc(1,sizeof(FOp)); op->kind=4; op->fn=fn; op->data=data; fa_enqueue(s,op); return 0; }
+  fn(data); return 0;}
 CUresult cuMemsetD8Async(uintptr_t d,unsigned char v,size_t n,void* s){if(fa_enabled()){ FOp* op=calloc(1,sizeof(FOp)); op->kind=2; op->dst=d; op->v=(unsigned)v; op->w=n; op->h=1; op->pitch=0; op->width=1; fa_enqueue(s,op); return 0; } memset((void*)d,v,n);LOG("cuMemsetD8Async v=0x%x n=%zu",v,n);return 0;}
 CUresult cuMemsetD16Async(uintptr_t d,unsigned short v,size_t n,void* s){if(fa_enabled()){ FOp* op=calloc(1,sizeof(FOp)); op->kind=2; op->dst=d; op->v=(unsigned)v; op->w=n; op->h=1; op->pitch=0; op->width=2; fa_enqueue(s,op); return 0; } for(size_t i=0;i<n;i++)((unsigned short*)d)[i]=v;LOG("cuMemsetD16Async v=0x%x n=%zu",v,n);return 0;}
 CUresult cuMemsetD2D32Async(uintptr_t d,size_t pitch,unsigned v,size_t w,size_t h,void* s){if(pitch<w*4 || (d&3)) return 1; if(fa_enabled()){ FOp* op=calloc(1,sizeof(FOp)); op->kind=2; op->dst=d; op->v=v; op->w=w; op->h=h; op->pitch=pitch; op->width=4; fa_enqueue(s,op); return 0; } 
@@ -258,7 +262,7 @@ X(cuCtxGetStreamPriorityRange),X(cuStreamCreateWithPriority),X(cuStreamDestroy),
 X(cuStreamGetPriority),X(cuStreamGetCtx),X(cuStreamGetCtx_v2),X(cuStreamGetDevice),X(cuStreamWaitEvent),X(cuEventCreate),X(cuEventDestroy),
 X(cuEventRecord),X(cuEventSynchronize),X(cuEventQuery),X(cuEventElapsedTime),{"cuEventElapsedTime_v2",cuEventElapsedTime},X(cuMemAllocHost),X(cuMemFreeHost),
 X(cuMemAlloc),X(cuMemFree),X(cuDeviceGetMemPool),X(cuDeviceGetDefaultMemPool),X(cuMemGetMemPool),X(cuMemPoolGetAttribute),X(cuMemPoolSetAttribute),
-X(cuMemPoolGetAccess),X(cuMemAllocFromPoolAsync),X(cuMemAllocAsync),X(cuMemFreeAsync),X(cuMemcpyAsync),X(cuMemsetD8Async),X(cuMemsetD16Async),
+X(cuMemPoolGetAccess),X(cuMemAllocFromPoolAsync),X(cuMemAllocAsync),X(cuMemFreeAsync),X(cuMemcpyAsync),X(cuLaunchHostFunc),X(cuMemsetD8Async),X(cuMemsetD16Async),
 X(cuMemsetD32Async),X(cuMemsetD2D32Async),X(cuMemcpy2DAsync),X(cuPointerGetAttributes),X(cuGetErrorString),X(cuGetErrorName),X(cuLibraryLoadData),X(cuLibraryUnload),
 X(cuLibraryGetKernel),X(cuKernelGetFunction),X(cuLaunchKernelEx),X(cuStreamIsCapturing),X(cuStreamGetCaptureInfo),X(cuPointerGetAttribute),X(cuKernelGetAttribute),X(cuKernelGetParamInfo),X(cuKernelGetParamCount),X(cuMemGetDefaultMemPool),X(cuMemPoolSetAccess),X(cuLibraryGetModule),X(cuOccupancyMaxActiveBlocksPerMultiprocessor),X(cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags),X(cuCtxDisablePeerAccess),X(cuMemPoolCreate),X(cuMemPoolDestroy),X(cuMemPoolTrimTo),X(cuMemPoolExportToShareableHandle),X(cuMemPoolImportFromShareableHandle),X(cuMemPoolExportPointer),X(cuMemPoolImportPointer),{0,0}};
 CUresult cuGetProcAddress_v2(const char* sym,void** pfn,int ver,uint64_t flags,int* st){

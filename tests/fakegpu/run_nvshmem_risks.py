@@ -1,5 +1,6 @@
 """Three risks of the nvshmem backend (issue 42), one per run, at one rank on the fake driver
-(tests/fakegpu/README.md); the nvshmem stand-in refuses what NVSHMEM and nvshmem4py refuse.
+(tests/fakegpu/README.md), through the real nvshmem4py over the NVSHMEM stand-in, which
+refuses what NVSHMEM refuses.
 
 - ``big-heap``: a heap over NVSHMEM's default symmetric size (1 GiB): the backend sets
   ``NVSHMEM_SYMMETRIC_SIZE`` from it, and data lands past the first GiB.
@@ -58,6 +59,8 @@ def other_gpu() -> None:
 def teardown() -> None:
     import nvshmem.core as nv
 
+    from tests.fakegpu.fakedriver import nvshmem_calls
+
     try:
         with shmem.init(backend="nvshmem", heap_nbytes="16MiB", signal_timeout_s=5.0) as w:
             w.zeros(8, "int64")
@@ -65,14 +68,15 @@ def teardown() -> None:
     except KeyError:
         pass
     gc.collect()
-    assert nv.CALLS[-2:] == ["free", "finalize"], nv.CALLS
+    calls = nvshmem_calls()
+    assert calls[-2:] == ["nvshmem_free", "nvshmemx_hostlib_finalize"], calls
     assert nv.init_status() == nv.InitStatus.STATUS_NOT_INITIALIZED
 
 
 def main() -> None:
     _c._driver_present = lambda: True  # the fake libcuda stands in for a driver
     _c.device_count.cache_clear()
-    _backends._nvshmem_status = lambda: None  # and the fake nvshmem for nvshmem4py
+    _backends._nvshmem_status = lambda: None  # no /dev/nvidia*: nvshmem4py runs on the fake
     mode = sys.argv[1]
     {"big-heap": big_heap, "other-gpu": other_gpu, "teardown": teardown}[mode]()
     gc.collect()

@@ -1,5 +1,6 @@
-"""The nvshmem backend's Python paths, end to end at one rank, on a fake libcuda and a one-PE
-nvshmem stand-in (tests/fakegpu/README.md). Skipped without a C compiler."""
+"""The nvshmem backend's Python paths, end to end, through the real nvshmem4py on a fake
+libcuda and a stand-in NVSHMEM library (tests/fakegpu/README.md). Skipped without a C
+compiler."""
 
 from __future__ import annotations
 
@@ -55,13 +56,16 @@ def run_on_the_fake(
     gpus: int = 2,
     streams: str = "",
     children: bool = False,
+    nodes: str = "",
 ) -> subprocess.CompletedProcess[str]:
     """``script`` (of tests/fakegpu, or a path from the repository root) with ``args``,
     ``ranks`` ranks under the launcher, on the fake driver built into ``tmp_path`` with
     ``gpus`` devices (1: the lent machine, where ranks share the GPU and NVSHMEM runs in
     LIMITED_MPG mode). ``streams="lazy"``: queued work runs only when something waits for it
     (fake_async.h), so a missing wait fails. ``children``: every Python process takes the
-    fake (``FAKEGPU_DRIVER=1``), not only run_gpu_tests.py."""
+    fake (``FAKEGPU_DRIVER=1``), not only run_gpu_tests.py. ``nodes``: the NVSHMEM stand-in
+    puts the ranks on that many simulated nodes (``rank``: each its own; K: K consecutive
+    ranks a node), and the World's ``[heap] node_split`` says the same."""
     cmd = [sys.executable, "-m", "launch", "-n", str(ranks), "--timeout", "240"]
     cmd.append(script if "/" in script else str(FAKE / script))
     return subprocess.run(
@@ -74,6 +78,7 @@ def run_on_the_fake(
             "FAKE_GPUS": str(gpus),
             "FAKE_ASYNC": streams,
             **({"FAKEGPU_DRIVER": "1"} if children else {}),
+            **({"FAKE_NVSHMEM_NODE_SPLIT": nodes, "SHMEM_HEAP_NODE_SPLIT": nodes} if nodes else {}),
         },
         cwd=ROOT,
         check=False,
@@ -98,8 +103,12 @@ def test_gpu_paths_run_end_to_end_on_the_fake_driver(tmp_path: Path) -> None:
     assert int(summary[-1].split()[1]) >= 56, summary  # the OpenSHMEM refusals and locks
     for problem in ("MISMATCH", "[cudacpu]", "[fake] launch refused"):
         assert problem not in output, output[-4000:]
-    assert "nvshmem calls: ['get_unique_id', 'init', 'buffer', 'barrier_all'" in output
-    assert "'free', 'finalize']" in output
+    # the real nvshmem4py's calls into the NVSHMEM library (the stand-in records them)
+    calls = (
+        "['nvshmemx_get_uniqueid', 'nvshmemx_set_attr_uniqueid_args', 'nvshmemx_hostlib_init_attr'"
+    )
+    assert f"nvshmem calls: {calls}" in output, output[-4000:]
+    assert "'nvshmem_free', 'nvshmemx_hostlib_finalize']" in output, output[-4000:]
 
 
 # tests/gpu tests the fake cannot host: torch built without CUDA here, and the ten
@@ -338,3 +347,68 @@ def test_the_nvshmem_backends_risks_are_handled_on_the_fake(tmp_path: Path, risk
     assert f"RISK {risk} ok" in output, output[-4000:]
     for problem in ("freed implicitly", "MISMATCH", "Exception ignored", "Traceback"):
         assert problem not in output, output[-4000:]
+
+
+@pytest.mark.parametrize(
+    ("ranks", "nodes", "gpus", "streams"),
+    [
+        (1, "rank", 2, ""),
+        (2, "rank", 2, ""),
+        (3, "rank", 1, "lazy"),  # one GPU a node, streams that run only when waited for
+        (3, "2", 2, ""),  # nodes {0, 1} and {2}: mapped and network peers on one word
+        (4, "2", 2, "lazy"),
+        (4, "rank", 2, ""),
+    ],
+    ids=[
+        "1-rank",
+        "2-ranks-2-nodes",
+        "3-ranks-3-nodes-lazy",
+        "3-ranks-2-nodes",
+        "4-ranks-2-nodes-lazy",
+        "4-ranks-4-nodes",
+    ],
+)
+def test_the_nvshmem_backend_across_nodes_on_the_fake(
+    tmp_path: Path, ranks: int, nodes: str, gpus: int, streams: str
+) -> None:
+    """Issue 42's risks 1 and 2 (run_nvshmem_nodes.py): with peers on other nodes, data
+    moves through NVSHMEM from and into memory it knows (the stage on the symmetric heap),
+    and every signal is NVSHMEM's, so no addition is lost between network and GPU atomics.
+    Both failed before the fix: the stand-in refused the put from plain device memory, and
+    a wait saw 70 of 80 additions."""
+    run = run_on_the_fake(
+        tmp_path, "run_nvshmem_nodes.py", ranks=ranks, gpus=gpus, streams=streams, nodes=nodes
+    )
+    output = run.stdout + run.stderr
+    assert run.returncode == 0, output[-4000:]
+    assert f"NODES ok on ranks {list(range(ranks))} of {ranks}" in output, output[-4000:]
+    for problem in ("REFUSED", "MISMATCH", "[cudacpu]", "freed implicitly", "Traceback"):
+        assert problem not in output, output[-4000:]
+
+
+@pytest.mark.parametrize(
+    ("mode", "ranks", "refused_in"),
+    [
+        ("foreign-source", 2, "fake nvshmem: REFUSED nvshmemx_putmem_on_stream: the source"),
+        ("not-symmetric", 1, "fake nvshmem: REFUSED nvshmemx_putmem_on_stream: destination"),
+        ("not-allocated", 1, "fake nvshmem: REFUSED nvshmem_free:"),
+        ("after-finalize", 1, "REFUSED nvshmemx_barrier_all_on_stream: called after"),
+        ("other-device", 1, "REFUSED nvshmemx_barrier_all_on_stream: called with device 1"),
+        ("stream-none", 1, "REFUSED by nvshmem4py: NotImplementedError"),
+        ("registered-source", 2, "ACCEPTED registered-source on rank 0"),  # (not refused)
+    ],
+)
+def test_the_nvshmem_stand_in_refuses_what_nvshmem_refuses(
+    tmp_path: Path, mode: str, ranks: int, refused_in: str
+) -> None:
+    """The stand-in library (or nvshmem4py above it) refuses each call NVSHMEM refuses, with
+    the function and the reason, and the job ends (run_nvshmem_refusals.py)."""
+    run = run_on_the_fake(
+        tmp_path, "run_nvshmem_refusals.py", mode, ranks=ranks, gpus=2, nodes="rank"
+    )
+    output = run.stdout + run.stderr
+    assert f"REACHED {mode}" in output, output[-4000:]
+    assert refused_in in output, output[-4000:]
+    assert "NOT REFUSED" not in output, output[-4000:]
+    accepted = "by nvshmem4py" in refused_in or "ACCEPTED" in refused_in
+    assert (run.returncode == 0) == accepted, output[-4000:]

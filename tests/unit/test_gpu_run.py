@@ -145,3 +145,15 @@ def test_the_carried_wheels_have_pyprojects_pins() -> None:
     for dist, version in carried.items():
         if dist in pins:
             assert version == pins[dist], (dist, version, pins[dist])
+
+
+def test_the_fake_gpu_tier_runs_the_nvshmem4py_the_gpu_run_carries() -> None:
+    """CI's fake-GPU tier and a lent GPU run the same nvshmem4py (./dev installs the gpu
+    extra's pin; the GPU run carries scripts/gpu_setup.py's WHEELS)."""
+    import importlib.metadata
+
+    try:
+        version = importlib.metadata.version("nvshmem4py-cu13")
+    except importlib.metadata.PackageNotFoundError:
+        pytest.skip("nvshmem4py is not installed here (./dev venv installs it)")
+    assert f"nvshmem4py-cu13=={version}" in gpu_setup.WHEELS, (version, gpu_setup.WHEELS)
