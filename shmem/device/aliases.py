@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from ..errors import ArgumentError
 from .devices import Device, DeviceAttributes, MemoryInfo
+from .resources import as_stream, buffer_class, ipc_layer, wrap_handle
 
 if TYPE_CHECKING:
     from .context import DeviceContext
@@ -358,9 +359,7 @@ class BufferAliases:
             When ``dst`` is not a Buffer, sizes differ, ``stream`` is not a DeviceContext or
             None, or a side is not contiguous.
         """
-        from .memory import Buffer
-        from .resources import as_stream
-
+        Buffer = buffer_class()
         ctx = as_stream("Buffer.copy_to", stream)
         src = self._bytes("copy_to")
         if dst is None:
@@ -391,9 +390,7 @@ class BufferAliases:
             When ``src`` is not a Buffer, sizes differ, ``stream`` is not a DeviceContext or
             None, or a side is not contiguous.
         """
-        from .memory import Buffer
-        from .resources import as_stream
-
+        Buffer = buffer_class()
         ctx = as_stream("Buffer.copy_from", stream)
         if not isinstance(src, Buffer):
             raise ArgumentError(
@@ -421,8 +418,6 @@ class BufferAliases:
         Buffer
             A one-dimensional ``uint8`` view of the memory, not owning it.
         """
-        from .resources import wrap_handle
-
         return wrap_handle(ptr, size, mr)
 
     def get_ipc_descriptor(self) -> Any:
@@ -434,8 +429,6 @@ class BufferAliases:
         IpcDescriptor
             The descriptor; ``str(desc)`` travels to the importing process.
         """
-        from .resources import ipc_layer
-
         return ipc_layer("Buffer.get_ipc_descriptor").export(cast("Buffer", self))
 
     @classmethod
@@ -461,8 +454,6 @@ class BufferAliases:
         Buffer
             The same memory as the exporter's buffer, in this process.
         """
-        from .resources import ipc_layer
-
         if stream is not None:
             stream.synchronize()  # the exporter's data is ready once its stream is
         return ipc_layer("Buffer.from_ipc_descriptor").import_(mr, desc)

@@ -24,11 +24,12 @@ import numpy as np
 from ..dtypes import DTypeLike
 from ..errors import ArgumentError, ShmemStateError
 from .aliases import DeviceContextAliases
-from .devices import Device, as_device
+from .devices import CPU, Device, as_device
+from .memory import Buffer
+from .resources import lend_class
 
 if TYPE_CHECKING:
     from .impl import StreamImpl
-    from .memory import Buffer
 
 __all__ = ["Block", "DeviceContext", "Dim3", "DriverVersion", "Event", "Function"]
 
@@ -258,7 +259,6 @@ class DeviceContext(DeviceContextAliases):
         ShmemStateError
             When the context is closed.
         """
-        from .memory import Buffer
 
         self._live("enqueue_create_buffer")
         return Buffer(dtype, (count,), device=self.device, stream=self)
@@ -302,9 +302,6 @@ class DeviceContext(DeviceContextAliases):
         ShmemStateError
             When the context is closed.
         """
-        from .devices import CPU
-        from .memory import Buffer
-
         self._live("enqueue_create_host_buffer")
         return Buffer(dtype, (count,), device=CPU(), pinned=not self.device.is_host, stream=self)
 
@@ -360,7 +357,6 @@ class DeviceContext(DeviceContextAliases):
         ShmemStateError
             When the context is closed.
         """
-        from .memory import Buffer
 
         self._live("enqueue_copy")
         d = Buffer._coerce(dst, "enqueue_copy", "dst")
@@ -617,3 +613,6 @@ class DeviceContext(DeviceContextAliases):
             return
         with contextlib.suppress(Exception):  # the body's exception matters more
             self.close()
+
+
+lend_class(DeviceContext)

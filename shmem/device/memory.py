@@ -21,6 +21,7 @@ from ..errors import ArgumentError, ShmemStateError
 from .aliases import BufferAliases
 from .devices import CPU, Accelerator, Device, as_device
 from .impl import mover
+from .resources import context_class, lend_class
 from .views import contiguous_strides, index_view, is_contiguous, single_index
 
 if TYPE_CHECKING:
@@ -434,12 +435,10 @@ class Buffer(BufferAliases):
         Buffer or list of Buffer
             ``self`` where the device is already the target's, else a copy.
         """
-        from .context import DeviceContext
-
         self._live("to")
         if isinstance(target, list | tuple):
             return [self.to(t) for t in target]
-        if isinstance(target, DeviceContext):
+        if isinstance(target, context_class()):
             return self if target.device == self._device else self.copy(stream=target)
         dev = as_device(target, "Buffer.to")
         return self if dev == self._device else self.copy(device=dev)
@@ -787,3 +786,6 @@ class Buffer(BufferAliases):
         self._closed = True
         self._array = None
         self._mem = None
+
+
+lend_class(Buffer)

@@ -12,6 +12,9 @@ A memory resource is an object that allocates :class:`~shmem.Buffer` s of raw by
 
 IPC sits above this layer: :mod:`shmem.ipc` lends itself here on import (:func:`lend_ipc`;
 ``import shmem`` imports it), so the IPC names of this module reach it without importing it.
+So do :class:`~shmem.Buffer` and :class:`~shmem.DeviceContext`, which build on this module and
+lend their classes here when they are defined (:func:`lend_class`): the resources allocate
+Buffers and take contexts without importing either.
 
 The IPC flow then reads as in cuda.core::
 
@@ -23,7 +26,7 @@ The IPC flow then reads as in cuda.core::
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import numpy as np
 
@@ -39,6 +42,9 @@ __all__ = [
     "HostMemoryResource",
     "IpcLayer",
     "MemoryResource",
+    "buffer_class",
+    "context_class",
+    "lend_class",
     "lend_ipc",
     "nbytes_arg",
     "wrap_handle",
@@ -81,6 +87,39 @@ def ipc_layer(where: str) -> IpcLayer:
     if _ipc is None:
         raise ShmemStateError(f"{where}: IPC is not loaded (import shmem.ipc first)")
     return _ipc
+
+
+_classes: dict[str, Any] = {}
+
+
+def lend_class(cls: type[Buffer] | type[DeviceContext]) -> None:
+    """Called once by :mod:`shmem.device.memory` and :mod:`shmem.device.context` when they
+    define :class:`~shmem.Buffer` and :class:`~shmem.DeviceContext`: the layer below them
+    (this module, the cuda.core aliases) makes and checks their objects through these.
+
+    Parameters
+    ----------
+    cls : type
+        ``Buffer`` or ``DeviceContext``.
+    """
+    _classes[cls.__name__] = cls
+
+
+def _lent(name: str) -> Any:
+    cls = _classes.get(name)
+    if cls is None:  # pragma: no cover - the package's face imports both modules
+        raise ShmemStateError(f"shmem.device.{name} is not defined yet (import shmem.device)")
+    return cls
+
+
+def buffer_class() -> type[Buffer]:
+    """:class:`~shmem.Buffer`, as :mod:`shmem.device.memory` lent it."""
+    return cast("type[Buffer]", _lent("Buffer"))
+
+
+def context_class() -> type[DeviceContext]:
+    """:class:`~shmem.DeviceContext`, as :mod:`shmem.device.context` lent it."""
+    return cast("type[DeviceContext]", _lent("DeviceContext"))
 
 
 def nbytes_arg(where: str, size: object) -> int:
@@ -168,10 +207,10 @@ class HostMemoryResource(MemoryResource):
         return True
 
     def allocate(self, size: int, stream: DeviceContext | None = None) -> Buffer:
-        from .memory import Buffer
-
         return self._own(
-            Buffer("uint8", nbytes_arg("HostMemoryResource.allocate", size), pinned=self.pinned)
+            buffer_class()(
+                "uint8", nbytes_arg("HostMemoryResource.allocate", size), pinned=self.pinned
+            )
         )
 
 
@@ -206,9 +245,7 @@ class DeviceMemoryResource(MemoryResource):
             return self._own(
                 ipc_layer("DeviceMemoryResource.allocate").allocate(nbytes, self.device)
             )
-        from .memory import Buffer
-
-        return self._own(Buffer("uint8", nbytes, device=self.device, stream=stream))
+        return self._own(buffer_class()("uint8", nbytes, device=self.device, stream=stream))
 
 
 def wrap_handle(ptr: int, size: int, mr: MemoryResource | None) -> Buffer:
@@ -230,9 +267,7 @@ def wrap_handle(ptr: int, size: int, mr: MemoryResource | None) -> Buffer:
 
 
 def as_stream(where: str, stream: Any) -> DeviceContext | None:
-    from .context import DeviceContext
-
-    if stream is None or isinstance(stream, DeviceContext):
+    if stream is None or isinstance(stream, context_class()):
         return stream
     raise ArgumentError(
         f"{where}: invalid stream (got {type(stream).__name__}; expected a DeviceContext or None)"
