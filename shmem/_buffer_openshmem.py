@@ -1,18 +1,20 @@
-"""The OpenSHMEM routines of :class:`~shmem.SHMEMBuffer` beyond put/get/atomics: non-blocking
-and strided RMA, put-with-signal on a symmetric signal word, point-to-point waits and tests,
-and locks. Each is a thin method over :mod:`shmem.rma` and :mod:`shmem.sync`; ``ctx`` picks
-the communication context (default: the World's, ``SHMEM_CTX_DEFAULT``)."""
+"""The OpenSHMEM routines of :class:`~shmem.SHMEMBuffer` beyond put and get: atomics, single
+elements (``p``, ``g``), non-blocking and strided RMA, put-with-signal on a symmetric signal
+word, point-to-point waits and tests, and locks. Each is a thin method over :mod:`shmem.rma`
+and :mod:`shmem.sync` (the atomics over the heap's); ``ctx`` picks the communication context
+(default: the World's, ``SHMEM_CTX_DEFAULT``)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, overload
 
 import numpy as np
 
 from . import sync
-from .dtypes import Casting
+from .dtypes import Casting, dtype_name, float_operand, int_operand
 from .errors import ArgumentError
+from .heap import ATOMIC_DTYPES, FLOAT_ATOMIC_DTYPES
 from .rma import AtomicOp, Context, Fetched, host_heap, signal_offset
 from .signals import Cmp
 
@@ -27,8 +29,14 @@ class OpenShmemMethods:
 
     if TYPE_CHECKING:
         _world: World
+        _dtype: np.dtype[Any]
+        _count: int
+        _offset: int
 
         def _live(self, where: str) -> None: ...
+        def _check_rank(self, where: str, rank: int) -> int: ...
+        def put(self, rank: int, src: Any, offset: int = 0) -> None: ...
+        def get(self, rank: int, dst: Any = None, offset: int = 0) -> Any: ...
 
     def _ctx(self, ctx: Context | None) -> Context:
         if ctx is None:
@@ -445,6 +453,353 @@ class OpenShmemMethods:
             dst=dst,
             dst_stride=dst_stride,
         )
+
+    # -- atomics ----------------------------------------------------------------------------
+
+    def _atomic_offset(self, where: str, index: int, float_ok: bool = False) -> int:
+        """Heap byte offset of element ``index`` for an atomic (dtype and index checked)."""
+        self._live(where)
+        if self._dtype not in ATOMIC_DTYPES and not (
+            float_ok and self._dtype in FLOAT_ATOMIC_DTYPES
+        ):
+            floats = ", or float32/float64" if float_ok else ""
+            raise ArgumentError(
+                f"SHMEMBuffer.{where}: atomics need an integer buffer (got "
+                f"{dtype_name(self._dtype)}; expected int32, int64, uint32 or uint64{floats})"
+            )
+        if isinstance(index, bool) or not isinstance(index, int | np.integer):
+            raise ArgumentError(f"SHMEMBuffer.{where}: invalid index (got {index!r})")
+        if not 0 <= index < self._count:
+            raise ArgumentError(
+                f"SHMEMBuffer.{where}: index out of range (got {index}; expected 0 <= index "
+                f"< {self._count})"
+            )
+        return self._offset + int(index) * self._dtype.itemsize
+
+    def _atomic_args(
+        self, where: str, rank: int, index: int, float_ok: bool = False
+    ) -> tuple[int, int]:
+        off = self._atomic_offset(where, index, float_ok)
+        return self._check_rank(where, rank), off
+
+    def _float_atomic(self, where: str, rank: int, index: int, op: str, value: object) -> float:
+        """fetch/set/swap on a float32/float64 buffer (host backend)."""
+        rank, off = self._atomic_args(where, rank, index, float_ok=True)
+        v = float_operand(f"SHMEMBuffer.{where}", "value", value, self._dtype)
+        heap = host_heap(self._world, f"SHMEMBuffer.{where}")
+        return heap.atomic_value(rank, off, v, self._dtype, op)
+
+    def atomic_fetch_add(self, rank: int, index: int, value: int) -> int:
+        """Atomically add ``value`` to element ``index`` (flat) of ``rank``'s copy; return
+        the old value.
+
+        Parameters
+        ----------
+        rank : int
+            The peer (may be this rank).
+        index : int
+            The element's flat index.
+        value : int
+            The operand.
+
+        Returns
+        -------
+        int
+            The element's value before the add.
+        """
+        rank, off = self._atomic_args("atomic_fetch_add", rank, index)
+        v = int_operand(
+            "SHMEMBuffer.atomic_fetch_add", "value", value, self._dtype, wrap_negative=True
+        )
+        return self._world.heap.atomic_fetch_op(rank, off, v, self._dtype, "add")
+
+    @overload
+    def atomic_swap(self, rank: int, index: int, value: int) -> int: ...
+    @overload
+    def atomic_swap(self, rank: int, index: int, value: float) -> int | float: ...
+    def atomic_swap(self, rank: int, index: int, value: float) -> int | float:
+        """Atomically store ``value`` in element ``index`` of ``rank``'s copy; return the old
+        (integer dtypes, and float32/float64 as OpenSHMEM's ``shmem_atomic_swap``).
+
+        Parameters
+        ----------
+        rank : int
+            The peer (may be this rank).
+        index : int
+            The element's flat index.
+        value : int or float
+            The value stored.
+
+        Returns
+        -------
+        int or float
+            The element's value before the swap.
+        """
+        if self._dtype in FLOAT_ATOMIC_DTYPES:
+            return self._float_atomic("atomic_swap", rank, index, "set", value)
+        rank, off = self._atomic_args("atomic_swap", rank, index)
+        v = int_operand("SHMEMBuffer.atomic_swap", "value", value, self._dtype)
+        return self._world.heap.atomic_fetch_op(rank, off, v, self._dtype, "set")
+
+    def atomic_compare_swap(self, rank: int, index: int, compare: int, value: int) -> int:
+        """Atomically store ``value`` in element ``index`` of ``rank``'s copy if it equals
+        ``compare``; return the old value (equal to ``compare`` when the swap happened).
+
+        Parameters
+        ----------
+        rank : int
+            The peer (may be this rank).
+        index : int
+            The element's flat index.
+        compare : int
+            The value the element must hold for the swap.
+        value : int
+            The value stored.
+
+        Returns
+        -------
+        int
+            The element's value before the call.
+        """
+        rank, off = self._atomic_args("atomic_compare_swap", rank, index)
+        where = "SHMEMBuffer.atomic_compare_swap"
+        c = int_operand(where, "compare", compare, self._dtype)
+        v = int_operand(where, "value", value, self._dtype)
+        return self._world.heap.atomic_compare_swap(rank, off, c, v, self._dtype)
+
+    def _atomic_op(self, where: str, rank: int, index: int, op: str, value: object) -> int:
+        rank, off = self._atomic_args(where, rank, index)
+        v = int_operand(f"SHMEMBuffer.{where}", "value", value, self._dtype, wrap_negative=True)
+        return self._world.heap.atomic_fetch_op(rank, off, v, self._dtype, op)
+
+    def atomic_fetch(self, rank: int, index: int) -> Any:
+        """Atomically read element ``index`` of ``rank``'s copy (``shmem_atomic_fetch``; an
+        int, or a float for float32/float64).
+
+        Parameters
+        ----------
+        rank : int
+            The peer (may be this rank).
+        index : int
+            The element's flat index.
+
+        Returns
+        -------
+        int or float
+            The element's value.
+        """
+        if self._dtype in FLOAT_ATOMIC_DTYPES:
+            return self._float_atomic("atomic_fetch", rank, index, "fetch", 0.0)
+        rank, off = self._atomic_args("atomic_fetch", rank, index)
+        return self._world.heap.atomic_fetch_op(rank, off, 0, self._dtype, "fetch")
+
+    def atomic_set(self, rank: int, index: int, value: float) -> None:
+        """Atomically store ``value`` (``shmem_atomic_set``; integer or float32/float64).
+
+        Parameters
+        ----------
+        rank : int
+            The peer (may be this rank).
+        index : int
+            The element's flat index.
+        value : int or float
+            The value stored.
+        """
+        self.atomic_swap(rank, index, value)
+
+    def atomic_add(self, rank: int, index: int, value: int) -> None:
+        """Atomically add ``value`` (``shmem_atomic_add``; unsigned: negative wraps, as C).
+
+        Parameters
+        ----------
+        rank : int
+            The peer (may be this rank).
+        index : int
+            The element's flat index.
+        value : int
+            The operand.
+        """
+        self._atomic_op("atomic_add", rank, index, "add", value)
+
+    def atomic_inc(self, rank: int, index: int) -> None:
+        """Atomically add one (``shmem_atomic_inc``).
+
+        Parameters
+        ----------
+        rank : int
+            The peer (may be this rank).
+        index : int
+            The element's flat index.
+        """
+        self._atomic_op("atomic_inc", rank, index, "add", 1)
+
+    def atomic_fetch_inc(self, rank: int, index: int) -> int:
+        """Atomically add one; return the old value (``shmem_atomic_fetch_inc``).
+
+        Parameters
+        ----------
+        rank : int
+            The peer (may be this rank).
+        index : int
+            The element's flat index.
+
+        Returns
+        -------
+        int
+            The element's value before the increment.
+        """
+        return self._atomic_op("atomic_fetch_inc", rank, index, "add", 1)
+
+    def atomic_fetch_and(self, rank: int, index: int, value: int) -> int:
+        """Atomically ``x &= value``; return the old ``x`` (``shmem_atomic_fetch_and``).
+
+        Parameters
+        ----------
+        rank : int
+            The peer (may be this rank).
+        index : int
+            The element's flat index.
+        value : int
+            The operand.
+
+        Returns
+        -------
+        int
+            The element's value before the operation.
+        """
+        return self._atomic_op("atomic_fetch_and", rank, index, "and", value)
+
+    def atomic_fetch_or(self, rank: int, index: int, value: int) -> int:
+        """Atomically ``x |= value``; return the old ``x`` (``shmem_atomic_fetch_or``).
+
+        Parameters
+        ----------
+        rank : int
+            The peer (may be this rank).
+        index : int
+            The element's flat index.
+        value : int
+            The operand.
+
+        Returns
+        -------
+        int
+            The element's value before the operation.
+        """
+        return self._atomic_op("atomic_fetch_or", rank, index, "or", value)
+
+    def atomic_fetch_xor(self, rank: int, index: int, value: int) -> int:
+        """Atomically ``x ^= value``; return the old ``x`` (``shmem_atomic_fetch_xor``).
+
+        Parameters
+        ----------
+        rank : int
+            The peer (may be this rank).
+        index : int
+            The element's flat index.
+        value : int
+            The operand.
+
+        Returns
+        -------
+        int
+            The element's value before the operation.
+        """
+        return self._atomic_op("atomic_fetch_xor", rank, index, "xor", value)
+
+    def atomic_and(self, rank: int, index: int, value: int) -> None:
+        """Atomically ``x &= value`` (``shmem_atomic_and``).
+
+        Parameters
+        ----------
+        rank : int
+            The peer (may be this rank).
+        index : int
+            The element's flat index.
+        value : int
+            The operand.
+        """
+        self._atomic_op("atomic_and", rank, index, "and", value)
+
+    def atomic_or(self, rank: int, index: int, value: int) -> None:
+        """Atomically ``x |= value`` (``shmem_atomic_or``).
+
+        Parameters
+        ----------
+        rank : int
+            The peer (may be this rank).
+        index : int
+            The element's flat index.
+        value : int
+            The operand.
+        """
+        self._atomic_op("atomic_or", rank, index, "or", value)
+
+    def atomic_xor(self, rank: int, index: int, value: int) -> None:
+        """Atomically ``x ^= value`` (``shmem_atomic_xor``).
+
+        Parameters
+        ----------
+        rank : int
+            The peer (may be this rank).
+        index : int
+            The element's flat index.
+        value : int
+            The operand.
+        """
+        self._atomic_op("atomic_xor", rank, index, "xor", value)
+
+    # -- single elements --------------------------------------------------------------------
+
+    def p(self, rank: int, index: int, value: complex | bool) -> None:
+        """Write one element, ``value``, at flat ``index`` of ``rank``'s copy (``shmem_p``;
+        one-sided, host-blocking; lossy casts refused as for :meth:`put`).
+
+        Parameters
+        ----------
+        rank : int
+            The peer (may be this rank).
+        index : int
+            The element's flat index.
+        value : int or float or complex or bool
+            The element's new value.
+        """
+        self._check_index("p", index)
+        if self._dtype.kind in "iu" and isinstance(value, int | np.integer):
+            value = int_operand("SHMEMBuffer.p", "value", value, self._dtype)
+            src = np.asarray([value], dtype=self._dtype)
+        else:
+            src = np.asarray([value])
+        self.put(rank, src, offset=int(index) * self._dtype.itemsize)
+
+    def g(self, rank: int, index: int) -> Any:
+        """Read one element at flat ``index`` of ``rank``'s copy as a Python scalar
+        (``shmem_g``; one-sided, host-blocking).
+
+        Parameters
+        ----------
+        rank : int
+            The peer (may be this rank).
+        index : int
+            The element's flat index.
+
+        Returns
+        -------
+        int or float or complex or bool
+            The element's value.
+        """
+        self._check_index("g", index)
+        out = self.get(rank, np.empty(1, self._dtype), offset=int(index) * self._dtype.itemsize)
+        return np.asarray(out).reshape(-1)[0].item()
+
+    def _check_index(self, where: str, index: int) -> None:
+        if isinstance(index, bool) or not isinstance(index, int | np.integer):
+            raise ArgumentError(f"SHMEMBuffer.{where}: invalid index (got {index!r})")
+        if not 0 <= index < self._count:
+            raise ArgumentError(
+                f"SHMEMBuffer.{where}: index out of range (got {index}; expected 0 <= index "
+                f"< {self._count})"
+            )
 
     # -- non-blocking atomics ---------------------------------------------------------------
 
