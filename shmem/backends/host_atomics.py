@@ -7,7 +7,6 @@ run as compare-and-swap loops where the MPI library's accumulate does not keep t
 from __future__ import annotations
 
 import operator
-import threading
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
@@ -17,7 +16,6 @@ from mpi4py import MPI
 
 from ..errors import ArgumentError, RemoteTimeoutError
 from ..heap import ATOMIC_DTYPES, FLOAT_ATOMIC_DTYPES
-from ..signals import poll_until
 
 __all__ = ["HostAtomics"]
 
@@ -69,8 +67,6 @@ class HostAtomics:
         _atomic_arrays: dict[np.dtype[Any], tuple[Any, Any, Any, Any, Any]]
         _cpu: Any
         _bases: list[int]
-        _pending_lock: threading.Lock
-        _pending: list[MPI.Request]
 
         def _remote_window(self) -> MPI.Win: ...
         def wait_started(self, req: Any, rank: int, what: str, timeout_s: float | None) -> None: ...
@@ -214,18 +210,8 @@ class HostAtomics:
         value as a Python float, within the deadline."""
         req, result = self.atomic_fetch_op_nbi(rank, offset, value, dtype, op)
         if req is not None:
-            self._wait_atomic(req, rank)
+            self.wait_started(req, rank, "atomic", None)
         return float(result[0])
-
-    def _wait_atomic(self, req: MPI.Request, rank: int) -> None:
-        if not poll_until(req.Test, time.monotonic() + self.timeout_s, self.progress):
-            with self._pending_lock:
-                self._pending.append(req)
-            raise RemoteTimeoutError(
-                f"atomic: rank {self.rank}: the atomic on rank {rank} did not complete within "
-                f"{self.timeout_s:g} s (rank {rank} made no MPI progress)",
-                peer=rank,
-            )
 
     def atomic_compare_swap(
         self, rank: int, offset: int, compare: int, value: int, dtype: np.dtype[Any]
