@@ -6,45 +6,46 @@ import numpy as np
 
 from shmem import SHMEMBuffer
 
-from . import signed
+from . import pipeline, signed
 from .channel import Channel
-from .cross import P2P_MAX_MEMBERS, all_gather_across
+from .cross import all_gather_across
 from .cross_plan import cross_plan
-from .family import exchange, family_plan, over_mpi
-from .operand import Array, prepare
+from .family import family_plan
+from .operand import Array, Operand
 
-__all__ = ["all_gather"]
+__all__ = ["AllGather", "all_gather"]
+
+
+class AllGather(pipeline.Call):
+    """The all-gather's steps of the pipeline (:mod:`collectives.pipeline`)."""
+
+    kind = "all_gather"
+
+    def out_count(self, n: int) -> int:
+        return n * self.size
+
+    def cached(self, ch: Channel, xin: Operand, route: str) -> pipeline.Plan | None:
+        if route == pipeline.ON_NODE:
+            return family_plan(ch, self.kind, xin)
+        return cross_plan(ch, self.kind, xin)
+
+    def across(self, ch: Channel, xin: Operand, dst: Array) -> None:
+        all_gather_across(ch, ch.comm, xin.array, dst, self.where)
+
+    def over_mpi(self, ch: Channel, xin: Operand, dst: Array) -> None:
+        send = xin.array.view(np.uint8)
+        if np.may_share_memory(send, dst):  # in place (one rank): MPI needs two buffers
+            send = send.copy()
+        signed.allgather(ch, ch.comm, send, dst.view(np.uint8), self.where)
+
+    def combine(self, ranks: list[int], inputs: list[Array], target: Array) -> None:
+        m = inputs[0].shape[0]
+        for r, src in zip(ranks, inputs, strict=True):
+            np.copyto(target[r * m : (r + 1) * m], src)
 
 
 def all_gather(
     ch: Channel, x: SHMEMBuffer | Array, out: SHMEMBuffer | Array | None
 ) -> SHMEMBuffer | Array:
-    where = "Communicator.all_gather"
-    size = ch.world_size
-    xin, ret, dst = prepare(ch, where, x, out, lambda n: n * size)
-    m = xin.count
-    small = cross_plan(ch, "all_gather", xin)
-    if small is not None:  # small, across nodes: one persistent signed all-gather
-        small.run(ch, xin.array, xin.shmem, dst, False)
-        return ret
-    if ch.num_nodes > 1 and ch.world_size <= P2P_MAX_MEMBERS:
-        # across nodes: point to point, the signatures checked meanwhile (collectives.cross)
-        src = xin.array
-        over_mpi(ch, where, lambda: all_gather_across(ch, ch.comm, src, dst, where))
-        return ret
-    if not ch.fits_scratch(xin):
-        # across nodes, or too large for the scratch: MPI (non-blocking, within the deadline)
-        send = np.ascontiguousarray(xin.array).view(np.uint8)
-        over_mpi(ch, where, lambda: signed.allgather(ch, ch.comm, send, dst.view(np.uint8), where))
-        return ret
-    ch.stats.count("all_gather")
-    plan = family_plan(ch, "all_gather", xin)
-    if plan is not None:
-        plan.run(ch, xin.array, xin.shmem, dst, False)
-        return ret
-
-    def read(r: int, src: Array, target: Array) -> None:
-        np.copyto(target[r * m : (r + 1) * m], src)
-
-    exchange(ch, where, xin, dst, read)
-    return ret
+    """``out`` (world size x count, flat) = every rank's ``x`` in rank order."""
+    return pipeline.perform(ch, AllGather(ch), x, out)

@@ -16,19 +16,17 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 
 from shmem import SHMEMBuffer
-from shmem.dtypes import dtype_name
 from shmem.errors import (
     CollectiveArgumentError,
     CollectiveMismatchError,
     PeerFailedError,
-    ShmemError,
 )
 
 from . import signed
 from .allreduce_plans import NodesPlan, tiny_plan
 from .channel import Channel, Flag
 from .cross import CROSS_RS_MIN_NBYTES, reduce_across
-from .operand import Array, Operand, agree, output_array
+from .operand import Array, Operand, prepare
 from .ops import ReduceOp, accumulate_dtype, check_op, reduce_into
 from .replay import cached_plan, replay_status, round_up
 from .schedule import ALGORITHMS, Algorithm, shard_bounds, shard_of
@@ -75,25 +73,17 @@ def all_reduce(
     signature names (a reduce-scatter across nodes runs as this all-reduce: a rank in a real
     all-reduce against it is still a mismatch; its plans are cached apart)."""
     where = "Communicator.all_reduce"
-    error: Exception | None = None
-    xin: Operand | None = None
-    ret: SHMEMBuffer | Array | None = None
-    dst: Array | None = None
-    record: tuple[object, ...] = ("all_reduce", "invalid")
     algo = ""
-    try:
-        xin = Operand(x, where, "x")
+
+    def validate(xin: Operand) -> tuple[object, ...]:
+        nonlocal algo
         check_op(op, xin.dtype, where)
-        ret, dst = output_array(out, xin.count, xin.dtype, where, xin)
         # the algorithm that runs is part of the call ("auto" resolved): ranks that would
         # run different protocols differ in their signatures
         algo = choose(ch, algorithm, xin.count * xin.dtype.itemsize, where)
-        record = (call, xin.count, dtype_name(xin.dtype), str(op), algo)
-    except (ValueError, TypeError, ShmemError) as exc:  # also closed buffers
-        error = exc
-    agree(ch, where, record, error)
-    if xin is None or dst is None or ret is None:  # agree() raised already; for the types
-        raise CollectiveArgumentError(f"{where}: invalid arguments")
+        return (algo,)
+
+    xin, ret, dst = prepare(ch, where, x, out, lambda n: n, (str(op),), validate, name=call)
     op = str(op)
     n, isz = xin.count, xin.dtype.itemsize
     if n == 0:
@@ -176,9 +166,8 @@ def _one_shot(
         if tiny is not None:
             tiny.run(ch, xin.array, xin.shmem, dst, in_place)
             return
-    s = ch.next_call()
     plan: _Plan = cached_plan(ch, (count, xin.dtype), lambda: _Plan(ch, count, xin.dtype))
-    ch.wait_previous(s, "all_reduce")  # peers finished reading my scratch
+    s = ch.begin("all_reduce")  # peers finished reading my scratch
     ch.publish(s, xin, nbytes, lo, hi)
     if any(f[READY] < s for f in plan.flags):
         ch.wait_peers(READY, s, "all_reduce")
@@ -209,10 +198,9 @@ def _two_shot(
     in_place: bool,
     nbytes: int,
 ) -> None:
-    s = ch.next_call()
     count, dtype = hi - lo, xin.dtype
     parts = len(ch.local_peers)
-    ch.wait_previous(s, "all_reduce")
+    s = ch.begin("all_reduce")
     inputs = _inputs(ch, xin, lo, hi, s, nbytes)
     # reduce-scatter: I own shard `local_index`, reduced in rank order into my scratch
     base = round_up(count * dtype.itemsize)  # my shard sits after the staging area
@@ -260,19 +248,22 @@ def _hierarchical(
         if isinstance(small, NodesPlan):
             small.run(ch, xin.array, xin.shmem, dst, in_place)
             return
-    s = ch.next_call()
     cross = ch.cross
     # large vectors cross nodes as a reduce-scatter + all-gather (collectives.cross): the
     # same per-element operations in the same order as the single all-gather below
     large = cross is not None and count * dtype.itemsize >= CROSS_RS_MIN_NBYTES
-    if (
-        cross is not None and not ch.uniform_nodes
-    ):  # every rank reduces everything, in rank order, over MPI
-        try:
-            ch.wait_previous(s, "all_reduce")  # node-local peers are done with the last call
-        except (CollectiveMismatchError, PeerFailedError) as exc:
-            ch.abandon_exchange(cross, 0 if large else count * acc.itemsize, "all_reduce", exc)
-            raise
+    rank_order = cross is not None and not ch.uniform_nodes  # every rank reduces everything
+    parts = len(ch.local_peers)
+    a, b = shard_of(count, parts, ch.local_index)  # my shard of the node's reduce-scatter
+    sent = 0 if large else (count if rank_order else b - a) * acc.itemsize
+
+    def abandon(exc: BaseException) -> None:
+        if cross is not None:  # the other nodes wait in the exchange: tell them, at once
+            ch.abandon_exchange(cross, sent, "all_reduce", exc)
+
+    s = ch.begin("all_reduce", abandon)  # node-local peers are done with the last call
+    if rank_order:  # in rank order, over MPI
+        cross = cast("MPI.Intracomm", cross)
         if large:
             src = xin.array[lo:hi]
             reduce_across(ch, cross, src, dst[lo:hi], op, acc, ch.world_size, "all_reduce")
@@ -284,13 +275,7 @@ def _hierarchical(
         reduce_into(dst[lo:hi], list(every), op, acc, avg_count=ch.world_size)
         ch.post(DONE, s)
         return
-    parts = len(ch.local_peers)
     if large and parts == 1:  # one rank per node: my input is my node's partial, exactly
-        try:
-            ch.wait_previous(s, "all_reduce")
-        except (CollectiveMismatchError, PeerFailedError) as exc:
-            ch.abandon_exchange(cast("MPI.Intracomm", cross), 0, "all_reduce", exc)
-            raise
         reduce_across(
             ch, cast("MPI.Intracomm", cross), xin.array[lo:hi], dst[lo:hi], op, acc,
             ch.world_size, "all_reduce",
@@ -298,14 +283,10 @@ def _hierarchical(
         ch.post(DONE, s)
         return
     # intra-node reduce-scatter: my node's partial of shard `local_index` (no rounding yet)
-    a, b = shard_of(count, parts, ch.local_index)
     try:
-        ch.wait_previous(s, "all_reduce")
         inputs = _inputs(ch, xin, lo, hi, s, nbytes)
     except (CollectiveMismatchError, PeerFailedError) as exc:
-        if cross is not None:  # the other nodes wait in the exchange: tell them, at once
-            nbytes = 0 if large else (b - a) * acc.itemsize
-            ch.abandon_exchange(cross, nbytes, "all_reduce", exc)
+        abandon(exc)
         raise
     block = signed.signed_block((b - a) * acc.itemsize, ch.signature)  # the signature behind
     partial = block[: (b - a) * acc.itemsize].view(acc)

@@ -7,69 +7,59 @@ import numpy as np
 from shmem import SHMEMBuffer
 from shmem.errors import CollectiveArgumentError
 
-from . import signed
+from . import pipeline, signed
 from .channel import Channel
-from .cross import P2P_MAX_MEMBERS, broadcast_across
+from .cross import broadcast_across
 from .cross_plan import cross_plan
-from .family import exchange, family_plan, over_mpi
-from .operand import Array, Operand, prepare
+from .family import family_plan
+from .operand import Array, Operand
 
-__all__ = ["broadcast"]
+__all__ = ["Broadcast", "broadcast"]
+
+
+class Broadcast(pipeline.Call):
+    """The broadcast's steps of the pipeline (:mod:`collectives.pipeline`): the node-local
+    route reads the root's input only."""
+
+    kind = "broadcast"
+    default_out_is_x = True
+
+    def __init__(self, ch: Channel, root: object) -> None:
+        super().__init__(ch, (int(root) if isinstance(root, int | np.integer) else root,))
+        self.given = root
+        self.root = -1  # (an invalid root: validate raises)
+        if not isinstance(root, bool) and isinstance(root, int | np.integer) and root >= 0:
+            self.root = int(root) if root < self.size else -1
+        self.readers = [self.root]
+
+    def validate(self, xin: Operand) -> None:
+        if self.root < 0:
+            raise CollectiveArgumentError(
+                f"{self.where}: invalid root (got {self.given!r}; expected 0 <= root < {self.size})"
+            )
+
+    def cached(self, ch: Channel, xin: Operand, route: str) -> pipeline.Plan | None:
+        if route == pipeline.ON_NODE:
+            return family_plan(ch, self.kind, xin, self.root)
+        return cross_plan(ch, self.kind, xin, self.root)
+
+    def across(self, ch: Channel, xin: Operand, dst: Array) -> None:
+        broadcast_across(ch, ch.comm, xin.array, dst, self.root, self.where)
+
+    def over_mpi(self, ch: Channel, xin: Operand, dst: Array) -> None:
+        root = self.root
+        if self.rank == root and not np.shares_memory(dst, xin.array):
+            np.copyto(dst, xin.array)
+        # the root's data is in dst now (it is x itself by default)
+        signed.bcast(ch, ch.comm, dst.view(np.uint8), root, self.where)
+
+    def combine(self, ranks: list[int], inputs: list[Array], target: Array) -> None:
+        if not np.shares_memory(target, inputs[0]):
+            np.copyto(target, inputs[0])
 
 
 def broadcast(
     ch: Channel, x: SHMEMBuffer | Array, root: int, out: SHMEMBuffer | Array | None
 ) -> SHMEMBuffer | Array:
-    where = "Communicator.broadcast"
-    size = ch.world_size
-
-    def validate(xin: Operand) -> None:
-        if (
-            isinstance(root, bool)
-            or not isinstance(root, int | np.integer)
-            or not (0 <= root < size)
-        ):
-            raise CollectiveArgumentError(
-                f"{where}: invalid root (got {root!r}; expected 0 <= root < {size})"
-            )
-
-    xin, ret, dst = prepare(
-        ch,
-        where,
-        x,
-        out,
-        lambda n: n,
-        (int(root) if isinstance(root, int | np.integer) else root,),
-        validate,
-        default_out_is_x=True,
-    )
-    root = int(root)
-    small = cross_plan(ch, "broadcast", xin, root)
-    if small is not None:  # small, across nodes: one persistent signed all-gather
-        small.run(ch, xin.array, xin.shmem, dst, False)
-        return ret
-    if ch.num_nodes > 1 and ch.world_size <= P2P_MAX_MEMBERS:
-        # across nodes: point to point from the root, the signatures checked meanwhile
-        # (collectives.cross)
-        src = xin.array
-        over_mpi(ch, where, lambda: broadcast_across(ch, ch.comm, src, dst, root, where))
-        return ret
-    if not ch.fits_scratch(xin):
-        # across nodes, or too large for the scratch: MPI (non-blocking, within the deadline)
-        if ch.rank == root and not np.shares_memory(dst, xin.array):
-            np.copyto(dst, xin.array)
-        buf = dst.view(np.uint8)  # the root's data is in dst now (it is x itself by default)
-        over_mpi(ch, where, lambda: signed.bcast(ch, ch.comm, buf, root, where))
-        return ret
-    ch.stats.count("broadcast")
-    plan = family_plan(ch, "broadcast", xin, root)
-    if plan is not None:
-        plan.run(ch, xin.array, xin.shmem, dst, False)
-        return ret
-
-    def read(r: int, src: Array, target: Array) -> None:
-        if not np.shares_memory(target, src):
-            np.copyto(target, src)
-
-    exchange(ch, where, xin, dst, read, peers=[root])
-    return ret
+    """``out`` (by default ``x``) = ``root``'s ``x``, on every rank."""
+    return pipeline.perform(ch, Broadcast(ch, root), x, out)

@@ -317,6 +317,21 @@ class Channel:
         self.my_flags[Flag.SIG + s % 2] = self.signature
         self.sig_seq = s  # the last call whose SIG word every rank wrote
 
+    def begin(self, what: str, abandon: Callable[[BaseException], None] | None = None) -> int:
+        """Start a call (the guarantees every call applies once, before it moves data): its
+        sequence number, once every node-local peer finished the previous call and made it
+        with this rank's signature (:meth:`wait_previous`). On a mismatch or a peer's failure
+        there, ``abandon(exc)`` runs before the error is raised: a call that exchanges with
+        other nodes takes part as abandoned there, so those ranks stop at once."""
+        s = self.next_call()
+        try:
+            self.wait_previous(s, what)
+        except (CollectiveMismatchError, PeerFailedError) as exc:
+            if abandon is not None:
+                abandon(exc)
+            raise
+        return s
+
     def check_signatures(self, peers: list[int] | None, what: str, s: int) -> None:
         """Raise ``CollectiveMismatchError`` unless every peer in ``peers`` (default: the
         node's) made call ``s`` with this rank's signature (read after their ``READY`` or

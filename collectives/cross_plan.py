@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 
 from shmem import SHMEMBuffer
-from shmem.errors import CollectiveMismatchError, PeerFailedError
 
 from .channel import Flag
 from .ops import reduce_into
@@ -98,13 +97,12 @@ class CrossPlan:
         given, in; the result into ``dst`` (flat). The input is copied out before ``dst`` is
         written, so they may overlap (``in_place`` needs nothing more here)."""
         where = self.where
-        s = ch.next_call()
         ch.signature = self.signature
-        try:
-            ch.wait_previous(s, where)  # node-local peers are done with the previous call
-        except (CollectiveMismatchError, PeerFailedError) as exc:
-            self.gather.abandon(ch, where, abandoned(exc))  # the others stop at once
-            raise
+
+        def abandon(exc: BaseException) -> None:  # the others stop at once
+            self.gather.abandon(ch, where, abandoned(exc))
+
+        s = ch.begin(where, abandon)  # node-local peers are done with the previous call
         # (the Communicator's fast path hands a zero-copy input as ``shm`` alone)
         np.copyto(self.send, x if shm is None else shm.local().reshape(-1))
         self.gather.run(ch, where)  # a member in another call: every member raises

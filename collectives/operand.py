@@ -131,23 +131,24 @@ def prepare(
     out: SHMEMBuffer | Array | None,
     out_count: Callable[[int], int],
     extra: tuple[object, ...] = (),
-    validate: Callable[[Operand], None] | None = None,
+    validate: Callable[[Operand], tuple[object, ...] | None] | None = None,
     default_out_is_x: bool = False,
+    name: str | None = None,
 ) -> tuple[Operand, SHMEMBuffer | Array, Array]:
     """Validate identically on every rank (and compare across ranks in debug mode):
-    ``(input operand, object to return, flat output array)``."""
+    ``(input operand, object to return, flat output array)``. The call's record is ``(name
+    (default: where), count, dtype, *extra, *what validate returned)``."""
     error: Exception | None = None
     xin: Operand | None = None
     ret: SHMEMBuffer | Array | None = None
     dst: Array | None = None
-    record: tuple[object, ...] = (where, "invalid")
+    record: tuple[object, ...] = (name or where, "invalid")
     try:
         xin = Operand(x, where, "x")
-        if validate is not None:
-            validate(xin)
+        more = validate(xin) if validate is not None else None
         target = x if (out is None and default_out_is_x) else out
         ret, dst = output_array(target, out_count(xin.count), xin.dtype, where, xin)
-        record = (where, xin.count, dtype_name(xin.dtype), *extra)
+        record = (name or where, xin.count, dtype_name(xin.dtype), *extra, *(more or ()))
     except (ValueError, TypeError, ShmemError) as exc:  # also closed buffers
         error = exc
     agree(ch, where, record, error)

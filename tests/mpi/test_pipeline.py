@@ -1,0 +1,74 @@
+"""One collective call, one pipeline (:mod:`collectives.pipeline`, issue 43): every call of the
+family takes exactly one sequence number of its channel, whatever route it runs (its shape's
+cached plan, the node-local exchange, point to point between nodes, one signed MPI exchange
+beyond the scratch) and whatever form its arguments take, and gives the right result; only a
+reduce-scatter that runs as the all-reduce (across uniform nodes of several ranks, or beyond
+the scratch) takes the all-reduce's. A guarantee applied twice (a second ``begin``, a
+``next_call`` left in a route) would take two and fail here."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+import collectives
+import shmem
+from shmem import World
+from tests.mpi.test_plan_cache import FORMS, _call, _expected
+
+pytestmark = pytest.mark.mpi
+
+FAMILY = ("reduce_scatter", "all_gather", "broadcast", "all_to_all")
+SCRATCH = 256 << 10
+# bytes per input: a cached plan's (<= 64 KiB), the general node-local exchange's (above the
+# plans, within the scratch), beyond the scratch (one signed MPI exchange on one node)
+SIZES = {"plan": 64, "exchange": 96 << 10, "beyond": 512 << 10}
+
+
+@pytest.fixture(scope="module")
+def capped() -> Iterator[tuple[World, Any]]:
+    """Defaults, with the scratch capped at 256 KiB."""
+    world = shmem.init(
+        heap_nbytes="32MiB",
+        signal_timeout_s=20.0,
+        collectives_scratch_nbytes="256KiB",
+        collectives_scratch_max_nbytes="256KiB",
+    )
+    comm = collectives.Communicator(world)
+    yield world, comm
+    comm.close()
+    world.finalize()
+
+
+def _delegated(world: World, comm: Any, kind: str, nbytes: int) -> bool:
+    """Whether ``kind`` runs as the all-reduce here (the reduce-scatter's rule)."""
+    ch = comm._ch
+    if kind != "reduce_scatter":
+        return False
+    if ch.num_nodes > 1:
+        return len(ch.local_peers) > 1 and ch.uniform_nodes
+    return nbytes > SCRATCH
+
+
+@pytest.mark.parametrize("size", list(SIZES))
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("kind", FAMILY)
+def test_one_call_takes_one_sequence_number(
+    capped: tuple[World, Any], kind: str, form: str, size: str
+) -> None:
+    world, comm = capped
+    p = world.world_size
+    count = max(p, SIZES[size] // 4 // p * p)  # int32, a multiple of p (all_to_all's rule)
+    ch = comm._ch
+    for salt in range(3):  # the first call of a shape makes its plan, the next replay it
+        before = ch.seq
+        got = _call(world, comm, kind, form, count, salt)
+        taken = ch.seq - before
+        want = _expected(kind, p, world.rank, count, salt)
+        assert got.tobytes() == want.tobytes(), (kind, form, size, salt)
+        if _delegated(world, comm, kind, count * 4):
+            assert taken >= 1, (kind, form, size, salt, taken)
+        else:
+            assert taken == 1, (kind, form, size, salt, taken)
