@@ -346,6 +346,10 @@ def torch_step(world: shmem.World) -> Step:
     every = [torch.empty_like(ours) for _ in range(world.world_size)]
     dist.all_gather(every, ours)
     assert all(torch.equal(e, ours) for e in every), "ranks hold different sums"
+    # timed in place, as a gradient all-reduce runs: on zeros, which stay finite (a sum of
+    # P copies a hundred times over overflows float32)
+    ours.zero_()
+    theirs.zero_()
     t_ours = _timed(lambda: dist.all_reduce(ours), 100)
     t_gloo = _timed(lambda: dist.all_reduce(theirs, group=gloo), 40)
     dist.destroy_process_group()
