@@ -223,12 +223,13 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--part", choices=sorted(PARTS), help="(inside the launcher) one job")
     ap.add_argument("--json", type=Path, help="(with --part) where rank 0 writes its ratios")
-    ap.add_argument("--blocks", type=int, default=5)
+    ap.add_argument("--blocks", type=int, default=9)
     ap.add_argument("--quick", action="store_true", help="measure once (the default)")
     ap.add_argument("--compare", action="store_true", help="name ratios below the baseline")
     ap.add_argument("--baseline", action="store_true", help="measure 5 times, write it")
     ap.add_argument("--runs", type=int, default=5, help="runs of --baseline")
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "quick.json")
+    ap.add_argument("--baseline-file", type=Path, default=BASELINE, help="(tests: another)")
     ap.add_argument("--timeout", type=int, default=240, help="seconds per job")
     args = ap.parse_args()
     if args.part:
@@ -244,21 +245,23 @@ def main() -> int:
         runs = [measure(args.blocks, args.out.parent, args.timeout) for _ in range(args.runs)]
         band = bands(runs)
         doc = {"machine": os.uname().nodename, "cores": os.cpu_count(), "ratios": band}
-        BASELINE.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+        args.baseline_file.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
         print(_table(runs[-1], band))
-        print(f"bench: wrote {BASELINE} ({args.runs} runs, {time.monotonic() - t0:.0f} s)")
+        print(
+            f"bench: wrote {args.baseline_file} ({args.runs} runs, {time.monotonic() - t0:.0f} s)"
+        )
         return 0
     ratios = measure(args.blocks, args.out.parent, args.timeout)
     args.out.write_text(json.dumps(ratios, indent=1, sort_keys=True) + "\n")
     baseline: dict[str, dict[str, float]] = {}
-    if BASELINE.exists():
-        baseline = json.loads(BASELINE.read_text())["ratios"]
+    if args.baseline_file.exists():
+        baseline = json.loads(args.baseline_file.read_text())["ratios"]
     print(_table(ratios, baseline))
     print(f"bench: wrote {args.out} ({time.monotonic() - t0:.0f} s)")
     if not args.compare:
         return 0
     if not baseline:
-        print(f"bench: no baseline at {BASELINE} (./dev bench --baseline)")
+        print(f"bench: no baseline at {args.baseline_file} (./dev bench --baseline)")
         return 2
     bad = below(ratios, baseline)
     for line in bad:

@@ -91,6 +91,11 @@ def all_reduce(
     acc = accumulate_dtype(xin.dtype, ch.float32_accumulate)
     staged = xin.shmem is None
     in_place = np.may_share_memory(dst, xin.array)
+    if in_place and not staged and algo == "one_shot":
+        # in place on a symmetric buffer: the peers would read x while the result overwrites
+        # it. Staged (one copy into my scratch, which they read instead), the result goes
+        # straight into x, with no aside and no wait for their DONE
+        xin, staged = Operand(xin.array, where, "x"), True
     parts = 1 if algo == "one_shot" else len(ch.local_peers)
 
     def need(count: int) -> int:

@@ -286,10 +286,12 @@ class ReplayPlan:
         ch.signature = self.signature  # what a slow wait announces (Channel.announce)
         fast = self.fast
         code, n = _C_UNTOUCHED, -1
-        if fast is not None and ch.sig_seq != s - 1 and not (in_place and shm is not None):
+        if fast is not None and ch.sig_seq != s - 1:
             if shm is None:
                 code = fast.run(s, x, 0, dst, record)
-            elif self.nbytes <= STAGE_SMALL:  # copied in, as a numpy input: no DONE wait
+            elif self.nbytes <= STAGE_SMALL or in_place:
+                # copied in, as a numpy input: no DONE wait (in place: the peers read the
+                # copy, so the result goes straight into x, with no aside and no wait)
                 if shm is not self.staged_shm:
                     self.staged_addr = ch.world.heap.address(shm.offset)
                     self.staged_shm = shm
@@ -309,6 +311,8 @@ class ReplayPlan:
             n = self.flight.begin(self.stream, op, self.nbytes, self.dtype)
         try:
             if code == _C_UNTOUCHED:
+                if in_place and shm is not None:  # staged, as the C replay does
+                    x, shm = shm.local().reshape(-1), None
                 self.finish(ch, s, self.exchange(ch, s, x, shm), shm, dst, in_place)
             elif code == _C_AFTER_READY:  # the Python replay goes on from READY
                 self.finish(ch, s, self.wait_inputs(ch, s), shm, dst, in_place)

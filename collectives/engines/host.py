@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -75,6 +75,7 @@ class HostEngine:
         self._last_plan: TinyPlan | NodesPlan | None = None
         self._last_out: Array | None = None
         self._alias: tuple[object, object, bool] | None = None
+        self._sym_out: tuple[SHMEMBuffer, Array] | None = None  # a symmetric out, its view
         self._last_family: dict[str, Any] = {}  # kind -> the last family plan replayed
         self._fused: tuple[object, ...] | None = None  # a fused all-reduce's arguments
         world.barrier()
@@ -172,7 +173,11 @@ class HostEngine:
             finally:
                 self._fused = None
         ch = self.ch
-        if algorithm == "auto" and not self.closed and (out is None or type(out) is np.ndarray):
+        if (
+            algorithm == "auto"
+            and not self.closed
+            and (out is None or type(out) is np.ndarray or type(out) is SHMEMBuffer)
+        ):
             # replay a cached small one-shot call (only where the table picks one-shot, so
             # every rank runs the same protocol whatever kind of argument it passed)
             shm: SHMEMBuffer | None = None
@@ -196,28 +201,38 @@ class HostEngine:
                 ):
                     plan = ch.plans.get((count, dtype, op))
                     self._last_plan = plan
+                sym_flat = None if type(out) is not SHMEMBuffer else self._out_view(out, plan)
                 if (
                     plan is not None
                     and plan.auto
                     and plan.scratch is ch.scratch_buf
                     and not ch.broken
-                    and (out is None or out is self._last_out or _fits(out, dtype, count))
+                    and (
+                        out is None
+                        or sym_flat is not None
+                        or out is self._last_out
+                        or (type(out) is np.ndarray and _fits(out, dtype, count))
+                    )
                 ):
                     if self.world.finalized:
                         self._live("all_reduce")
+                    res: Any
                     if out is None:
                         res = np.empty(x.shape, dtype)
+                        flat = res if res.ndim == 1 else res.reshape(-1)
+                    elif sym_flat is not None:
+                        res, flat = out, sym_flat
                     else:
                         # checked once per out array (a later writeable=False on it would
                         # fail mid-call: the peers then stop with PeerFailedError)
-                        res = self._last_out = out
-                    flat = res if res.ndim == 1 else res.reshape(-1)
+                        res = self._last_out = cast(Array, out)
+                        flat = res if res.ndim == 1 else res.reshape(-1)
                     if src is None:
                         src = flat
                     elif src.ndim != 1:
                         src = src.reshape(-1)
                     self._run_plan(ch, plan, src, shm, flat, out, plan.algorithm)
-                    return res
+                    return res  # type: ignore[no-any-return]
         self._live("all_reduce")
         refuse_device_buffers(x, out)
         with self._call(ch, "all_reduce", (x, op, out, algorithm)):
@@ -283,6 +298,7 @@ class HostEngine:
         self._last_plan = None
         self._last_out = None
         self._alias = None
+        self._sym_out = None
         self._last_family.clear()
         if self.world.finalized:  # the heap is gone with the World: nothing left to free
             self.closed = True
@@ -336,6 +352,26 @@ class HostEngine:
             alias = self._alias = (out, shm, bool(np.may_share_memory(flat, shm.local())))
         return alias[2]
 
+    def _out_view(self, out: SHMEMBuffer, plan: Any) -> Array | None:
+        """The flat local view of a symmetric ``out`` for ``plan``'s result, or None where
+        it does not fit (closed, another dtype or count: the general path says why). The
+        view is the heap's own (``peer_view``), not one of the buffer's, so keeping it
+        between calls never holds a closed buffer's block (:mod:`shmem.quarantine`)."""
+        if out.closed or plan is None or out.world is not self.world:
+            return None
+        kept = self._sym_out
+        if kept is not None and kept[0] is out:
+            flat = kept[1]
+        else:
+            raw = self.world.heap.peer_view(self.world.rank, out.offset, out.nbytes)
+            if raw is None:  # (the nvshmem backend: no host view; never this engine)
+                return None
+            flat = raw.view(out.dtype)
+            self._sym_out = (out, flat)
+        if flat.dtype is not plan.dtype and flat.dtype != plan.dtype:
+            return None
+        return flat if flat.shape[0] == plan.out_count else None
+
     def _replay_family(self, kind: str, x: object, out: object, extra: object) -> Any:
         """Replay the cached plan of a small broadcast, all-gather, reduce-scatter or
         all-to-all of this shape (node-local: :class:`collectives.family.FamilyPlan`, a
@@ -387,6 +423,8 @@ class HostEngine:
             flat = res.reshape(-1)
         elif type(out) is np.ndarray and _fits(out, dtype, total):
             res, flat = out, out.reshape(-1)
+        elif type(out) is SHMEMBuffer and (view := self._out_view(out, plan)) is not None:
+            res, flat = out, view
         else:
             return None
         if self.world.finalized:

@@ -178,3 +178,46 @@ def test_across_nodes_runs_summarises_and_plots(tmp_path: Path) -> None:
         assert want in kinds, lines
     assert any("same-memory" in line for line in lines), lines
     assert any(line.startswith("family") and "broadcast" in line for line in lines), lines
+
+
+QUICK_RATIOS = {
+    *(
+        f"allreduce.{form}.{size}"
+        for form in ("numpy_out", "sym_new", "sym_out", "in_place")
+        for size in ("8B", "4KiB", "1MiB", "16MiB")
+    ),
+    "barrier",
+    "pingpong",
+    *(f"cross.{kind}.{size}" for kind in ("numpy", "sym") for size in ("4KiB", "256KiB", "4MiB")),
+}
+
+
+def test_quick_bench_measures_every_ratio_and_compares_with_a_baseline(tmp_path: Path) -> None:
+    """benchmarks/quick.py (``./dev bench``) at one block: every headline ratio, positive;
+    --compare exits 0 against a band every ratio clears and 1, naming the ratio, against a
+    band one cannot reach."""
+    out, base = tmp_path / "quick.json", tmp_path / "baseline.json"
+
+    def quick(*extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, str(BENCH / "quick.py"), "--blocks", "1", "--out", str(out),
+             "--baseline-file", str(base), "--timeout", "120", *extra],
+            capture_output=True, text=True, timeout=400, cwd=ROOT, check=False,
+        )  # fmt: skip
+
+    proc = quick()
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    ratios = json.loads(out.read_text())
+    torch_ratios = {"torch.all_reduce.8KiB", "torch.all_reduce.16MiB"}
+    assert set(ratios) - torch_ratios == QUICK_RATIOS, sorted(ratios)
+    assert all(positive(v) for v in ratios.values()), ratios
+    band = {"median": 0.0, "lo": 0.0, "hi": 0.0, "runs": 5}
+    base.write_text(json.dumps({"ratios": {k: band for k in ratios}}))
+    proc = quick("--compare")
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert "every ratio within its band" in proc.stdout
+    far = {**band, "median": 1e9, "lo": 1e9, "hi": 1e9}
+    base.write_text(json.dumps({"ratios": {**{k: band for k in ratios}, "barrier": far}}))
+    proc = quick("--compare")
+    assert proc.returncode == 1, proc.stdout[-3000:]
+    assert "BELOW BAND barrier:" in proc.stdout and "1 below" in proc.stdout, proc.stdout
