@@ -2,7 +2,8 @@
 
 :class:`TinyPlan` (one node: the one-shot exchange, then a reduction in rank order; also a
 small reduce-scatter's shard) and :class:`NodesPlan` (uniform nodes: the node's partial,
-one persistent MPI all-gather between nodes, the partials in node order), both over
+one signed exchange between nodes, :func:`collectives.signed.persistent_gather`, the
+partials in node order), both over
 :class:`collectives.replay.ReplayPlan`; the general path (:mod:`collectives.allreduce`)
 makes them on a shape's first call, and the host engine's fast path replays them.
 """
@@ -21,7 +22,7 @@ from .operand import Operand
 from .ops import canonical_padding, divide_by_count, int_avg, reduce_into, ufunc_of, widen
 from .replay import TINY_NBYTES, ReplayPlan, c_reduce_codes, cached_plan
 from .signature import collective_of
-from .signed import PersistentGather, abandoned
+from .signed import abandoned, persistent_gather
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -172,10 +173,11 @@ def shard_plan(
 class NodesPlan(ReplayPlan):
     """The cached plan of a small all-reduce across nodes (uniform nodes): every rank
     reduces its node's inputs (the one-shot exchange, in rank order, unrounded), exchanges
-    that partial with the ranks of the same local index on the other nodes (one MPI
-    all-gather, the call signature behind the data), and reduces the partials in node order:
-    the operations of :func:`_hierarchical`, in its order, so bitwise the same result,
-    without its reduce-scatter, shard exchange and per-call argument handling."""
+    that partial with the ranks of the same local index on the other nodes (one round of
+    persistent MPI messages, the call signature with the data: ``persistent_gather``), and
+    reduces the partials in node order: the operations of :func:`_hierarchical`, in its
+    order, so bitwise the same result, without its reduce-scatter, shard exchange and
+    per-call argument handling."""
 
     algorithm = "hierarchical"
 
@@ -185,9 +187,9 @@ class NodesPlan(ReplayPlan):
         super().__init__(ch, count, dtype, op, acc)
         self.partial_op = "sum" if op == "avg" else op
         cross = cast("MPI.Intracomm", ch.cross)
-        # the partials' exchange, set up once (a persistent all-gather; its signature is
+        # the partials' exchange, set up once (persistent requests; its signature is
         # this plan's)
-        self.gather = PersistentGather(cross, count * acc.itemsize, self.signature)
+        self.gather = persistent_gather(cross, count * acc.itemsize, self.signature)
         self.partial = self.gather.data_out.view(acc)
         self.nodes = list(self.gather.data.view(acc))  # one row per node, in node order
         self.ufunc = ufunc_of(op, acc)

@@ -26,11 +26,12 @@ from mpi4py import MPI
 from . import signed
 from .ops import reduce_into
 from .schedule import shard_bounds
+from .signed import P2P_MAX_MEMBERS
 
 if TYPE_CHECKING:
     from .channel import Channel
 
-__all__ = ["CROSS_RS_MIN_NBYTES", "reduce_across", "reduce_scatter_across"]
+__all__ = ["CROSS_RS_MIN_NBYTES", "P2P_MAX_MEMBERS", "reduce_across", "reduce_scatter_across"]
 
 # vectors from this size on take the reduce-scatter + all-gather between nodes (below it the
 # single signed all-gather has one exchange instead of three; measured on the 2-core VM with
@@ -42,9 +43,6 @@ CROSS_RS_MIN_NBYTES = 32 << 10
 # communicator, so a tag per collective is enough to keep them apart)
 _TAGS = {"reduce_scatter": 0x5C1, "all_gather": 0x5C2, "broadcast": 0x5C3, "all_to_all": 0x5C4}
 _SIG_TAG = 0x5C0  # the signatures' messages
-# members up to which the family between nodes moves its data point to point (each member
-# sends to every other: beyond this MPI's own trees and rings win)
-P2P_MAX_MEMBERS = 8
 
 
 def _u8(a: np.ndarray[Any, Any]) -> np.ndarray[Any, np.dtype[np.uint8]]:

@@ -1,6 +1,8 @@
 """The small broadcast, all-gather, reduce-scatter and all-to-all across nodes, from a cached
-plan: one persistent MPI all-gather of every member's whole input with the call's signature
-in 8 bytes behind it (:class:`collectives.signed.PersistentGather`), started per call.
+plan: one signed exchange of every member's whole input, its call signature travelling with
+it (:func:`collectives.signed.persistent_gather`: one round of persistent point-to-point
+messages up to :data:`~collectives.signed.P2P_MAX_MEMBERS` members, a persistent MPI
+all-gather behind a signature all-gather beyond), started per call.
 
 Each member keeps what the collective gives it: the root's row (broadcast), every row
 (all-gather), its chunk of every row (all-to-all) or its shard of every row reduced in member
@@ -10,11 +12,12 @@ signatures and a round of data, and a persistent collective skips MPI's per-call
 calls where MPI's own latency is the whole cost (4 KiB between 2 simulated nodes: about 21 us
 through the point-to-point path, MPI's ``Bcast`` 1.9 us).
 
-The first call of a shape goes through the general path and makes the plan there (MPI's
-``Allgather_init`` is collective: every member makes it in the same call); later calls of the
-shape replay it, from the Communicator's fast path where it has one. A member in another call
-meets the others in the same all-gather and every member raises
-:class:`~shmem.errors.CollectiveMismatchError` (the signatures), as on the general path.
+The first call of a shape goes through the general path and makes the plan there (beyond
+8 members MPI's ``Allgather_init`` is collective: every member makes it in the same call);
+later calls of the shape replay it, from the Communicator's fast path where it has one. A
+member in another call of the same size class meets the others in the same exchange and every
+member raises :class:`~shmem.errors.CollectiveMismatchError` (the signatures); one in a call
+of another size is found on the board (``Channel.check_board``), as on the general path.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from .channel import Flag
 from .ops import reduce_into
 from .replay import cached_plan
 from .schedule import shard_bounds
-from .signed import SMALL_BLOCK, PersistentGather, abandoned
+from .signed import SMALL_BLOCK, abandoned, persistent_gather
 
 if TYPE_CHECKING:
     from .channel import Channel
@@ -63,7 +66,7 @@ class CrossPlan:
         self.auto = True
         self.closed = False  # dropped from the cache (collectives.replay.cached_plan)
         nbytes = count * dtype.itemsize
-        self.gather = PersistentGather(ch.comm, nbytes, self.signature)
+        self.gather = persistent_gather(ch.comm, nbytes, self.signature)
         self.send = self.gather.data_out.view(dtype)  # my input goes here, then run()
         rows = [self.gather.data[k].view(dtype) for k in range(n)]  # valid for the plan's life
         self.rows = rows

@@ -20,6 +20,14 @@ see ``P2P_TRUNCATION_REPORTED``). Then:
   sends its whole input, and keeps what is its);
 * a larger call moves the data zero-copy.
 
+The cached plans of small calls across nodes exchange in one round instead
+(:class:`PeerGather`, up to :data:`P2P_MAX_MEMBERS` members): persistent point-to-point
+messages, each carrying its member's signature ahead of its block, received into slots of
+the message's size class on that class's tag, so no message is ever truncated and a member
+of the same class shows its signature with its data; a member in a call of another size, or
+one that exchanges otherwise, never matches and is found on the board
+(``Channel.check_board``), as the family's point-to-point calls are.
+
 A member that failed before an exchange takes part with the signature :data:`ABANDONED`
 (:data:`ABANDONED_MISMATCH` when it failed on a mismatch): the others raise
 ``PeerFailedError`` at once (its ``mismatch`` set: they report the mismatch too).
@@ -46,7 +54,9 @@ from .signature import describe
 __all__ = [
     "ABANDONED",
     "ABANDONED_MISMATCH",
+    "P2P_MAX_MEMBERS",
     "SMALL_BLOCK",
+    "PeerGather",
     "PersistentGather",
     "SignedHost",
     "abandoned",
@@ -56,6 +66,7 @@ __all__ = [
     "compare",
     "gather_rows",
     "mismatch",
+    "persistent_gather",
     "run",
     "signed_block",
 ]
@@ -317,6 +328,107 @@ def bcast(
     rows = _gather_whole(host, comm, buf, what, who)
     if comm.Get_rank() != root:
         buf[...] = rows[root]
+
+
+P2P_MAX_MEMBERS = 8
+"""Members up to which an exchange between nodes moves its data point to point (each member
+sends to every other: beyond this MPI's own trees and rings win)."""
+
+_PEER_TAG = 0x6100  # PeerGather's messages: this plus the size class (below 0x6140)
+_PEER_HEAD = 16  # a PeerGather slot: the signature, padding, then the data (16-aligned)
+
+
+class _Every:
+    """Several requests as one ``Test`` (``MPI.Request.Testall``)."""
+
+    __slots__ = ("reqs",)
+
+    def __init__(self, reqs: list[MPI.Prequest]) -> None:
+        self.reqs = reqs
+
+    def Test(self) -> bool:  # (an MPI request's method name)
+        return bool(MPI.Request.Testall(self.reqs))
+
+
+class PeerGather:
+    """:class:`PersistentGather`'s exchange in one round: every member sends its slot (its
+    signature first, then its block) to every other point to point, through persistent
+    requests made once (``Send_init``/``Recv_init``), and compares the signatures that came
+    with the data. The signature all-gather before the data is not needed: a message is
+    received into a slot of its size class (the power of two above it), on that class's tag,
+    so a member in a call of another size class never matches (its call is found on the
+    board, ``Channel.check_board``) and one of the same class fits and shows its signature:
+    no message is ever truncated, on any MPI. For communicators of up to
+    :data:`P2P_MAX_MEMBERS` members; local to make (no collective call)."""
+
+    def __init__(self, comm: MPI.Intracomm, nbytes: int, signature: int) -> None:
+        self.comm = comm
+        n, me = comm.Get_size(), comm.Get_rank()
+        klass = max(nbytes + _PEER_HEAD - 1, 1).bit_length()
+        cap = 1 << klass
+        self.rows = np.zeros((n, cap), np.uint8)
+        self._sigs = self.rows[:, :8].view(np.int64)[:, 0]
+        self._mine = signature
+        self._sigs[me] = signature
+        self._me = me
+        self.data_out = self.rows[me, _PEER_HEAD : _PEER_HEAD + nbytes]  # fill before run()
+        self.data = self.rows[:, _PEER_HEAD : _PEER_HEAD + nbytes]
+        self._expected = np.full(n, signature, np.int64).tobytes()
+        tag = _PEER_TAG + klass
+        send = [self.rows[me, : _PEER_HEAD + nbytes], MPI.BYTE]
+        reqs = [comm.Recv_init([self.rows[k], MPI.BYTE], k, tag) for k in range(n) if k != me]
+        reqs += [comm.Send_init(send, k, tag) for k in range(n) if k != me]
+        self._reqs: list[MPI.Prequest] | None = reqs
+        self._all = _Every(reqs)
+        self.busy = False  # started and not completed (a timeout): never start it again
+
+    def run(self, host: SignedHost, what: str, who: str = "member", check: bool = True) -> Bytes:
+        """Start the exchange, wait within the deadline, compare the signatures: the data,
+        one row per member (views, valid until the next run)."""
+        reqs = self._reqs
+        if reqs is None or self.busy:
+            raise RuntimeError(f"{what}: internal error: a persistent gather reused after close")
+        sigs = self._sigs
+        sigs.fill(0)  # a slot no message filled reads as "no collective"
+        sigs[self._me] = self._mine
+        if reqs:
+            self.busy = True
+            MPI.Prequest.Startall(reqs)
+            host.mpi_wait(self._all, what, keep=self)  # type: ignore[arg-type]
+            self.busy = False
+        if check and sigs.tobytes() != self._expected:
+            compare(host, sigs.copy(), what, who)
+        return self.data
+
+    def abandon(self, host: SignedHost, what: str, code: int = ABANDONED) -> None:
+        """Take part with the signature ``code`` (this member failed before the exchange:
+        :func:`abandoned`): the other members raise at once instead of at the deadline."""
+        mine = self._mine
+        self._mine = code
+        try:
+            with contextlib.suppress(MPI.Exception, ShmemError):
+                self.run(host, what, check=False)
+        finally:
+            self._mine = mine
+            self._sigs[self._me] = mine
+
+    def close(self) -> None:
+        """Free the persistent requests (kept, with their buffers, while still busy)."""
+        if self._reqs is not None and not self.busy:
+            for req in self._reqs:
+                with contextlib.suppress(MPI.Exception):
+                    req.Free()
+        self._reqs = None
+
+
+def persistent_gather(
+    comm: MPI.Intracomm, nbytes: int, signature: int
+) -> PeerGather | PersistentGather:
+    """The signed all-gather of a cached plan: :class:`PeerGather` (one round) up to
+    :data:`P2P_MAX_MEMBERS` members, else :class:`PersistentGather` (collective to make)."""
+    if comm.Get_size() <= P2P_MAX_MEMBERS:
+        return PeerGather(comm, nbytes, signature)
+    return PersistentGather(comm, nbytes, signature)
 
 
 class PersistentGather:

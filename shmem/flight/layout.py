@@ -80,6 +80,21 @@ def op_code(op: str) -> int:
     return _OP_CODE.get(op, 0)
 
 
+_DTYPE_BYTES: dict[object, bytes] = {}
+
+
 def _dtype_bytes(dtype: object) -> bytes:
+    # Cached per dtype: numpy's ``dtype.name`` builds its string on every call (~1 us, on
+    # every recorded collective).
+    try:
+        return _DTYPE_BYTES[dtype]
+    except (KeyError, TypeError):
+        pass
     name = str(getattr(dtype, "name", dtype) or "").removeprefix("torch.")
-    return name.encode("ascii", "replace")[:12]
+    field = name.encode("ascii", "replace")[:12]
+    try:
+        if len(_DTYPE_BYTES) < 256:
+            _DTYPE_BYTES[dtype] = field
+    except TypeError:  # an unhashable dtype-like: named each time
+        pass
+    return field

@@ -101,3 +101,37 @@ def test_a_small_call_in_every_form_replays_from_the_fast_path(
         want = _expected(kind, p, world.rank, count, salt)
         assert got.tobytes() == want.tobytes(), (kind, form, salt)
     assert ch.calls == agreed, f"{kind} {form}: {ch.calls - agreed} calls took the general path"
+
+
+@pytest.mark.parametrize("count", [1, 4, 1000])  # 4 B to 4 KiB a rank (size classes apart)
+@pytest.mark.parametrize("kind", ("all_reduce", *FAMILY))
+def test_a_small_call_across_nodes_replays_in_one_exchange(
+    capped: tuple[World, Any], kind: str, count: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 44, point 2: a cached small call across nodes exchanges once between nodes (its
+    signature travels with its data, ``collectives.signed.PeerGather``): no signature
+    all-gather before it (``_headers_agree``, made to fail here), and the result is right
+    at every size class."""
+    from collectives import signed
+
+    world, comm = capped
+    p = world.world_size
+    ch = comm._ch
+    if ch.num_nodes == 1 or ch.cross is None:
+        pytest.skip("needs several nodes (SHMEM_HEAP_NODE_SPLIT)")
+    if kind == "reduce_scatter" and _delegated(world, comm, kind, 0):
+        pytest.skip("the reduce-scatter runs as the all-reduce here: no fast path of its own")
+    if kind == "all_reduce" and not ch.uniform_nodes:
+        pytest.skip("nodes of different sizes: the all-reduce has no cached plan (rank order)")
+    n = count * p
+    _call(world, comm, kind, "numpy", n, 0)  # makes the plan (the general path)
+
+    def second_round(*args: object) -> bool:
+        raise AssertionError("a signature round before a cached exchange between nodes")
+
+    monkeypatch.setattr(signed, "_headers_agree", second_round)
+    for form in FORMS:
+        for salt in (1, 2):
+            got = _call(world, comm, kind, form, n, salt)
+            want = _expected(kind, p, world.rank, n, salt)
+            assert got.tobytes() == want.tobytes(), (kind, form, salt)
