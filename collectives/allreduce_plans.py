@@ -198,6 +198,9 @@ class NodesPlan(ReplayPlan):
         # ufunc chains in order, the operations reduce_into makes, without its checks
         self.direct = dtype == acc and dtype != np.dtype(np.longdouble)
         self.divide = acc.type(ch.world_size) if op == "avg" else None
+        # the only rank of its node: no node-local exchange (no flags, stage or fences)
+        self.alone = len(ch.local_peers) == 1
+        self.shm_view: tuple[SHMEMBuffer, np.ndarray[Any, Any]] | None = None
 
     def close(self) -> None:
         super().close()  # closed: a remembered plan is looked up again, never replayed
@@ -214,6 +217,9 @@ class NodesPlan(ReplayPlan):
     ) -> None:
         s = ch.seq = ch.seq + 1
         ch.signature = self.signature
+        if self.alone:
+            self.run_alone(ch, s, x, shm, dst)
+            return
         try:
             inputs = self.exchange(ch, s, x, shm)
         except (CollectiveMismatchError, PeerFailedError) as exc:
@@ -250,3 +256,42 @@ class NodesPlan(ReplayPlan):
             ch.wait_peers(DONE, s, "all_reduce")
             if target is not dst:
                 np.copyto(dst, target)
+
+    def run_alone(
+        self,
+        ch: Channel,
+        s: int,
+        x: np.ndarray[Any, Any],
+        shm: SHMEMBuffer | None,
+        dst: np.ndarray[Any, Any],
+    ) -> None:
+        """Call ``s`` on the only rank of its node: its input is its node's partial, sent
+        as it is (no node-local peer reads its flags, stage or input, so none is written
+        and no fence is made); the partials are reduced in node order as :meth:`run` does,
+        so bitwise its result. The input is copied into the send slot before ``dst`` is
+        written: they may overlap."""
+        if shm is not None:  # my own heap's view of it (kept per buffer: holds no block)
+            kept = self.shm_view
+            if kept is None or kept[0] is not shm:
+                view = ch.heap.peer_view(ch.rank, shm.offset, self.nbytes)
+                assert view is not None  # (my own heap)
+                kept = self.shm_view = (shm, view.view(self.dtype))
+            x = kept[1]
+        if self.direct:
+            np.copyto(self.partial, x)
+            self.gather.run(ch, "all_reduce")
+            nodes, ufunc = self.nodes, self.ufunc
+            ufunc(nodes[0], nodes[1], out=dst)  # a plan across nodes has 2 or more
+            for src in nodes[2:]:
+                ufunc(dst, src, out=dst)
+            if self.divide is not None:
+                if dst.dtype.kind in "fc":
+                    divide_by_count(dst, ch.world_size)
+                else:
+                    int_avg(dst, int(self.divide))
+        else:
+            reduce_into(self.partial, [x], self.partial_op, self.acc)
+            self.gather.run(ch, "all_reduce")
+            reduce_into(dst, self.nodes, self.op, self.acc, avg_count=ch.world_size)
+        ch.my_flags[_DONE] = s
+        ch.stats.calls += 1

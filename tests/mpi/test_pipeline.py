@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 import pytest
 
 import collectives
@@ -135,3 +136,55 @@ def test_a_small_call_across_nodes_replays_in_one_exchange(
             got = _call(world, comm, kind, form, n, salt)
             want = _expected(kind, p, world.rank, n, salt)
             assert got.tobytes() == want.tobytes(), (kind, form, salt)
+
+
+@pytest.mark.parametrize(
+    ("dtype", "op"), [("float32", "avg"), ("float16", "sum"), ("int32", "avg"), ("float64", "max")]
+)
+def test_a_cached_all_reduce_across_nodes_in_every_form_and_dtype(
+    capped: tuple[World, Any], dtype: str, op: str
+) -> None:
+    """The cached all-reduce across nodes (one rank per node: no node-local exchange at all)
+    in every form, a dtype accumulated wider (float16) and the averages: the same result as
+    the reduction in node order, in place too, call after call."""
+    world, comm = capped
+    p, r = world.world_size, world.rank
+    if comm._ch.num_nodes == 1 or not comm._ch.uniform_nodes:
+        pytest.skip("needs uniform nodes (SHMEM_HEAP_NODE_SPLIT)")
+    n = 37
+    acc = np.dtype(np.float32 if dtype == "float16" else dtype).type
+
+    def data(q: int, salt: int) -> np.ndarray[Any, Any]:
+        return ((np.arange(n) * 3 + q * 5 + salt) % 17).astype(dtype)
+
+    def want(salt: int) -> np.ndarray[Any, Any]:
+        rows = [data(q, salt).astype(acc) for q in range(p)]
+        if op == "max":
+            return np.asarray(np.maximum.reduce(rows)).astype(dtype)
+        total = np.add.reduce(rows)
+        if op == "avg":
+            total = total // p if np.dtype(dtype).kind == "i" else total / acc(p)
+        return np.asarray(total).astype(dtype)
+
+    sym = world.zeros(n, dtype)
+    out = world.zeros(n, dtype)
+    try:
+        for salt in range(4):
+            x = data(r, salt)
+            sym.local()[...] = x
+            got = [
+                comm.all_reduce(x, op),
+                comm.all_reduce(x, op, out=np.empty(n, dtype)),
+                comm.all_reduce(sym, op),
+                np.array(comm.all_reduce(sym, op, out=out).local()),
+            ]
+            sym.local()[...] = x
+            got.append(np.array(comm.all_reduce(sym, op, out=sym).local()))
+            for form, g in enumerate(got):
+                np.testing.assert_allclose(
+                    np.asarray(g, np.float64), want(salt).astype(np.float64), rtol=1e-3,
+                    err_msg=f"form {form}, salt {salt}",
+                )  # fmt: skip
+    finally:
+        sym.close()
+        out.close()
