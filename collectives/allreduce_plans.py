@@ -18,6 +18,7 @@ from shmem import SHMEMBuffer
 from shmem.errors import CollectiveMismatchError, PeerFailedError
 
 from .channel import Channel, Flag
+from .cross import reduce_across
 from .operand import Operand
 from .ops import canonical_padding, divide_by_count, int_avg, reduce_into, ufunc_of, widen
 from .replay import TINY_NBYTES, ReplayPlan, c_reduce_codes, cached_plan
@@ -27,7 +28,7 @@ from .signed import abandoned, persistent_gather
 if TYPE_CHECKING:
     from mpi4py import MPI
 
-__all__ = ["NodesPlan", "TinyPlan", "shard_plan", "tiny_plan"]
+__all__ = ["AcrossPlan", "NodesPlan", "TinyPlan", "shard_plan", "tiny_plan"]
 
 DONE = Flag.DONE
 _DONE = int(DONE)
@@ -295,3 +296,72 @@ class NodesPlan(ReplayPlan):
             reduce_into(dst, self.nodes, self.op, self.acc, avg_count=ch.world_size)
         ch.my_flags[_DONE] = s
         ch.stats.calls += 1
+
+
+class AcrossPlan:
+    """The cached plan of a large all-reduce across nodes of one rank each: per piece (the
+    general path's pieces, in its order) the call's guarantees (``Channel.begin``), the
+    reduce-scatter and all-gather between nodes (:func:`collectives.cross.reduce_across`),
+    then ``DONE``: the general path's own operations, so bitwise its result, without its
+    per-call argument handling, algorithm choice and piece planning (~30 us a call at
+    256 KiB here). Made by :func:`collectives.allreduce.all_reduce` on a shape's first call;
+    the host engine's fast path replays it. No node-local peer reads anything of it."""
+
+    algorithm = "hierarchical"
+    where = "all_reduce"
+    fast = None  # no C replay: the engine records the call
+    extra: object = None
+
+    def __init__(
+        self,
+        ch: Channel,
+        count: int,
+        dtype: np.dtype[Any],
+        op: str,
+        acc: np.dtype[Any],
+        pieces: list[tuple[int, int]],
+    ) -> None:
+        self.count, self.dtype, self.op, self.acc = count, dtype, op, acc
+        self.out_count = count
+        self.nbytes = count * dtype.itemsize
+        self.pieces = pieces
+        self.signature = ch.signature  # the call that made the plan: the same every replay
+        self.scratch = ch.scratch_buf
+        self.cross = cast("MPI.Intracomm", ch.cross)
+        choice = ch.table.choose(self.nbytes, ch.world_size, ch.num_nodes)
+        self.auto = choice == self.algorithm
+        self.closed = False
+        self.shm: SHMEMBuffer | None = None  # the last symmetric input, and my view of it
+        self.shm_view: np.ndarray[Any, Any] | None = None
+
+    def close(self) -> None:
+        """Dropped from the cache: a reference kept elsewhere is looked up again."""
+        self.closed = True
+        self.auto = False
+
+    def run(
+        self,
+        ch: Channel,
+        x: np.ndarray[Any, Any],
+        shm: SHMEMBuffer | None,
+        dst: np.ndarray[Any, Any],
+        in_place: bool,
+    ) -> None:
+        """One call: ``x`` (flat), or the SHMEMBuffer ``shm`` where given, in; the result
+        into ``dst`` (flat; it may be ``x``: :func:`reduce_across` reads each piece first)."""
+        if shm is not None:  # my own heap's view of it (kept per buffer: holds no block)
+            if shm is not self.shm or self.shm_view is None:
+                view = ch.heap.peer_view(ch.rank, shm.offset, self.nbytes)
+                assert view is not None  # (my own heap)
+                self.shm, self.shm_view = shm, view.view(self.dtype)
+            x = self.shm_view
+        ch.signature = self.signature
+        cross, op, acc, size = self.cross, self.op, self.acc, ch.world_size
+
+        def abandon(exc: BaseException) -> None:  # the other nodes wait: tell them, at once
+            ch.abandon_exchange(cross, 0, "all_reduce", exc)
+
+        for lo, hi in self.pieces:
+            s = ch.begin("all_reduce", abandon)
+            reduce_across(ch, cross, x[lo:hi], dst[lo:hi], op, acc, size, "all_reduce")
+            ch.post(DONE, s)
