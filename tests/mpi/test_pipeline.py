@@ -188,3 +188,25 @@ def test_a_cached_all_reduce_across_nodes_in_every_form_and_dtype(
     finally:
         sym.close()
         out.close()
+
+
+@pytest.mark.parametrize("count", [12_000, 300_001])  # 48 KiB, 1.2 MiB (several pieces)
+def test_a_large_all_reduce_across_nodes_replays_from_the_fast_path(
+    capped: tuple[World, Any], count: int
+) -> None:
+    """Issue 44, point 2: across nodes of one rank each a large all-reduce replays its
+    cached plan (``collectives.allreduce_plans.AcrossPlan``) in every form, without the
+    general path's agreement (``Channel.calls``), with the general path's result."""
+    world, comm = capped
+    ch = comm._ch
+    if ch.num_nodes == 1 or len(ch.local_peers) != 1 or not ch.uniform_nodes:
+        pytest.skip("needs nodes of one rank each (SHMEM_HEAP_NODE_SPLIT=rank)")
+    p = world.world_size
+    _call(world, comm, "all_reduce", "numpy", count, 0)  # makes the plan (the general path)
+    agreed = ch.calls
+    for form in FORMS:
+        for salt in (1, 2):
+            got = _call(world, comm, "all_reduce", form, count, salt)
+            want = _expected("all_reduce", p, world.rank, count, salt)
+            assert got.tobytes() == want.tobytes(), (form, salt)
+    assert ch.calls == agreed, f"{ch.calls - agreed} calls took the general path"
