@@ -23,7 +23,7 @@ from shmem.errors import (
 )
 
 from . import signed
-from .allreduce_plans import AcrossPlan, NodesPlan, tiny_plan
+from .allreduce_plans import AcrossPlan, NodesPlan, tiny_plan, whole_gather_limit
 from .channel import Channel, Flag
 from .cross import CROSS_RS_MIN_NBYTES, reduce_across
 from .operand import Array, Operand, prepare
@@ -131,7 +131,7 @@ def across_plan_fits(ch: Channel, algo: str, call: str, nbytes: int) -> bool:
         and ch.cross is not None
         and ch.uniform_nodes
         and len(ch.local_peers) == 1
-        and nbytes >= CROSS_RS_MIN_NBYTES
+        and nbytes > whole_gather_limit(ch)  # (below: NodesPlan, one round)
         and not ch.check_args
     )
 
