@@ -147,9 +147,10 @@ class TinyPlan(ReplayPlan):
 # Between nodes of one rank each, the cached plan sends every member's whole input to every
 # other (one round, the signature with the data: NodesPlan) up to this many bytes sent per
 # member; beyond, the reduce-scatter + all-gather (two rounds, 2 (n - 1) / n of the vector:
-# AcrossPlan). 2 simulated nodes, MPICH, mpi4py alone: one round 38 / 74 / 230 us at
-# 64 KiB / 256 KiB / 1 MiB, two rounds 60 / 88 / 221 us.
-ALONE_GATHER_MAX_SENT = 512 << 10
+# AcrossPlan). 2 simulated nodes, mpi4py alone, at 64 KiB / 256 KiB / 1 MiB / 4 MiB: one
+# round 38 / 74 / 230 / 1496 us, two rounds 60 / 88 / 221 / 1266 us on MPICH; 79 / 131 /
+# 311 / 1433 us and 67 / 177 / 346 / 1352 us on Open MPI (tcp).
+ALONE_GATHER_MAX_SENT = 1 << 20
 
 
 def whole_gather_limit(ch: Channel) -> int:
