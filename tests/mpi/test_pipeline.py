@@ -214,3 +214,48 @@ def test_a_large_all_reduce_across_nodes_replays_from_the_fast_path(
             want = _expected("all_reduce", p, world.rank, count, salt)
             assert got.tobytes() == want.tobytes(), (form, salt)
     assert ch.calls == agreed, f"{ch.calls - agreed} calls took the general path"
+
+
+def test_the_same_arguments_again_replay_with_their_new_contents(capped: tuple[World, Any]) -> None:
+    """Issue 44: a call with the very objects of the last one (the loop every benchmark and
+    training step runs) replays from the engine's memo of them: each call still reads its
+    input's current contents and writes its output, in every form (a non-contiguous numpy
+    input too, copied anew each call), and a buffer closed in between is refused, not
+    written."""
+    from shmem.errors import ShmemError
+
+    world, comm = capped
+    p, r = world.world_size, world.rank
+    n = 6 * p
+    x = np.zeros(n, np.int32)
+    wide = np.zeros(2 * n, np.int32)
+    strided = wide[::2]  # a non-contiguous input
+    out = np.empty(n, np.int32)
+    sym, sym_out = world.zeros(n, "int32"), world.zeros(n, "int32")
+    try:
+        for salt in range(4):
+            data = (np.arange(n) * (salt + 1) + r) % 97
+            want = np.sum([(np.arange(n) * (salt + 1) + q) % 97 for q in range(p)], axis=0)
+            x[...] = data
+            strided[...] = data
+            sym.local()[...] = data
+            got = {
+                "numpy new": comm.all_reduce(x),
+                "numpy out": np.array(comm.all_reduce(x, out=out)),
+                "strided": comm.all_reduce(strided),
+                "sym new": comm.all_reduce(sym),
+                "sym out": np.array(comm.all_reduce(sym, out=sym_out).local()),
+            }
+            sym_out.local()[...] = data
+            got["in place"] = np.array(comm.all_reduce(sym_out, out=sym_out).local())
+            for form, g in got.items():
+                assert np.array_equal(np.asarray(g).reshape(-1), want), (form, salt)
+        closed = world.zeros(n, "int32")
+        comm.all_reduce(sym, out=closed)
+        comm.all_reduce(sym, out=closed)  # (the memo's)
+        closed.close()
+        with pytest.raises(ShmemError):
+            comm.all_reduce(sym, out=closed)
+    finally:
+        sym_out.close()
+        sym.close()
