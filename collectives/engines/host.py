@@ -79,6 +79,7 @@ class HostEngine:
         # the last replayed all-reduce's arguments and what the fast path made of them: the
         # same x, out and op again replay at once (x, out, op, plan, src, shm, flat, in_place)
         self._memo: tuple[Any, ...] | None = None
+        self._family_memo: dict[str, tuple[Any, ...]] = {}  # the same, per family collective
         self._last_family: dict[str, Any] = {}  # kind -> the last family plan replayed
         self._fused: tuple[object, ...] | None = None  # a fused all-reduce's arguments
         world.barrier()
@@ -338,6 +339,7 @@ class HostEngine:
         self._alias = None
         self._sym_out = None
         self._memo = None
+        self._family_memo.clear()
         self._last_family.clear()
         if self.world.finalized:  # the heap is gone with the World: nothing left to free
             self.closed = True
@@ -438,8 +440,30 @@ class HostEngine:
         ch = self.ch
         if self.closed or ch.broken:
             return None
-        shm: SHMEMBuffer | None = None
+        memo = self._family_memo.get(kind)
+        if memo is not None and x is memo[0] and out is memo[1] and extra == memo[2]:
+            # the same objects as this kind's last replay (see all_reduce's memo)
+            plan, shm = memo[3], memo[5]
+            if (
+                not plan.closed
+                and plan.scratch is ch.scratch_buf
+                and not self.world.finalized
+                and (shm is None or not shm.closed)
+                and (type(out) is not SHMEMBuffer or not out.closed)
+                and (shm is not None or (x.size == plan.count and x.dtype is plan.dtype))
+            ):
+                if memo[6] is None:  # a new array each call
+                    fresh = np.empty(memo[7], plan.dtype)
+                    into = fresh.reshape(-1)
+                    given = into if shm is not None else memo[4]
+                    self._run_plan(ch, plan, given, shm, into, out, kind)
+                    return fresh
+                self._run_plan(ch, plan, memo[4], shm, memo[6], out, kind)
+                return memo[8]
+        shm = None
         flags: Any = None
+        res: Any
+        flat: Any
         if type(x) is np.ndarray:
             flags = x.flags
             if not flags.c_contiguous:
@@ -464,8 +488,6 @@ class HostEngine:
         if plan.scratch is not ch.scratch_buf:
             return None
         total = plan.out_count
-        res: Any
-        flat: Any
         if out is None and kind == "broadcast":  # into x itself
             if shm is None:
                 if not flags.writeable:
@@ -486,6 +508,10 @@ class HostEngine:
         if self.world.finalized:
             self._live(kind)
         src = flat if shm is not None else x if x.ndim == 1 else x.reshape(-1)  # type: ignore[union-attr]
+        if out is None and res is not x and res is not shm:  # a new array each call
+            self._family_memo[kind] = (x, out, extra, plan, src, shm, None, res.shape, None)
+        else:
+            self._family_memo[kind] = (x, out, extra, plan, src, shm, flat, None, res)
         self._run_plan(ch, plan, src, shm, flat, out, kind)
         return res
 
