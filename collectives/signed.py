@@ -388,9 +388,7 @@ class PeerGather:
         reqs = self._reqs
         if reqs is None or self.busy:
             raise RuntimeError(f"{what}: internal error: a persistent gather reused after close")
-        sigs = self._sigs
-        sigs.fill(0)  # a slot no message filled reads as "no collective"
-        sigs[self._me] = self._mine
+        sigs = self._sigs  # (every message has its head: each peer's slot is rewritten)
         if reqs:
             self.busy = True
             MPI.Prequest.Startall(reqs)
@@ -403,14 +401,12 @@ class PeerGather:
     def abandon(self, host: SignedHost, what: str, code: int = ABANDONED) -> None:
         """Take part with the signature ``code`` (this member failed before the exchange:
         :func:`abandoned`): the other members raise at once instead of at the deadline."""
-        mine = self._mine
-        self._mine = code
+        self._sigs[self._me] = code
         try:
             with contextlib.suppress(MPI.Exception, ShmemError):
                 self.run(host, what, check=False)
         finally:
-            self._mine = mine
-            self._sigs[self._me] = mine
+            self._sigs[self._me] = self._mine
 
     def close(self) -> None:
         """Free the persistent requests (kept, with their buffers, while still busy)."""
