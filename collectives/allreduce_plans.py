@@ -261,20 +261,9 @@ class NodesPlan(ReplayPlan):
                 self.partial_ufunc(inputs[0], inputs[1], out=partial)
                 for src in inputs[2:]:
                     self.partial_ufunc(partial, src, out=partial)
-            self.gather.run(ch, "all_reduce")
-            nodes, ufunc = self.nodes, self.ufunc
-            ufunc(nodes[0], nodes[1], out=target)  # a plan across nodes has 2 or more
-            for src in nodes[2:]:
-                ufunc(target, src, out=target)
-            if self.divide is not None:
-                if target.dtype.kind in "fc":
-                    divide_by_count(target, ch.world_size)
-                else:
-                    int_avg(target, int(self.divide))
         else:
             reduce_into(partial, inputs, self.partial_op, self.acc)
-            self.gather.run(ch, "all_reduce")
-            reduce_into(target, self.nodes, self.op, self.acc, avg_count=ch.world_size)
+        self.reduce_nodes(ch, target)
         if self.fence_needed:  # release (Channel.post, inlined)
             ch.world.heap.fence()
         ch.my_flags[_DONE] = s
@@ -283,6 +272,23 @@ class NodesPlan(ReplayPlan):
             ch.wait_peers(DONE, s, "all_reduce")
             if target is not dst:
                 np.copyto(dst, target)
+
+    def reduce_nodes(self, ch: Channel, target: np.ndarray[Any, Any]) -> None:
+        """Exchange my node's partial (filled) with the other nodes and reduce every node's
+        into ``target`` in node order (one rounding; ``avg`` divided by the world size)."""
+        self.gather.run(ch, "all_reduce")
+        if not self.direct:
+            reduce_into(target, self.nodes, self.op, self.acc, avg_count=ch.world_size)
+            return
+        nodes, ufunc = self.nodes, self.ufunc
+        ufunc(nodes[0], nodes[1], out=target)  # a plan across nodes has 2 or more
+        for src in nodes[2:]:
+            ufunc(target, src, out=target)
+        if self.divide is not None:
+            if target.dtype.kind in "fc":
+                divide_by_count(target, ch.world_size)
+            else:
+                int_avg(target, int(self.divide))
 
     def run_alone(
         self,
@@ -306,20 +312,9 @@ class NodesPlan(ReplayPlan):
             x = kept[1]
         if self.direct:
             np.copyto(self.partial, x)
-            self.gather.run(ch, "all_reduce")
-            nodes, ufunc = self.nodes, self.ufunc
-            ufunc(nodes[0], nodes[1], out=dst)  # a plan across nodes has 2 or more
-            for src in nodes[2:]:
-                ufunc(dst, src, out=dst)
-            if self.divide is not None:
-                if dst.dtype.kind in "fc":
-                    divide_by_count(dst, ch.world_size)
-                else:
-                    int_avg(dst, int(self.divide))
         else:
             reduce_into(self.partial, [x], self.partial_op, self.acc)
-            self.gather.run(ch, "all_reduce")
-            reduce_into(dst, self.nodes, self.op, self.acc, avg_count=ch.world_size)
+        self.reduce_nodes(ch, dst)
         ch.my_flags[_DONE] = s
         ch.stats.calls += 1
 

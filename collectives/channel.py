@@ -105,18 +105,6 @@ ABANDONED: list[tuple[MPI.Request, object]] = []
 """Requests MPI may still complete into their buffers, with those buffers (never freed)."""
 
 
-class _AllOf:
-    """Several requests as one: ``Test`` is ``MPI.Request.Testall`` (kept whole on timeout)."""
-
-    __slots__ = ("reqs",)
-
-    def __init__(self, reqs: list[MPI.Request]) -> None:
-        self.reqs = reqs
-
-    def Test(self) -> bool:  # (an MPI request's method name)
-        return bool(MPI.Request.Testall(self.reqs))
-
-
 class Channel:
     """Flags, scratch and sequence numbers of one Communicator on a host World (collective
     to create: it allocates from the symmetric heap and, across nodes, splits the world
@@ -377,7 +365,7 @@ class Channel:
     def mpi_wait_all(self, reqs: list[MPI.Request], what: str, keep: object = None) -> None:
         """:meth:`mpi_wait` for several requests (point-to-point messages of one exchange)."""
         if reqs:
-            self.mpi_wait(_AllOf(reqs), what, keep)  # type: ignore[arg-type]
+            self.mpi_wait(signed.AllOf(reqs), what, keep)  # type: ignore[arg-type]
 
     def mpi_wait(self, req: MPI.Request, what: str, keep: object = None) -> None:
         """Wait for a non-blocking MPI exchange between nodes, within the deadline (and

@@ -56,6 +56,7 @@ __all__ = [
     "ABANDONED_MISMATCH",
     "P2P_MAX_MEMBERS",
     "SMALL_BLOCK",
+    "AllOf",
     "PeerGather",
     "PersistentGather",
     "SignedHost",
@@ -338,12 +339,12 @@ _PEER_TAG = 0x6100  # PeerGather's messages: this plus the size class (below 0x6
 _PEER_HEAD = 16  # a PeerGather slot: the signature, padding, then the data (16-aligned)
 
 
-class _Every:
-    """Several requests as one ``Test`` (``MPI.Request.Testall``)."""
+class AllOf:
+    """Several requests as one: ``Test`` is ``MPI.Request.Testall`` (kept whole on timeout)."""
 
     __slots__ = ("reqs",)
 
-    def __init__(self, reqs: list[MPI.Prequest]) -> None:
+    def __init__(self, reqs: list[MPI.Request] | list[MPI.Prequest]) -> None:
         self.reqs = reqs
 
     def Test(self) -> bool:  # (an MPI request's method name)
@@ -379,7 +380,7 @@ class PeerGather:
         reqs = [comm.Recv_init([self.rows[k], MPI.BYTE], k, tag) for k in range(n) if k != me]
         reqs += [comm.Send_init(send, k, tag) for k in range(n) if k != me]
         self._reqs: list[MPI.Prequest] | None = reqs
-        self._all = _Every(reqs)
+        self._all = AllOf(reqs)
         self.busy = False  # started and not completed (a timeout): never start it again
 
     def run(self, host: SignedHost, what: str, who: str = "member", check: bool = True) -> Bytes:

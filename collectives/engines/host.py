@@ -185,97 +185,115 @@ class HostEngine:
             and op == memo[2]
             and algorithm == "auto"
         ):
-            plan = memo[3]
-            if (
-                not plan.closed
-                and not ch.broken
-                and plan.scratch is ch.scratch_buf
-                and not self.world.finalized
-                and (memo[5] is None or not memo[5].closed)  # a symmetric x
-                and (type(out) is not SHMEMBuffer or not out.closed)
-                and (memo[5] is not None or (x.size == plan.count and x.dtype is plan.dtype))
-            ):
-                if out is None:  # a new array each call (x's shape)
-                    fresh = np.empty(memo[6], plan.dtype)
-                    flat = fresh if fresh.ndim == 1 else fresh.reshape(-1)
-                    again = flat if memo[5] is not None else memo[4]
-                    if again is None:
-                        again = x.reshape(-1)
-                    self._replay(ch, plan, again, memo[5], flat, None, False)
-                    return fresh
-                again = memo[4] if memo[4] is not None else x.reshape(-1)
-                self._replay(ch, plan, again, memo[5], memo[6], out, memo[7])
-                return out  # type: ignore[no-any-return]
+            again = self._replay_memo(ch, memo, x, out)
+            if again is not None:
+                return again  # type: ignore[no-any-return]
         if (
             algorithm == "auto"
             and not self.closed
             and (out is None or type(out) is np.ndarray or type(out) is SHMEMBuffer)
         ):
-            # replay a cached small one-shot call (only where the table picks one-shot, so
-            # every rank runs the same protocol whatever kind of argument it passed)
-            shm: SHMEMBuffer | None = None
-            src: Array | None = None
-            plan = self._last_plan  # the last shape replayed: no key to build or hash
-            if type(x) is np.ndarray:
-                src, count, dtype = x, x.size, x.dtype  # any layout: the plan copies it
-            elif type(x) is SHMEMBuffer and not x.closed:
-                shm = x
-                if plan is not None and x is plan.shm:  # its shape and dtype are known
-                    count, dtype = plan.count, plan.dtype
-                else:
-                    count, dtype = x.count, x.dtype
-            if shm is not None or src is not None:
-                if (
-                    plan is None
-                    or plan.closed  # dropped from the cache since (evicted, scratch grew)
-                    or plan.count != count
-                    or plan.dtype is not dtype
-                    or plan.op != op
-                ):
-                    plan = ch.plans.get((count, dtype, op))
-                    self._last_plan = plan
-                sym_flat = None if type(out) is not SHMEMBuffer else self._out_view(out, plan)
-                if (
-                    plan is not None
-                    and plan.auto
-                    and plan.scratch is ch.scratch_buf
-                    and not ch.broken
-                    and (
-                        out is None
-                        or sym_flat is not None
-                        or out is self._last_out
-                        or (type(out) is np.ndarray and _fits(out, dtype, count))
-                    )
-                ):
-                    if self.world.finalized:
-                        self._live("all_reduce")
-                    res: Any
-                    if out is None:
-                        res = np.empty(x.shape, dtype)
-                        flat = res if res.ndim == 1 else res.reshape(-1)
-                    elif sym_flat is not None:
-                        res, flat = out, sym_flat
-                    else:
-                        # checked once per out array (a later writeable=False on it would
-                        # fail mid-call: the peers then stop with PeerFailedError)
-                        res = self._last_out = cast(Array, out)
-                        flat = res if res.ndim == 1 else res.reshape(-1)
-                    if src is None:
-                        src = flat
-                    elif src.ndim != 1:
-                        src = src.reshape(-1)
-                    in_place = shm is not None and out is not None and self._over(out, flat, shm)
-                    # (a copy of a non-contiguous x is made again each call)
-                    kept = src if (src is x or (shm is not None and out is not None)) else None
-                    # (for a new array each call: x's shape in place of the result's view)
-                    target = flat if out is not None else x.shape
-                    self._memo = (x, out, op, plan, kept, shm, target, in_place)
-                    self._replay(ch, plan, src, shm, flat, out, in_place)
-                    return res  # type: ignore[no-any-return]
+            done = self._replay_cached(ch, x, op, out)
+            if done is not None:
+                return done  # type: ignore[no-any-return]
         self._live("all_reduce")
         refuse_device_buffers(x, out)
         with self._call(ch, "all_reduce", (x, op, out, algorithm)):
             return _all_reduce(ch, x, op, out, algorithm)
+
+    def _replay_memo(self, ch: Channel, memo: tuple[Any, ...], x: Any, out: Any) -> Any:
+        """The same x, out and op as the last replayed all-reduce (``memo``): replay it at
+        once, every check that can change since still made; None where one fails."""
+        plan = memo[3]
+        if (
+            not plan.closed
+            and not ch.broken
+            and plan.scratch is ch.scratch_buf
+            and not self.world.finalized
+            and (memo[5] is None or not memo[5].closed)  # a symmetric x
+            and (type(out) is not SHMEMBuffer or not out.closed)
+            and (memo[5] is not None or (x.size == plan.count and x.dtype is plan.dtype))
+        ):
+            if out is None:  # a new array each call (x's shape)
+                fresh = np.empty(memo[6], plan.dtype)
+                flat = fresh if fresh.ndim == 1 else fresh.reshape(-1)
+                again = flat if memo[5] is not None else memo[4]
+                if again is None:
+                    again = x.reshape(-1)
+                self._replay(ch, plan, again, memo[5], flat, None, False)
+                return fresh
+            again = memo[4] if memo[4] is not None else x.reshape(-1)
+            self._replay(ch, plan, again, memo[5], memo[6], out, memo[7])
+            return out
+        return None
+
+    def _replay_cached(self, ch: Channel, x: Any, op: ReduceOp | str, out: Any) -> Any:
+        """Replay the cached plan of a small all-reduce of this shape (only where the table
+        picks its algorithm, so every rank runs the same protocol whatever kind of argument
+        it passed), remembering the arguments (``_memo``); None where there is none or an
+        argument needs the general path (which validates it)."""
+        # replay a cached small one-shot call (only where the table picks one-shot, so
+        # every rank runs the same protocol whatever kind of argument it passed)
+        shm: SHMEMBuffer | None = None
+        src: Array | None = None
+        plan = self._last_plan  # the last shape replayed: no key to build or hash
+        if type(x) is np.ndarray:
+            src, count, dtype = x, x.size, x.dtype  # any layout: the plan copies it
+        elif type(x) is SHMEMBuffer and not x.closed:
+            shm = x
+            if plan is not None and x is plan.shm:  # its shape and dtype are known
+                count, dtype = plan.count, plan.dtype
+            else:
+                count, dtype = x.count, x.dtype
+        if shm is not None or src is not None:
+            if (
+                plan is None
+                or plan.closed  # dropped from the cache since (evicted, scratch grew)
+                or plan.count != count
+                or plan.dtype is not dtype
+                or plan.op != op
+            ):
+                plan = ch.plans.get((count, dtype, op))
+                self._last_plan = plan
+            sym_flat = None if type(out) is not SHMEMBuffer else self._out_view(out, plan)
+            if (
+                plan is not None
+                and plan.auto
+                and plan.scratch is ch.scratch_buf
+                and not ch.broken
+                and (
+                    out is None
+                    or sym_flat is not None
+                    or out is self._last_out
+                    or (type(out) is np.ndarray and _fits(out, dtype, count))
+                )
+            ):
+                if self.world.finalized:
+                    self._live("all_reduce")
+                res: Any
+                if out is None:
+                    res = np.empty(x.shape, dtype)
+                    flat = res if res.ndim == 1 else res.reshape(-1)
+                elif sym_flat is not None:
+                    res, flat = out, sym_flat
+                else:
+                    # checked once per out array (a later writeable=False on it would
+                    # fail mid-call: the peers then stop with PeerFailedError)
+                    res = self._last_out = cast(Array, out)
+                    flat = res if res.ndim == 1 else res.reshape(-1)
+                if src is None:
+                    src = flat
+                elif src.ndim != 1:
+                    src = src.reshape(-1)
+                in_place = shm is not None and out is not None and self._over(out, flat, shm)
+                # (a copy of a non-contiguous x is made again each call)
+                kept = src if (src is x or (shm is not None and out is not None)) else None
+                # (for a new array each call: x's shape in place of the result's view)
+                target = flat if out is not None else x.shape
+                self._memo = (x, out, op, plan, kept, shm, target, in_place)
+                self._replay(ch, plan, src, shm, flat, out, in_place)
+                return res
+        return None
 
     def reduce_scatter(self, x: Input, op: ReduceOp | str, out: Output, stream: object) -> Input:
         if type(op) is str:
