@@ -33,6 +33,7 @@ __all__ = [
     "AcrossPlan",
     "NodesPlan",
     "TinyPlan",
+    "own_view",
     "shard_plan",
     "tiny_plan",
     "whole_gather_limit",
@@ -303,12 +304,8 @@ class NodesPlan(ReplayPlan):
         and no fence is made); the partials are reduced in node order as :meth:`run` does,
         so bitwise its result. The input is copied into the send slot before ``dst`` is
         written: they may overlap."""
-        if shm is not None:  # my own heap's view of it (kept per buffer: holds no block)
-            kept = self.shm_view
-            if kept is None or kept[0] is not shm:
-                view = ch.heap.peer_view(ch.rank, shm.offset, self.nbytes)
-                assert view is not None  # (my own heap)
-                kept = self.shm_view = (shm, view.view(self.dtype))
+        if shm is not None:
+            self.shm_view = kept = own_view(ch, shm, self.shm_view, self.dtype)
             x = kept[1]
         if self.direct:
             np.copyto(self.partial, x)
@@ -317,6 +314,22 @@ class NodesPlan(ReplayPlan):
         self.reduce_nodes(ch, dst)
         ch.my_flags[_DONE] = s
         ch.stats.calls += 1
+
+
+def own_view(
+    ch: Channel,
+    shm: SHMEMBuffer,
+    kept: tuple[SHMEMBuffer, np.ndarray[Any, Any]] | None,
+    dtype: np.dtype[Any],
+) -> tuple[SHMEMBuffer, np.ndarray[Any, Any]]:
+    """``(shm, my local view of it as dtype)``: ``kept`` when it is that buffer's already.
+    The view is the heap's own (``peer_view``), so keeping it never holds a closed buffer's
+    block (:mod:`shmem.quarantine`)."""
+    if kept is not None and kept[0] is shm:
+        return kept
+    view = ch.heap.peer_view(ch.rank, shm.offset, shm.nbytes)
+    assert view is not None  # (my own heap)
+    return shm, view.view(dtype)
 
 
 class AcrossPlan:
@@ -352,8 +365,8 @@ class AcrossPlan:
         choice = ch.table.choose(self.nbytes, ch.world_size, ch.num_nodes)
         self.auto = choice == self.algorithm
         self.closed = False
-        self.shm: SHMEMBuffer | None = None  # the last symmetric input, and my view of it
-        self.shm_view: np.ndarray[Any, Any] | None = None
+        self.shm: SHMEMBuffer | None = None  # the last symmetric input (the engine asks)
+        self.shm_view: tuple[SHMEMBuffer, np.ndarray[Any, Any]] | None = None
 
     def close(self) -> None:
         """Dropped from the cache: a reference kept elsewhere is looked up again."""
@@ -370,12 +383,9 @@ class AcrossPlan:
     ) -> None:
         """One call: ``x`` (flat), or the SHMEMBuffer ``shm`` where given, in; the result
         into ``dst`` (flat; it may be ``x``: :func:`reduce_across` reads each piece first)."""
-        if shm is not None:  # my own heap's view of it (kept per buffer: holds no block)
-            if shm is not self.shm or self.shm_view is None:
-                view = ch.heap.peer_view(ch.rank, shm.offset, self.nbytes)
-                assert view is not None  # (my own heap)
-                self.shm, self.shm_view = shm, view.view(self.dtype)
-            x = self.shm_view
+        if shm is not None:
+            self.shm_view = kept = own_view(ch, shm, self.shm_view, self.dtype)
+            self.shm, x = shm, kept[1]
         ch.signature = self.signature
         cross, op, acc, size = self.cross, self.op, self.acc, ch.world_size
 

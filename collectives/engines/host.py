@@ -24,7 +24,7 @@ from ..all_gather import all_gather as _all_gather
 from ..all_to_all import all_to_all as _all_to_all
 from ..allreduce import all_reduce as _all_reduce
 from ..allreduce import choose as _choose
-from ..allreduce_plans import NodesPlan, TinyPlan
+from ..allreduce_plans import NodesPlan, TinyPlan, own_view
 from ..barrier import barrier as _barrier
 from ..barrier import meet
 from ..broadcast import broadcast as _broadcast
@@ -204,36 +204,40 @@ class HostEngine:
     def _replay_memo(self, ch: Channel, memo: tuple[Any, ...], x: Any, out: Any) -> Any:
         """The same x, out and op as the last replayed all-reduce (``memo``): replay it at
         once, every check that can change since still made; None where one fails."""
-        plan = memo[3]
-        if (
+        plan, shm = memo[3], memo[5]
+        if not self._memo_holds(ch, plan, x, shm, out):
+            return None
+        if out is None:  # a new array each call (x's shape)
+            res = np.empty(memo[6], plan.dtype)
+            flat = res if res.ndim == 1 else res.reshape(-1)
+        else:
+            res, flat = out, memo[6]
+        src = memo[4]
+        if src is None:  # a symmetric x into a new array, or a copy of a strided numpy x
+            src = flat if shm is not None else x.reshape(-1)
+        self._replay(ch, plan, src, shm, flat, out, memo[7])
+        return res
+
+    def _memo_holds(
+        self, ch: Channel, plan: Any, x: Any, shm: SHMEMBuffer | None, out: Any
+    ) -> bool:
+        """Whether a remembered replay of the same objects (``plan``; ``shm``: a symmetric
+        x) still holds: every check that can change between two calls."""
+        return (
             not plan.closed
             and not ch.broken
             and plan.scratch is ch.scratch_buf
             and not self.world.finalized
-            and (memo[5] is None or not memo[5].closed)  # a symmetric x
+            and (shm is None or not shm.closed)
             and (type(out) is not SHMEMBuffer or not out.closed)
-            and (memo[5] is not None or (x.size == plan.count and x.dtype is plan.dtype))
-        ):
-            if out is None:  # a new array each call (x's shape)
-                fresh = np.empty(memo[6], plan.dtype)
-                flat = fresh if fresh.ndim == 1 else fresh.reshape(-1)
-                again = flat if memo[5] is not None else memo[4]
-                if again is None:
-                    again = x.reshape(-1)
-                self._replay(ch, plan, again, memo[5], flat, None, False)
-                return fresh
-            again = memo[4] if memo[4] is not None else x.reshape(-1)
-            self._replay(ch, plan, again, memo[5], memo[6], out, memo[7])
-            return out
-        return None
+            and (shm is not None or (x.size == plan.count and x.dtype is plan.dtype))
+        )
 
     def _replay_cached(self, ch: Channel, x: Any, op: ReduceOp | str, out: Any) -> Any:
         """Replay the cached plan of a small all-reduce of this shape (only where the table
         picks its algorithm, so every rank runs the same protocol whatever kind of argument
         it passed), remembering the arguments (``_memo``); None where there is none or an
         argument needs the general path (which validates it)."""
-        # replay a cached small one-shot call (only where the table picks one-shot, so
-        # every rank runs the same protocol whatever kind of argument it passed)
         shm: SHMEMBuffer | None = None
         src: Array | None = None
         plan = self._last_plan  # the last shape replayed: no key to build or hash
@@ -368,21 +372,6 @@ class HostEngine:
 
     # -- the fast path -------------------------------------------------------------------------
 
-    def _run_plan(
-        self,
-        ch: Channel,
-        plan: Any,
-        src: Any,
-        shm: SHMEMBuffer | None,
-        flat: Array,
-        out: object,
-        name: str,
-    ) -> None:
-        """Replay ``plan`` (input ``src`` or ``shm``, result into ``flat``, the flat view of
-        ``out`` or of a new array) and count it under ``name``."""
-        in_place = shm is not None and out is not None and self._over(out, flat, shm)
-        self._replay(ch, plan, src, shm, flat, out, in_place, name)
-
     def _replay(
         self,
         ch: Channel,
@@ -391,11 +380,14 @@ class HostEngine:
         shm: SHMEMBuffer | None,
         flat: Array,
         out: object,
-        in_place: bool,
+        in_place: bool | None,
         name: str | None = None,
     ) -> None:
-        """:meth:`_run_plan` once ``in_place`` is known (counted under the plan's
-        algorithm unless ``name`` says otherwise)."""
+        """Replay ``plan`` (input ``src`` or ``shm``, result into ``flat``, the flat view of
+        ``out`` or of a new array; ``in_place``: whether ``out`` overlaps ``shm``, None to
+        find out) and count it under ``name`` (default: the plan's algorithm)."""
+        if in_place is None:
+            in_place = shm is not None and out is not None and self._over(out, flat, shm)
         try:
             if plan.fast is not None:  # it records the call in the flight recorder itself
                 plan.run(ch, src, shm, flat, in_place, True)
@@ -436,20 +428,12 @@ class HostEngine:
 
     def _out_view(self, out: SHMEMBuffer, plan: Any) -> Array | None:
         """The flat local view of a symmetric ``out`` for ``plan``'s result, or None where
-        it does not fit (closed, another dtype or count: the general path says why). The
-        view is the heap's own (``peer_view``), not one of the buffer's, so keeping it
-        between calls never holds a closed buffer's block (:mod:`shmem.quarantine`)."""
+        it does not fit (closed, another dtype or count: the general path says why): the
+        heap's own view, kept per buffer (:func:`~collectives.allreduce_plans.own_view`)."""
         if out.closed or plan is None or out.world is not self.world:
             return None
-        kept = self._sym_out
-        if kept is not None and kept[0] is out:
-            flat = kept[1]
-        else:
-            raw = self.world.heap.peer_view(self.world.rank, out.offset, out.nbytes)
-            if raw is None:  # (the nvshmem backend: no host view; never this engine)
-                return None
-            flat = raw.view(out.dtype)
-            self._sym_out = (out, flat)
+        self._sym_out = kept = own_view(self.ch, out, self._sym_out, out.dtype)
+        flat = kept[1]
         if flat.dtype is not plan.dtype and flat.dtype != plan.dtype:
             return None
         return flat if flat.shape[0] == plan.out_count else None
@@ -468,21 +452,14 @@ class HostEngine:
         if memo is not None and x is memo[0] and out is memo[1] and extra == memo[2]:
             # the same objects as this kind's last replay (see all_reduce's memo)
             plan, shm = memo[3], memo[5]
-            if (
-                not plan.closed
-                and plan.scratch is ch.scratch_buf
-                and not self.world.finalized
-                and (shm is None or not shm.closed)
-                and (type(out) is not SHMEMBuffer or not out.closed)
-                and (shm is not None or (x.size == plan.count and x.dtype is plan.dtype))
-            ):
+            if self._memo_holds(ch, plan, x, shm, out):
                 if memo[6] is None:  # a new array each call
                     fresh = np.empty(memo[7], plan.dtype)
                     into = fresh.reshape(-1)
                     given = into if shm is not None else memo[4]
-                    self._run_plan(ch, plan, given, shm, into, out, kind)
+                    self._replay(ch, plan, given, shm, into, out, None, kind)
                     return fresh
-                self._run_plan(ch, plan, memo[4], shm, memo[6], out, kind)
+                self._replay(ch, plan, memo[4], shm, memo[6], out, None, kind)
                 return memo[8]
         shm = None
         flags: Any = None
@@ -536,7 +513,7 @@ class HostEngine:
             self._family_memo[kind] = (x, out, extra, plan, src, shm, None, res.shape, None)
         else:
             self._family_memo[kind] = (x, out, extra, plan, src, shm, flat, None, res)
-        self._run_plan(ch, plan, src, shm, flat, out, kind)
+        self._replay(ch, plan, src, shm, flat, out, None, kind)
         return res
 
 
