@@ -70,7 +70,7 @@ def main() -> None:
     x = np.ones(n, np.float32)
     y = np.empty_like(x)
     with shmem.init() as world, collectives.Communicator(world) as comm:
-        ch = comm._ch
+        ch = comm.host_channel
         cross = ch.cross if ch is not None else None
         if ch is None or cross is None or len(ch.local_peers) != 1:
             raise SystemExit("cross_breakdown: needs nodes of one rank each (node_split=rank)")

@@ -136,8 +136,9 @@ class Communicator:
         self._engine.closed = value
 
     @property
-    def _ch(self) -> Channel | None:
-        """The host engine's channel (None on the other engines); for introspection."""
+    def host_channel(self) -> Channel | None:
+        """The host engine's channel (None on the other engines): its cached plans, its node
+        layout and its waits; for benchmarks, soak runs and debugging, not a stable API."""
         return self._engine.ch if isinstance(self._engine, HostEngine) else None
 
     @property

@@ -238,8 +238,8 @@ def soak(
     right, left = (me + 1) % p, (me - 1) % p
     heap0 = world.heap_stats()
     comm = collectives.Communicator(world)
-    if plan_cache is not None and comm._ch is not None:
-        comm._ch.max_plans = plan_cache
+    if plan_cache is not None and comm.host_channel is not None:
+        comm.host_channel.max_plans = plan_cache
     live: list[shmem.SHMEMBuffer] = []
     counts = dict.fromkeys(KINDS + COLLECTIVES, 0)
     recent: dict[str, list[tuple[str, str, list[int], int]]] = {}

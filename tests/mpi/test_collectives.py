@@ -253,7 +253,7 @@ def test_small_zero_copy_inputs_are_staged_by_the_c_replay(plain: tuple[World, A
             staged = comm.stats.staged_bytes - before
             if buf is big:
                 assert staged == 0
-            elif comm._ch.spin_s > 0:  # (no spin with more ranks than cores: Python's turn)
+            elif comm.host_channel.spin_s > 0:  # (no spin with more ranks than cores)
                 assert staged > 0 and staged % 32 == 0
 
 
@@ -557,8 +557,8 @@ def test_back_to_back_tiny_calls_never_read_a_reused_stage(
             assert np.asarray(got).tolist() == want, (i, np.asarray(got).tolist(), want)
         if world.num_nodes == 1:  # the cached replay ran (across nodes: hierarchical)
             assert comm.stats.algorithms is None or comm.stats.algorithms.get("one_shot", 0)
-            assert comm._ch is not None
-            plan: Any = comm._ch.plans[(width, np.dtype(np.int64), "sum")]
+            assert comm.host_channel is not None
+            plan: Any = comm.host_channel.plans[(width, np.dtype(np.int64), "sum")]
             assert (plan.fast is None) == (engine == "python")
             if plan.fast is not None:  # C took every call after the first (which made the
                 # plan); how far it got in each (whole, or handing over to Python after READY
@@ -618,10 +618,9 @@ def test_back_to_back_cached_family_calls(
                 want = [p * i, tri, 7 * i * p + tri][lo:hi]
                 assert got.tolist() == want, (i, got.tolist(), want)
         if world.num_nodes == 1:  # the cached replays ran
-            assert comm._ch is not None
-            plans = [
-                v for k, v in comm._ch.plans.items() if isinstance(k, tuple) and k[0] == collective
-            ]
+            ch = comm.host_channel
+            assert ch is not None
+            plans = [v for k, v in ch.plans.items() if isinstance(k, tuple) and k[0] == collective]
             assert plans and all((v.fast is None) == (engine == "python") for v in plans)
             answers = [v.fast.answers() for v in plans if v.fast is not None]
             assert engine == "python" or sum(sum(a) for a in answers) >= 299 - len(plans)
@@ -841,7 +840,7 @@ def test_more_shapes_than_the_plan_cache_holds(plain: tuple[World, Any]) -> None
             assert got.shape == (n,) and (got == tri).all()
             again = comm.all_reduce(np.full(n, r + 1, np.int64), op="max")
             assert (again == p).all()
-    assert len(comm._ch.plans) <= MAX_PLANS
+    assert len(comm.host_channel.plans) <= MAX_PLANS
 
 
 def test_the_c_replay_is_built_where_it_can_be() -> None:
@@ -875,8 +874,8 @@ def test_the_c_replay_hands_a_late_peer_to_the_python_replay(
         if p == 1 or world.num_nodes > 1 or replay_status() != "C":
             pytest.skip("needs two ranks on one node and the C replay")
         comm.all_reduce(np.zeros(n, np.int64))  # makes the plan (numpy and symmetric share it)
-        assert comm._ch is not None
-        plan: Any = comm._ch.plans[(n, np.dtype(np.int64), "sum")]
+        assert comm.host_channel is not None
+        plan: Any = comm.host_channel.plans[(n, np.dtype(np.int64), "sum")]
         slow = r == p - 1
         if slow:
             plan.fast.close()
@@ -1034,7 +1033,7 @@ def test_small_family_across_nodes_from_a_cached_plan(kind: str) -> None:
     try:
         if world.num_nodes == 1:
             pytest.skip("needs several nodes (SHMEM_HEAP_NODE_SPLIT)")
-        ch = comm._ch
+        ch = comm.host_channel
         assert ch is not None
         rank_order = len(ch.local_peers) == 1 or not ch.uniform_nodes
         rng = np.random.default_rng(3 + r)

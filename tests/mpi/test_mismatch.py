@@ -380,7 +380,7 @@ def test_a_replayed_small_call_across_nodes_meets_a_mismatch(
     p, r = world.world_size, world.rank
     x = np.arange(4 * p, dtype=np.float32) * (r + 1)
     first = np.asarray(_small_call(comm, name, x)).copy()
-    ch = comm._ch
+    ch = comm.host_channel
     planned = name != "reduce_scatter" or len(ch.local_peers) == 1 or not ch.uniform_nodes
     plans = [v for v in ch.plans.values() if isinstance(v, CrossPlan)]
     assert len(plans) == (1 if planned else 0), ch.plans

@@ -45,7 +45,7 @@ def capped() -> Iterator[tuple[World, Any]]:
 
 def _delegated(world: World, comm: Any, kind: str, nbytes: int) -> bool:
     """Whether ``kind`` runs as the all-reduce here (the reduce-scatter's rule)."""
-    ch = comm._ch
+    ch = comm.host_channel
     if kind != "reduce_scatter":
         return False
     if ch.num_nodes > 1:
@@ -62,7 +62,7 @@ def test_one_call_takes_one_sequence_number(
     world, comm = capped
     p = world.world_size
     count = max(p, SIZES[size] // 4 // p * p)  # int32, a multiple of p (all_to_all's rule)
-    ch = comm._ch
+    ch = comm.host_channel
     for salt in range(3):  # the first call of a shape makes its plan, the next replay it
         before = ch.seq
         got = _call(world, comm, kind, form, count, salt)
@@ -87,7 +87,7 @@ def test_a_small_call_in_every_form_replays_from_the_fast_path(
     node.)"""
     world, comm = capped
     p = world.world_size
-    ch = comm._ch
+    ch = comm.host_channel
     if kind == "all_to_all" and ch.num_nodes == 1:
         pytest.skip("all_to_all has no cached plan on one node")
     if kind == "reduce_scatter" and _delegated(world, comm, kind, 0):
@@ -121,7 +121,7 @@ def test_a_small_call_across_nodes_replays_in_one_exchange(
 
     world, comm = capped
     p = world.world_size
-    ch = comm._ch
+    ch = comm.host_channel
     if ch.num_nodes == 1 or ch.cross is None:
         pytest.skip("needs several nodes (SHMEM_HEAP_NODE_SPLIT)")
     if kind == "reduce_scatter" and _delegated(world, comm, kind, 0):
@@ -153,7 +153,7 @@ def test_a_cached_all_reduce_across_nodes_in_every_form_and_dtype(
     the reduction in node order, in place too, call after call."""
     world, comm = capped
     p, r = world.world_size, world.rank
-    if comm._ch.num_nodes == 1 or not comm._ch.uniform_nodes:
+    if comm.host_channel.num_nodes == 1 or not comm.host_channel.uniform_nodes:
         pytest.skip("needs uniform nodes (SHMEM_HEAP_NODE_SPLIT)")
     n = 37
     acc = np.dtype(np.float32 if dtype == "float16" else dtype).type
@@ -204,7 +204,7 @@ def test_a_large_all_reduce_across_nodes_replays_from_the_fast_path(
     cached plan (``collectives.allreduce_plans.AcrossPlan``) in every form, without the
     general path's agreement (``Channel.calls``), with the general path's result."""
     world, comm = capped
-    ch = comm._ch
+    ch = comm.host_channel
     if ch.num_nodes == 1 or len(ch.local_peers) != 1 or not ch.uniform_nodes:
         pytest.skip("needs nodes of one rank each (SHMEM_HEAP_NODE_SPLIT=rank)")
     p = world.world_size
@@ -271,7 +271,7 @@ def test_the_same_family_arguments_again_read_their_new_contents(
     again) still reads each call's input and writes its output, in every form."""
     world, comm = capped
     p, r = world.world_size, world.rank
-    ch = comm._ch
+    ch = comm.host_channel
     if kind == "all_to_all" and ch.num_nodes == 1:
         pytest.skip("all_to_all has no cached plan on one node")
     count = 4 * p

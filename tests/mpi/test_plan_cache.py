@@ -32,8 +32,8 @@ def small_cache() -> Iterator[tuple[World, Any]]:
     """Defaults (the cached replays run) with a plan cache of 3 shapes."""
     world = shmem.init(heap_nbytes="32MiB", signal_timeout_s=20.0)
     comm = collectives.Communicator(world)
-    assert comm._ch is not None
-    comm._ch.max_plans = 3
+    assert comm.host_channel is not None
+    comm.host_channel.max_plans = 3
     yield world, comm
     comm.close()
     world.finalize()
@@ -138,7 +138,7 @@ def test_every_kind_replays_right_after_its_plan_was_evicted(
             _check(world, comm, kind, form, first, salt)
         for n in others:  # every one made anew: the first is dropped
             _check(world, comm, kind, form, n, 5)
-        assert len(comm._ch.plans) <= 3
+        assert len(comm.host_channel.plans) <= 3
         for salt in range(2, 4):  # the remembered plan was closed: looked up, made again
             _check(world, comm, kind, form, first, salt)
 
@@ -174,7 +174,7 @@ def test_the_cache_changes_alike_on_every_rank(small_cache: tuple[World, Any]) -
         gather(n, 0, False)
     gather(a, 1, True)  # a hit: the general path on rank 0 only
     gather(d, 2, False)  # one plan is dropped: the same one everywhere
-    keys = [repr(k) for k in comm._ch.plans]
+    keys = [repr(k) for k in comm.host_channel.plans]
     every = world.comm.allgather(keys)
     assert all(k == every[0] for k in every), every
     for n in (a, b, c, d):
@@ -191,7 +191,7 @@ def test_large_one_shot_plans_evict(small_cache: tuple[World, Any]) -> None:
         for n in counts:
             _check(world, comm, "all_reduce", "numpy", n, rounds)
             _check(world, comm, "all_reduce", "in_place", n, rounds + 7)
-    assert len(comm._ch.plans) <= 3
+    assert len(comm.host_channel.plans) <= 3
 
 
 def test_more_shapes_than_the_signed_exchanges_reuse(small_cache: tuple[World, Any]) -> None:
