@@ -50,7 +50,7 @@ __all__ = ["MAX_PLANS", "NUM_FLAGS", "Channel", "Flag", "peer_failed", "source_t
 
 log = logging.getLogger(__name__)
 
-NUM_FLAGS = 10
+NUM_FLAGS = 11
 MAX_PLANS = 64  # cached shapes per communicator (Channel.max_plans; least recently made go)
 _INLINE_TESTS = 32  # request tests an MPI exchange makes before its deadline loop
 BOARD_GRACE_S = 0.05  # an MPI exchange still pending this long reads the other nodes' board
@@ -73,6 +73,8 @@ class Flag(enum.IntEnum):
     INLINE = 7  # a cached plan's input of up to 8 bytes, in the cache line of READY
     XSEQ = 8  # the board: the call (sequence number) whose MPI exchange between nodes
     XSIG = 9  # this rank waits on (XSEQ), and its signature (XSIG): read by other nodes
+    RES = 10  # a node-local all-reduce's result on the heap (its offset: peers may read my
+    # reduced shard from it, and write none of theirs there), or -1 (private memory)
 
 
 _READY = int(Flag.READY)
@@ -517,13 +519,21 @@ class Channel:
     # -- inputs --------------------------------------------------------------------------------
 
     def publish(
-        self, s: int, xin: Operand, scratch_bytes: int, lo: int = 0, hi: int | None = None
+        self,
+        s: int,
+        xin: Operand,
+        scratch_bytes: int,
+        lo: int = 0,
+        hi: int | None = None,
+        result: int = -1,
     ) -> None:
         """Make my input ``[lo, hi)`` readable by node-local peers and raise ``READY``.
 
         A SHMEMBuffer is published where it is (zero-copy); a numpy array is copied into my
         scratch first (callers have waited for ``DONE >= s - 1``). The heap offset goes into the
-        ``SRC`` flag, so peers find it whatever kind of argument this rank passed.
+        ``SRC`` flag, so peers find it whatever kind of argument this rank passed. ``result``:
+        the heap offset of element ``lo`` of my result (an all-reduce into a SHMEMBuffer), or
+        -1; it goes into ``RES``, with the same release.
         """
         hi = xin.count if hi is None else hi
         isz = xin.dtype.itemsize
@@ -541,6 +551,7 @@ class Channel:
         else:
             offset = xin.shmem.offset + lo * isz
         self.my_flags[Flag.SRC] = offset | source_tag(self.signature)
+        self.my_flags[Flag.RES] = result + lo * isz if result >= 0 else -1
         self.post(Flag.READY, s)
 
     def source_offset(self, rank: int) -> int:
@@ -558,14 +569,19 @@ class Channel:
 
     def peer_input(self, rank: int, count: int, dtype: np.dtype[Any]) -> np.ndarray[Any, Any]:
         """Rank ``rank``'s published input (after its READY), as ``count`` elements."""
-        offset = self.source_offset(rank)
+        return self.peer_at(rank, self.source_offset(rank), count, dtype)
+
+    def peer_at(
+        self, rank: int, offset: int, count: int, dtype: np.dtype[Any]
+    ) -> np.ndarray[Any, Any]:
+        """``count`` elements of node-local rank ``rank``'s heap at ``offset`` (views kept)."""
         key = (rank, offset, count, dtype)
         cached = self.input_views.get(key)
         if cached is not None:
             return cached
         view = self.heap.peer_view(rank, offset, count * dtype.itemsize)
         if view is None:
-            raise ShmemStateError(f"peer_input: rank {rank} is not on this node")
+            raise ShmemStateError(f"Channel.peer_at: rank {rank} is not on this node")
         typed = view.view(dtype)
         if len(self.input_views) > 4096:
             self.input_views.clear()

@@ -19,6 +19,7 @@ from shmem.dtypes import dtype_name
 from shmem.errors import OpError
 
 __all__ = [
+    "CHUNK_BYTES",
     "OPS",
     "UFUNCS",
     "OpName",
