@@ -23,13 +23,14 @@ from shmem.errors import (
 )
 
 from . import signed
-from .allreduce_plans import AcrossPlan, NodesPlan, tiny_plan, whole_gather_limit
+from .allreduce_plans import SHARE_MIN, AcrossPlan, NodesPlan, tiny_plan, whole_gather_limit
 from .channel import Channel, Flag
 from .cross import CROSS_RS_MIN_NBYTES, reduce_across
 from .operand import Array, Operand, prepare
-from .ops import CHUNK_BYTES, ReduceOp, accumulate_dtype, check_op, reduce_into
-from .replay import TINY_NBYTES, cached_plan, replay_status, round_up
-from .schedule import ALGORITHMS, Algorithm, shard_bounds, shard_of
+from .ops import ReduceOp, accumulate_dtype, check_op, reduce_into
+from .replay import cached_plan, replay_status, round_up
+from .schedule import ALGORITHMS, Algorithm, shard_of
+from .shards import gather_shards, reduce_shards, results_of
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -38,7 +39,7 @@ if TYPE_CHECKING:
 __all__ = ["all_reduce", "choose", "replay_status"]
 
 log = logging.getLogger(__name__)
-DONE, READY, SHARD, SRC, RES = Flag.DONE, Flag.READY, Flag.SHARD, Flag.SRC, Flag.RES
+DONE, READY, SRC = Flag.DONE, Flag.READY, Flag.SRC
 
 
 def choose(ch: Channel, algorithm: Algorithm | str, nbytes: int, where: str) -> str:
@@ -92,21 +93,16 @@ def all_reduce(
     staged = xin.shmem is None
     in_place = np.may_share_memory(dst, xin.array)
     exact = in_place and _same_elements(dst, xin.array)
-    if in_place and not staged and algo == "one_shot" and (n * isz <= TINY_NBYTES or not exact):
-        # in place on a symmetric buffer, small (a cached plan's) or out overlapping x
-        # elsewhere than element for element: the peers would read x while the result
-        # overwrites it. Staged (one copy into my scratch, which they read instead), the
-        # result goes straight into x, with no wait for their DONE. (Larger and exactly x:
-        # a result on the heap, below, and the call shares the work shard by shard.)
+    if in_place and not staged and algo == "one_shot" and (n * isz <= SHARE_MIN or not exact):
+        # in place on a symmetric buffer, small or out overlapping x elsewhere than element
+        # for element: the peers would read x while the result overwrites it. Staged (one
+        # copy into my scratch, which they read instead), the result goes straight into x,
+        # with no wait for their DONE. (Larger and exactly x: the call shares the work
+        # shard by shard, collectives.shards; a symmetric out elsewhere keeps one-shot: 2
+        # ranks, 1 / 4 / 16 MiB, float32, shards 1.53 / 1.62 / 2.03x MPI against
+        # one-shot's 1.49 / 2.38 / 2.03x.)
         xin, staged = Operand(xin.array, where, "x"), True
-    # in place (exactly x): my result's heap offset, where the peers may read my reduced
-    # shard (RES). Then every rank reduces only its shard (_shards), straight into x where
-    # no peer reads it, and copies the others' from their owners: no staging copy. (A
-    # symmetric out elsewhere keeps one-shot: 2 ranks, 1 / 4 / 16 MiB, float32, shards
-    # 1.53 / 1.62 / 2.03x MPI against one-shot's 1.49 / 2.38 / 2.03x.)
-    result = -1
-    if exact and not staged and type(ret) is SHMEMBuffer and dst.flags.c_contiguous:
-        result = ret.offset
+    shares = exact and not staged and algo != "hierarchical"  # (SRC's SHARES bit)
     parts = len(ch.local_peers)
 
     def need(count: int) -> int:
@@ -128,7 +124,7 @@ def all_reduce(
         return ret
     run = {"one_shot": _one_shot, "two_shot": _two_shot, "hierarchical": _hierarchical}[algo]
     for lo, hi in pieces:
-        run(ch, xin, dst, lo, hi, op, acc, staged, in_place, need(hi - lo), result)
+        run(ch, xin, dst, lo, hi, op, acc, staged, in_place, need(hi - lo), shares)
     return ret
 
 
@@ -156,12 +152,12 @@ def across_plan_fits(ch: Channel, algo: str, call: str, nbytes: int) -> bool:
 
 
 def _inputs(
-    ch: Channel, xin: Operand, lo: int, hi: int, s: int, scratch_bytes: int, result: int = -1
+    ch: Channel, xin: Operand, lo: int, hi: int, s: int, scratch_bytes: int, shares: bool = False
 ) -> list[np.ndarray[Any, Any]]:
-    """Publish my piece ``[lo, hi)`` (and my ``result``'s offset), wait for every node-local
-    rank's, and return them in local-rank (= rank) order. Callers have waited ``DONE >= s -
-    1`` already."""
-    ch.publish(s, xin, scratch_bytes, lo, hi, result)
+    """Publish my piece ``[lo, hi)`` (``shares``: in place, :data:`channel.SHARES`), wait
+    for every node-local rank's, and return them in local-rank (= rank) order. Callers have
+    waited ``DONE >= s - 1`` already."""
+    ch.publish(s, xin, scratch_bytes, lo, hi, shares)
     ch.wait_peers(READY, s, "all_reduce")
     return [ch.peer_input(r, hi - lo, xin.dtype) for r in ch.local_peers]
 
@@ -203,7 +199,7 @@ def _one_shot(
     staged: bool,
     in_place: bool,
     nbytes: int,
-    result: int,
+    shares: bool,
 ) -> None:
     count = hi - lo
     if lo == 0 and hi == xin.count:
@@ -213,17 +209,18 @@ def _one_shot(
             return
     plan: _Plan = cached_plan(ch, (count, xin.dtype), lambda: _Plan(ch, count, xin.dtype))
     s = ch.begin("all_reduce")  # peers finished reading my scratch
-    ch.publish(s, xin, nbytes, lo, hi, result)
+    ch.publish(s, xin, nbytes, lo, hi, shares)
     if any(f[READY] < s for f in plan.flags):
         ch.wait_peers(READY, s, "all_reduce")
     else:
         ch.world.heap.fence()
         ch.check_ready(None, "all_reduce", s)
     inputs = plan.sources(ch)
-    results = _results(ch)
-    if max(results) >= 0:  # a result on the heap: every rank reduces its shard, once
-        base = round_up(count * xin.dtype.itemsize)
-        _shards(ch, s, inputs, dst, lo, count, base, op, acc, results)
+    results = results_of(plan.offsets)
+    if results is not None:  # a rank in place: every rank reduces its shard, once
+        reduce_shards(
+            ch, s, inputs, dst, lo, round_up(count * xin.dtype.itemsize), op, acc, results
+        )
         return
     # (in place here only where its result is not one the peers can read: aside)
     aside = in_place and not staged
@@ -247,103 +244,15 @@ def _two_shot(
     staged: bool,
     in_place: bool,
     nbytes: int,
-    result: int,
+    shares: bool,
 ) -> None:
     s = ch.begin("all_reduce")
-    inputs = _inputs(ch, xin, lo, hi, s, nbytes, result)
-    _shards(ch, s, inputs, dst, lo, hi - lo, round_up((hi - lo) * xin.dtype.itemsize), op, acc)
-
-
-def _results(ch: Channel) -> list[int]:
-    """Every node-local rank's ``RES`` word of this call (after its ``READY``), in order."""
-    return [
-        int(ch.my_flags[RES] if r == ch.rank else ch.peer_flags[r][RES]) for r in ch.local_peers
+    inputs = _inputs(ch, xin, lo, hi, s, nbytes, shares)
+    words = [
+        int(ch.my_flags[SRC] if r == ch.rank else ch.peer_flags[r][SRC]) for r in ch.local_peers
     ]
-
-
-def _shards(
-    ch: Channel,
-    s: int,
-    inputs: list[np.ndarray[Any, Any]],
-    dst: np.ndarray[Any, Any],
-    lo: int,
-    count: int,
-    base: int,
-    op: str,
-    acc: np.dtype[Any],
-    results: list[int] | None = None,
-) -> None:
-    """The reduce-scatter + all-gather of one node's piece ``[lo, lo + count)``: I reduce
-    shard ``local_index`` of the inputs (rank order) into my result where it is on the heap
-    (``results``: every rank's ``RES``; in place, that shard of x is read by no peer), else
-    into my scratch at ``base``, then gather every shard (:func:`_gather_shards`)."""
-    results = _results(ch) if results is None else results
-    dtype = dst.dtype
-    a, b = shard_of(count, len(ch.local_peers), ch.local_index)
-    if results[ch.local_index] >= 0:
-        mine = dst[lo + a : lo + b]
-    else:
-        mine = ch.scratch(base + (b - a) * dtype.itemsize)[base : base + (b - a) * dtype.itemsize]
-        mine = mine.view(dtype)
-    sources = [inp[a:b] for inp in inputs]
-    # x in place: the expression ((s0 op s1) op s2) ... writes out before it reads s2 (out
-    # being s0 or s1 is safe, elementwise)
-    if ch.local_index >= 2 and results[ch.local_index] >= 0:
-        _reduce_over_a_source(mine, sources, op, acc, ch.world_size)
-    else:
-        reduce_into(mine, sources, op, acc, avg_count=ch.world_size)
-    _gather_shards(ch, s, dst, lo, count, base, dtype, results)
-
-
-def _reduce_over_a_source(
-    out: np.ndarray[Any, Any],
-    sources: list[np.ndarray[Any, Any]],
-    op: str,
-    acc: np.dtype[Any],
-    avg_count: int,
-) -> None:
-    """:func:`ops.reduce_into` where ``out`` is one of the later ``sources`` (my shard of x
-    in place): each cache-sized chunk reduced aside first, since the rank-order expression
-    would overwrite that source before reading it; then copied (from the cache) into
-    ``out``."""
-    step = max(1, CHUNK_BYTES // acc.itemsize)
-    tmp = np.empty(min(step, out.shape[0]), out.dtype)
-    for lo in range(0, out.shape[0], step):
-        hi = min(lo + step, out.shape[0])
-        reduce_into(tmp[: hi - lo], [x[lo:hi] for x in sources], op, acc, avg_count)
-        np.copyto(out[lo:hi], tmp[: hi - lo])
-
-
-def _gather_shards(
-    ch: Channel,
-    s: int,
-    dst: np.ndarray[Any, Any],
-    lo: int,
-    count: int,
-    base: int,
-    dtype: np.dtype[Any],
-    results: list[int] | None = None,
-) -> None:
-    """Publish my reduced shard (``SHARD``), then copy every owner's shard, in order, from
-    its result on the heap (``results``: every rank's ``RES`` offset; None or -1: its scratch
-    at ``base``) into ``dst[lo:lo + count]`` (the all-gather half of two-shot). With my own
-    result on the heap, wait for every peer's ``DONE``: they copy my shard from it."""
-    ch.post(SHARD, s)
-    ch.wait_peers(SHARD, s, "all_reduce")  # every shard done: no one reads inputs any more
-    bounds = shard_bounds(count, len(ch.local_peers))
-    isz = dtype.itemsize
-    for i, (q, (qa, qb)) in enumerate(zip(ch.local_peers, bounds, strict=True)):
-        at = -1 if results is None else results[i]
-        if at < 0:
-            src = ch.peer_scratch(q)[base : base + (qb - qa) * isz].view(dtype)
-        elif q == ch.rank:
-            continue  # (reduced where it belongs)
-        else:
-            src = ch.peer_at(q, at + qa * isz, qb - qa, dtype)
-        np.copyto(dst[lo + qa : lo + qb], src)
-    ch.post(DONE, s)
-    if results is not None and results[ch.local_index] >= 0:
-        ch.wait_peers(DONE, s, "all_reduce")  # the caller owns its result again
+    base = round_up((hi - lo) * xin.dtype.itemsize)
+    reduce_shards(ch, s, inputs, dst, lo, base, op, acc, results_of(words))
 
 
 def _hierarchical(
@@ -357,7 +266,7 @@ def _hierarchical(
     staged: bool,
     in_place: bool,
     nbytes: int,
-    result: int,
+    shares: bool,
 ) -> None:
     count, dtype = hi - lo, xin.dtype
     if lo == 0 and hi == xin.count:
@@ -419,4 +328,4 @@ def _hierarchical(
     else:
         nodes = signed.gather_rows(ch, cross, block, "all_reduce", "member").view(acc)
         reduce_into(mine, list(nodes), op, acc, avg_count=ch.world_size)
-    _gather_shards(ch, s, dst, lo, count, base, dtype)
+    gather_shards(ch, s, dst, lo, count, base, dtype)

@@ -46,11 +46,20 @@ from .schedule import AlgorithmTable
 from .signature import describe
 from .stats import CommStats
 
-__all__ = ["MAX_PLANS", "NUM_FLAGS", "Channel", "Flag", "peer_failed", "source_tag"]
+__all__ = [
+    "MAX_PLANS",
+    "NUM_FLAGS",
+    "SHARES",
+    "Channel",
+    "Flag",
+    "peer_failed",
+    "shared_word",
+    "source_tag",
+]
 
 log = logging.getLogger(__name__)
 
-NUM_FLAGS = 11
+NUM_FLAGS = 10
 MAX_PLANS = 64  # cached shapes per communicator (Channel.max_plans; least recently made go)
 _INLINE_TESTS = 32  # request tests an MPI exchange makes before its deadline loop
 BOARD_GRACE_S = 0.05  # an MPI exchange still pending this long reads the other nodes' board
@@ -73,13 +82,20 @@ class Flag(enum.IntEnum):
     INLINE = 7  # a cached plan's input of up to 8 bytes, in the cache line of READY
     XSEQ = 8  # the board: the call (sequence number) whose MPI exchange between nodes
     XSIG = 9  # this rank waits on (XSEQ), and its signature (XSIG): read by other nodes
-    RES = 10  # a node-local all-reduce's result on the heap (its offset: peers may read my
-    # reduced shard from it, and write none of theirs there), or -1 (private memory)
 
 
 _READY = int(Flag.READY)
 OFFSET_BITS = 40  # SRC: the heap offset in the low bits, a tag of the call's signature above
 OFFSET_MASK = (1 << OFFSET_BITS) - 1
+TAG_BITS = 0x7FFFFF << OFFSET_BITS  # the call's tag (source_tag) in the SRC word
+# the SRC word's sign bit: this rank's input is also its result (an all-reduce in place on a
+# SHMEMBuffer), and the call shares the work shard by shard (collectives.shards)
+SHARES = 1 << 63
+
+
+def shared_word(word: int) -> int:
+    """The ``SRC`` word ``word`` (offset and tag) with :data:`SHARES` set, as an int64."""
+    return word - SHARES
 
 
 def source_tag(sig: int) -> int:
@@ -342,9 +358,9 @@ class Channel:
         cached all-reduce plan writes its ``SIG`` word only when its plan changes, but every
         publisher tags ``SRC`` before it raises ``READY``."""
         self.check_signatures(peers, what, s)
-        mine = self.my_flags[Flag.SRC] & ~OFFSET_MASK
+        mine = self.my_flags[Flag.SRC] & TAG_BITS
         for r in self.local_peers if peers is None else peers:
-            if r != self.rank and (self.peer_flags[r][Flag.SRC] & ~OFFSET_MASK) != mine:
+            if r != self.rank and (self.peer_flags[r][Flag.SRC] & TAG_BITS) != mine:
                 self.mismatch(what, s)
 
     def mismatch(self, what: str, s: int, remote: dict[int, int] | None = None) -> None:
@@ -525,15 +541,14 @@ class Channel:
         scratch_bytes: int,
         lo: int = 0,
         hi: int | None = None,
-        result: int = -1,
+        shares: bool = False,
     ) -> None:
         """Make my input ``[lo, hi)`` readable by node-local peers and raise ``READY``.
 
         A SHMEMBuffer is published where it is (zero-copy); a numpy array is copied into my
         scratch first (callers have waited for ``DONE >= s - 1``). The heap offset goes into the
-        ``SRC`` flag, so peers find it whatever kind of argument this rank passed. ``result``:
-        the heap offset of element ``lo`` of my result (an all-reduce into a SHMEMBuffer), or
-        -1; it goes into ``RES``, with the same release.
+        ``SRC`` flag, so peers find it whatever kind of argument this rank passed. ``shares``
+        (a SHMEMBuffer in place): my input is my result too, :data:`SHARES` says so.
         """
         hi = xin.count if hi is None else hi
         isz = xin.dtype.itemsize
@@ -550,8 +565,8 @@ class Channel:
             offset = self.scratch_buf.offset
         else:
             offset = xin.shmem.offset + lo * isz
-        self.my_flags[Flag.SRC] = offset | source_tag(self.signature)
-        self.my_flags[Flag.RES] = result + lo * isz if result >= 0 else -1
+        word = offset | source_tag(self.signature)
+        self.my_flags[Flag.SRC] = shared_word(word) if shares and xin.shmem is not None else word
         self.post(Flag.READY, s)
 
     def source_offset(self, rank: int) -> int:
@@ -563,8 +578,8 @@ class Channel:
     def check_tags(self, words: list[int], order: list[int], what: str, s: int) -> None:
         """Raise ``CollectiveMismatchError`` unless every ``SRC`` word in ``words`` (ranks
         ``order``, after their ``READY`` of call ``s``) carries this rank's call tag."""
-        mine = words[order.index(self.rank)] & ~OFFSET_MASK
-        if any((w & ~OFFSET_MASK) != mine for w in words):
+        mine = words[order.index(self.rank)] & TAG_BITS
+        if any((w & TAG_BITS) != mine for w in words):
             self.mismatch(what, s)
 
     def peer_input(self, rank: int, count: int, dtype: np.dtype[Any]) -> np.ndarray[Any, Any]:

@@ -20,7 +20,7 @@ import numpy as np
 
 from shmem import SHMEMBuffer, flight
 
-from .channel import MAX_PLANS, Channel, Flag, source_tag
+from .channel import MAX_PLANS, Channel, Flag, shared_word, source_tag
 
 __all__ = [
     "MAX_PLANS",
@@ -158,6 +158,9 @@ class ReplayPlan:
         choice = ch.table.choose(self.nbytes, ch.world_size, ch.num_nodes)
         self.auto = choice == self.algorithm
         self.closed = False  # dropped from the cache: a remembered reference looks it up again
+        # an all-reduce in place on a SHMEMBuffer runs shard by shard (collectives.shards,
+        # TinyPlan's own): None, or where my reduced shard goes in my scratch
+        self.share_base: int | None = None
 
     def close(self) -> None:
         """Release what the plan holds beyond memory (the C replay's addresses); a plan
@@ -169,16 +172,27 @@ class ReplayPlan:
             self.fast = None
 
     def exchange(
-        self, ch: Channel, s: int, x: np.ndarray[Any, Any], shm: SHMEMBuffer | None
+        self,
+        ch: Channel,
+        s: int,
+        x: np.ndarray[Any, Any],
+        shm: SHMEMBuffer | None,
+        shares: bool = False,
     ) -> list[np.ndarray[Any, Any]]:
         """Call ``s``'s exchange: :meth:`publish`, then :meth:`wait_inputs`."""
-        self.publish(ch, s, x, shm)
+        self.publish(ch, s, x, shm, shares)
         return self.wait_inputs(ch, s)
 
     def publish(
-        self, ch: Channel, s: int, x: np.ndarray[Any, Any], shm: SHMEMBuffer | None
+        self,
+        ch: Channel,
+        s: int,
+        x: np.ndarray[Any, Any],
+        shm: SHMEMBuffer | None,
+        shares: bool = False,
     ) -> None:
-        """Wait for the peers' ``DONE`` of call ``s - 1``, publish my input, raise ``READY``."""
+        """Wait for the peers' ``DONE`` of call ``s - 1``, publish my input, raise ``READY``
+        (``shares``: ``shm`` in place, :data:`collectives.channel.SHARES` set)."""
         prev = s - 1
         for f in self.flags:
             if f[_DONE] < prev and not _spin(f, _DONE, prev):
@@ -194,6 +208,8 @@ class ReplayPlan:
             self.stage[...] = x  # the plan's dtype: no cast (cheaper than np.copyto here)
             mine[SRC] = self.stage_word
             ch.stats.staged_bytes += self.nbytes
+        elif shares:
+            mine[SRC] = shared_word(self.shm_src(shm))
         else:
             mine[SRC] = self.shm_src(shm)
         if self.fence_needed:  # release (Channel.post, inlined)
@@ -222,7 +238,7 @@ class ReplayPlan:
             ch.my_flags[_SIG0 + (s & 1)] = self.signature  # for the listing, should it differ
             ch.check_tags(offsets, self.order, self.where, s)
             inputs = [ch.peer_input(r, self.count, self.dtype) for r in self.order]
-            if self.fast is not None:
+            if self.fast is not None and min(offsets) >= 0:  # (a rank in place: Python's)
                 self.fast.set_inputs(offsets, inputs)
             self.offsets, self.inputs = offsets, inputs
         return self.inputs
@@ -286,7 +302,8 @@ class ReplayPlan:
         ch.signature = self.signature  # what a slow wait announces (Channel.announce)
         fast = self.fast
         code, n = _C_UNTOUCHED, -1
-        if fast is not None and ch.sig_seq != s - 1:
+        shares = in_place and shm is not None and self.share_base is not None
+        if fast is not None and ch.sig_seq != s - 1 and not shares:
             if shm is None:
                 code = fast.run(s, x, 0, dst, record)
             elif self.nbytes <= STAGE_SMALL or in_place:
@@ -311,9 +328,9 @@ class ReplayPlan:
             n = self.flight.begin(self.stream, op, self.nbytes, self.dtype)
         try:
             if code == _C_UNTOUCHED:
-                if in_place and shm is not None:  # staged, as the C replay does
+                if in_place and shm is not None and not shares:  # staged, as in C
                     x, shm = shm.local().reshape(-1), None
-                self.finish(ch, s, self.exchange(ch, s, x, shm), shm, dst, in_place)
+                self.finish(ch, s, self.exchange(ch, s, x, shm, shares), shm, dst, in_place)
             elif code == _C_AFTER_READY:  # the Python replay goes on from READY
                 self.finish(ch, s, self.wait_inputs(ch, s), shm, dst, in_place)
             else:  # DONE is raised: wait for the peers' (they read my SHMEMBuffer)

@@ -1117,3 +1117,42 @@ def test_small_family_across_nodes_from_a_cached_plan(kind: str) -> None:
         sym.close()
         comm.close()
         world.finalize()
+
+
+@pytest.mark.parametrize(("name", "op"), [("float32", "sum"), ("int64", "max"), ("float16", "sum")])
+def test_in_place_shares_the_work_from_the_cached_plans(
+    plain: tuple[World, Any], name: str, op: str
+) -> None:
+    """In place above 64 KiB runs shard by shard from the cached plans too (the C replay
+    hands such a call to Python: a SRC word with SHARES set is never one it expects):
+    bitwise the numpy form's result call after call (the general path makes the plan, the
+    fast path and its memo replay it), with every rank in place, with the forms mixed in
+    one call, and with no rank in place right after (the C replay again); in place stages
+    nothing."""
+    world, comm = plain
+    isz = np.dtype(SUPPORTED_DTYPES[name]).itemsize
+    for count in ((96 << 10) // isz + 3, (1 << 20) // isz):  # above SHARE_MIN, to the plans'
+        x = make_input(name, op, count, seed=world.rank + 5)
+        want = comm.all_reduce(x, op=op)
+        check_result(world, want, world.comm.allgather(x), op, name, world.num_nodes == 1)
+        with world.zeros(count, name) as sym, world.zeros(count, name) as other:
+            for trial in range(3):
+                for form in ("in_place", "mixed", "sym_out", "numpy"):
+                    sym.local()[...] = x
+                    staged = comm.stats.staged_bytes
+                    mine = (
+                        form
+                        if form != "mixed"
+                        else ("in_place", "numpy", "sym_out")[world.rank % 3]
+                    )
+                    if mine == "in_place":
+                        comm.all_reduce(sym, op=op, out=sym)
+                        got = np.asarray(sym.local())
+                    elif mine == "numpy":
+                        got = comm.all_reduce(x, op=op)
+                    else:
+                        comm.all_reduce(sym, op=op, out=other)
+                        got = np.asarray(other.local())
+                    assert got.tobytes() == want.tobytes(), (count, trial, form)
+                    if form == "in_place" and world.num_nodes == 1:
+                        assert comm.stats.staged_bytes == staged, "in place stages nothing"
