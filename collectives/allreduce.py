@@ -222,15 +222,11 @@ def _one_shot(
             ch, s, inputs, dst, lo, round_up(count * xin.dtype.itemsize), op, acc, results
         )
         return
-    # (in place here only where its result is not one the peers can read: aside)
-    aside = in_place and not staged
-    target = np.empty(count, dst.dtype) if aside else dst[lo:hi]
-    reduce_into(target, inputs, op, acc, avg_count=ch.world_size)
+    # (no rank in place unstaged here: all_reduce stages or shares every such x)
+    reduce_into(dst[lo:hi], inputs, op, acc, avg_count=ch.world_size)
     ch.post(DONE, s)
     if not staged:  # the caller owns x again once every peer has read it
         ch.wait_peers(DONE, s, "all_reduce")
-        if aside:
-            np.copyto(dst[lo:hi], target)
 
 
 def _two_shot(
