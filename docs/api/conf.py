@@ -38,7 +38,7 @@ _EXTERNAL = sorted(
 )
 _INTERNAL_TYPES = [
     r"(\w+\.)*_\w+(\.\w+)*",  # anything private
-    r"(shmem|collectives)\.(\w+\.)*\w*(Config|Impl|Methods|Resource|Heap|Team|Context|Plan|Keywords|Aliases)",
+    r"(shmem|collectives)\.(\w+\.)*\w*(Config|Impl|Methods|Resource|Heap|Team|Context|Plan|Keywords|Aliases|Channel)",
     r"(ShapeLike|DTypeLike|Casting|Input|Fetched|DeviceImpl|StreamImpl|Team|Context)",
     r"(SymmetricHeap|MemoryResource|Published|shmem\.ipc\.Published)",
 ]
