@@ -125,6 +125,11 @@ class Call:
         """Move the data in one signed MPI exchange."""
         raise NotImplementedError
 
+    def kept(self, xin: Operand, dst: Array) -> bool:
+        """Whether ``dst``, overlapping my input, is its result as it stands (a broadcast's
+        root in place): nothing to keep aside."""
+        return False
+
     def combine(self, ranks: list[int], inputs: list[Array], target: Array) -> None:
         """The node-local route's result from the inputs of ``ranks`` (the readers)."""
         raise NotImplementedError
@@ -190,22 +195,29 @@ class General:
 
 
 def _on_node(ch: Channel, s: int, call: Call, xin: Operand, dst: Array) -> None:
-    """The node-local exchange of call ``s``: publish my input, wait for every local rank's
-    ``READY`` (and signature: a rank in another call, such as a broadcast's other root, is
-    found by every rank in this call, not only by the readers), combine the readers' inputs,
-    raise ``DONE``; for a zero-copy input wait for the peers' ``DONE`` (they have read it),
-    the result kept aside meanwhile where it overlaps that input."""
+    """The node-local exchange of call ``s``: publish my input (only where a peer reads it:
+    a broadcast's non-roots stage nothing), wait for every local rank's ``READY`` (and
+    signature: a rank in another call, such as a broadcast's other root, is found by every
+    rank in this call, not only by the readers), combine the readers' inputs, raise ``DONE``;
+    for a zero-copy input that peers read, wait for their ``DONE`` (they have read it), the
+    result kept aside meanwhile where it overlaps that input."""
     where = call.where
     staged = xin.shmem is None
-    ch.publish(s, xin, xin.count * xin.dtype.itemsize)
-    ch.wait_peers(Flag.READY, s, where)
-    aside = (not staged) and bool(np.may_share_memory(dst, xin.array))
-    target: Array = np.empty_like(dst) if aside else dst
     readers = ch.local_peers if call.readers is None else call.readers
+    read = ch.rank in readers  # whether peers read my input
+    ch.publish(s, xin, xin.count * xin.dtype.itemsize, 0, None if read else 0)
+    ch.wait_peers(Flag.READY, s, where)
+    aside = (
+        read
+        and not staged
+        and bool(np.may_share_memory(dst, xin.array))
+        and not call.kept(xin, dst)
+    )
+    target: Array = np.empty_like(dst) if aside else dst
     inputs: list[Array] = [ch.peer_input(r, xin.count, xin.dtype) for r in readers]
     call.combine(readers, inputs, target)
     ch.post(Flag.DONE, s)
-    if not staged:  # the caller owns x again once every peer has read it
+    if read and not staged:  # the caller owns x again once every peer has read it
         ch.wait_peers(Flag.DONE, s, where)
         if aside:
             np.copyto(dst, target)
