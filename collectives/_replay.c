@@ -437,8 +437,12 @@ static PyObject *Replay_run(Replay *self, PyObject *const *args, Py_ssize_t narg
         self->slot = flight_begin(&self->ring, &self->proto, self->counter, 1);
     if (!spin_all(self->peers, self->npeers, self->done, s - 1, self->spin_ns))
         goto end; /* my stage may still be read: the Python replay waits */
+    /* whether peers read my input: not a broadcast's non-root's (it stages nothing and
+     * awaits no DONE) */
+    int read = self->mode != M_COPY_ONE || self->words[self->root] == self->mine;
     if (have_x) {
-        memcpy(self->stage, xsrc, (size_t)self->nbytes);
+        if (read)
+            memcpy(self->stage, xsrc, (size_t)self->nbytes);
         self->mine[self->src] = self->stage_word;
     } else {
         self->mine[self->src] = shm_word;
@@ -480,7 +484,7 @@ static PyObject *Replay_run(Replay *self, PyObject *const *args, Py_ssize_t narg
     }
     store_release(self->mine + self->done, s);
     code = AFTER_DONE;
-    if (!have_x && !spin_all(self->peers, self->npeers, self->done, s, self->spin_ns))
+    if (!have_x && read && !spin_all(self->peers, self->npeers, self->done, s, self->spin_ns))
         goto end; /* the peers still read my SHMEMBuffer */
     code = DONE_ALL;
     flight_end(&self->ring, self->slot, 0);

@@ -41,7 +41,19 @@ class FamilyPlan(ReplayPlan):
         self.out_count = count if kind == "broadcast" else count * ch.world_size
         self.root_index = self.order.index(root) if kind == "broadcast" else 0
         mode = "copy_one" if kind == "broadcast" else "concat"
+        self.reads_mine = kind != "broadcast" or ch.rank == root
         self.make_fast(ch, mode, root=self.root_index)
+
+    def hazard(self, ch: Channel, shm: SHMEMBuffer | None, dst: Array) -> bool:
+        if self.algorithm != "broadcast":
+            return True
+        # a broadcast reads the root's input only: a non-root's x is no one's input, and the
+        # root's x itself is its result as it stands
+        return (
+            self.reads_mine
+            and shm is not None
+            and (dst.ctypes.data != ch.world.heap.address(shm.offset) or dst.nbytes != self.nbytes)
+        )
 
     def finish(
         self,
@@ -71,7 +83,7 @@ class FamilyPlan(ReplayPlan):
             ch.world.heap.fence()  # release: my reads of peers' memory are done
         ch.my_flags[Flag.DONE] = s
         ch.stats.calls += 1
-        if shm is not None or aside is not None:  # no peer reads the inputs any more
+        if (shm is not None and self.reads_mine) or aside is not None:  # no peer reads them
             self.await_done(ch, s)
         if aside is not None:
             np.copyto(dst, aside)

@@ -161,6 +161,9 @@ class ReplayPlan:
         # an all-reduce in place on a SHMEMBuffer runs shard by shard (collectives.shards,
         # TinyPlan's own): None, or where my reduced shard goes in my scratch
         self.share_base: int | None = None
+        # whether peers read my input (not a broadcast's non-root's: it stages nothing,
+        # awaits no DONE, and its x in place is no hazard)
+        self.reads_mine = True
 
     def close(self) -> None:
         """Release what the plan holds beyond memory (the C replay's addresses); a plan
@@ -205,9 +208,10 @@ class ReplayPlan:
         # word only when the plan is made or the words change (a peer's mismatch shows
         # there, since the SRC word differs)
         if shm is None:
-            self.stage[...] = x  # the plan's dtype: no cast (cheaper than np.copyto here)
+            if self.reads_mine:
+                self.stage[...] = x  # the plan's dtype: no cast (cheaper than np.copyto here)
+                ch.stats.staged_bytes += self.nbytes
             mine[SRC] = self.stage_word
-            ch.stats.staged_bytes += self.nbytes
         elif shares:
             mine[SRC] = shared_word(self.shm_src(shm))
         else:
@@ -302,6 +306,8 @@ class ReplayPlan:
         ch.signature = self.signature  # what a slow wait announces (Channel.announce)
         fast = self.fast
         code, n = _C_UNTOUCHED, -1
+        if in_place and not self.hazard(ch, shm, dst):
+            in_place = False  # (a broadcast's root into x itself, its non-roots)
         shares = in_place and shm is not None and self.share_base is not None
         if fast is not None and ch.sig_seq != s - 1 and not shares:
             if shm is None:
@@ -317,7 +323,7 @@ class ReplayPlan:
                     shm = None  # from here on the call is a staged one
             else:
                 code = fast.run(s, None, self.shm_src(shm), dst, record)
-            if code != _C_UNTOUCHED and shm is None:
+            if code != _C_UNTOUCHED and shm is None and self.reads_mine:
                 ch.stats.staged_bytes += self.nbytes
             if code == _C_DONE:  # (the C replay recorded the whole call)
                 ch.stats.calls += 1
@@ -340,6 +346,11 @@ class ReplayPlan:
             self.flight.end(n, True)
             raise
         self.flight.end(n)
+
+    def hazard(self, ch: Channel, shm: SHMEMBuffer | None, dst: np.ndarray[Any, Any]) -> bool:
+        """Whether ``dst``, overlapping my zero-copy input ``shm``, is a hazard: written
+        while peers may still read it (the rule for every plan that reads every input)."""
+        return True
 
     def finish(
         self,

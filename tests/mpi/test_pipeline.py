@@ -300,3 +300,32 @@ def test_the_same_family_arguments_again_read_their_new_contents(
     finally:
         sym_out.close()
         sym.close()
+
+
+@pytest.mark.parametrize("size", ["plan", "exchange"])
+def test_a_broadcast_stages_only_the_roots_input(capped: tuple[World, Any], size: str) -> None:
+    """Issue 44: a broadcast reads the root's input only, so a non-root's input, numpy or
+    symmetric, is never staged (and in place it is no hazard); every root in turn, cached
+    plan and general exchange."""
+    world, comm = capped
+    p, r = world.world_size, world.rank
+    ch = comm.host_channel
+    if ch.num_nodes > 1:
+        pytest.skip("between nodes a broadcast moves point to point (no node-local stage)")
+    count = SIZES[size] // 4
+    x = np.empty(count, np.int32)
+    sym = world.zeros(count, "int32")
+    try:
+        for root in range(p):
+            for form in ("numpy", "symmetric"):
+                x[...] = np.arange(count) + 7 * r
+                sym.local()[...] = x
+                y = x if form == "numpy" else sym
+                before = ch.stats.staged_bytes
+                assert comm.broadcast(y, root) is y
+                staged = ch.stats.staged_bytes - before
+                got = x if form == "numpy" else sym.local()
+                assert (got == np.arange(count) + 7 * root).all(), (root, form)
+                assert staged == 0 if r != root else staged <= x.nbytes, (root, form, staged)
+    finally:
+        sym.close()
