@@ -281,7 +281,7 @@ def _hierarchical(
 
     def abandon(exc: BaseException) -> None:
         if cross is not None:  # the other nodes wait in the exchange: tell them, at once
-            ch.abandon_exchange(cross, sent, "all_reduce", exc)
+            signed.abandon_gather(ch, cross, sent, "all_reduce", exc)
 
     s = ch.begin("all_reduce", abandon)  # node-local peers are done with the last call
     if rank_order:  # in rank order, over MPI

@@ -24,7 +24,7 @@ from .ops import canonical_padding, divide_by_count, int_avg, reduce_into, ufunc
 from .replay import TINY_NBYTES, ReplayPlan, c_reduce_codes, cached_plan, round_up
 from .shards import reduce_shards, results_of
 from .signature import collective_of
-from .signed import abandoned, persistent_gather
+from .signed import abandon_gather, abandoned, persistent_gather
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -419,7 +419,7 @@ class AcrossPlan:
         cross, op, acc, size = self.cross, self.op, self.acc, ch.world_size
 
         def abandon(exc: BaseException) -> None:  # the other nodes wait: tell them, at once
-            ch.abandon_exchange(cross, 0, "all_reduce", exc)
+            abandon_gather(ch, cross, 0, "all_reduce", exc)
 
         for lo, hi in self.pieces:
             s = ch.begin("all_reduce", abandon)

@@ -34,13 +34,11 @@ from shmem.callreport import Reporter
 from shmem.errors import (
     CollectiveMismatchError,
     PeerFailedError,
-    ShmemError,
     ShmemStateError,
     SignalTimeoutError,
 )
 from shmem.signals import poll_until, spin_seconds
 
-from . import signed
 from .operand import Operand
 from .schedule import AlgorithmTable
 from .signature import describe
@@ -380,11 +378,6 @@ class Channel:
         # of its call: shmem.callreport)
         raise CollectiveMismatchError(f"{what}: ranks called different collectives ({listing})")
 
-    def mpi_wait_all(self, reqs: list[MPI.Request], what: str, keep: object = None) -> None:
-        """:meth:`mpi_wait` for several requests (point-to-point messages of one exchange)."""
-        if reqs:
-            self.mpi_wait(signed.AllOf(reqs), what, keep)  # type: ignore[arg-type]
-
     def mpi_wait(self, req: MPI.Request, what: str, keep: object = None) -> None:
         """Wait for a non-blocking MPI exchange between nodes, within the deadline (and
         reading the board while it lasts: :meth:`_poll`)."""
@@ -519,18 +512,6 @@ class Channel:
                 self.cross_buffers.clear()
             rows = self.cross_buffers[key] = np.empty((members, nbytes), np.uint8)
         return rows
-
-    def abandon_exchange(
-        self, comm: MPI.Intracomm, nbytes: int, what: str, exc: BaseException
-    ) -> None:
-        """Take part in the signed all-gather a call would make, with a block marked
-        abandoned (:func:`collectives.signed.abandoned`), after this rank failed before it
-        with ``exc``: the members on other nodes stop at once instead of waiting out the
-        deadline."""
-        # (the board may report the peer that failed first: that is not this call's error)
-        block = signed.signed_block(nbytes, signed.abandoned(exc))
-        with contextlib.suppress(MPI.Exception, ShmemError):
-            signed.gather_rows(self, comm, block, what, "member", False)
 
     # -- inputs --------------------------------------------------------------------------------
 

@@ -1,35 +1,32 @@
-"""The all-reduce's phase between nodes, for large vectors: a reduce-scatter and an all-gather
-over MPI among the ranks that exchange across nodes (``Channel.cross``).
+"""The family's exchanges between nodes, and the all-reduce's phase between nodes for large
+vectors: a reduce-scatter and an all-gather over MPI among the ranks that exchange across
+nodes (``Channel.cross``).
 
-Each member sends piece ``k`` of its partial to member ``k`` (one ``Ialltoallv`` straight
-from the partial: no staging), reduces the pieces it received in member (= node) order into
-its piece of the target, and the members all-gather their reduced pieces in place
-(``Iallgatherv``). Each rank moves ``2 (n - 1) / n`` of the vector where the single all-gather
-of every partial (the small-vector path) moves ``n - 1`` times it, and reduces ``1 / n`` of it
-where that path reduces all of it; the operations per element are the same, in the same
-order, so the result is bitwise that path's, on every rank.
+Every exchange here is point to point (:func:`collectives.signed.signed_p2p`), straight from
+the caller's arrays into the members' (no staging). For the all-reduce each member sends
+piece ``k`` of its partial to member ``k``, reduces the pieces it received in member
+(= node) order into its piece of the target, and the members all-gather their reduced
+pieces in place. Each rank moves ``2 (n - 1) / n`` of the vector where the single
+all-gather of every partial (the small-vector path) moves ``n - 1`` times it, and reduces
+``1 / n`` of it where that path reduces all of it; the operations per element are the same,
+in the same order, so the result is bitwise that path's, on every rank.
 
-The call's signature is all-gathered first (8 bytes a member,
-:func:`collectives.signed.agree_first`): the data exchanges carry none, so sizes are known to
-agree before any byte moves, and a mismatched call raises on every member instead of
-truncating or hanging.
+The call's signature travels to every member with the data (8 bytes, a tag of its own) and is
+compared before any received byte is used: a mismatched call raises on every member instead
+of truncating or hanging. The caller is a :class:`CrossHost` (the channel): its deadline,
+board and failure handling wrap every wait.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 from mpi4py import MPI
 
-from . import signed
 from .ops import reduce_into
 from .schedule import shard_bounds
-from .signed import P2P_MAX_MEMBERS
-
-if TYPE_CHECKING:
-    from .channel import Channel
+from .signed import P2P_MAX_MEMBERS, P2PHost, signed_p2p, wait_all
 
 __all__ = ["CROSS_RS_MIN_NBYTES", "P2P_MAX_MEMBERS", "reduce_across", "reduce_scatter_across"]
 
@@ -42,7 +39,6 @@ CROSS_RS_MIN_NBYTES = 32 << 10
 # the point-to-point messages of each collective between nodes (calls are in order on a
 # communicator, so a tag per collective is enough to keep them apart)
 _TAGS = {"reduce_scatter": 0x5C1, "all_gather": 0x5C2, "broadcast": 0x5C3, "all_to_all": 0x5C4}
-_SIG_TAG = 0x5C0  # the signatures' messages
 _GATHER_TAG = 0x5C5  # the all-reduce's reduced pieces, to every member
 # the reduced pieces go to every member point to point up to this size a piece, beyond it
 # through MPI's in-place Iallgatherv: at 2 simulated nodes on MPICH 128 KiB pieces took
@@ -50,12 +46,20 @@ _GATHER_TAG = 0x5C5  # the all-reduce's reduced pieces, to every member
 GATHER_P2P_MAX_PIECE = 256 << 10
 
 
+class CrossHost(P2PHost, Protocol):
+    """What the exchanges between nodes need of their caller (a
+    :class:`~collectives.channel.Channel`): a signed exchange's host, and receive arrays
+    reused across calls."""
+
+    def cross_rows(self, members: int, nbytes: int) -> np.ndarray[Any, np.dtype[np.uint8]]: ...
+
+
 def _u8(a: np.ndarray[Any, Any]) -> np.ndarray[Any, np.dtype[np.uint8]]:
     return a.reshape(-1).view(np.uint8)
 
 
 def reduce_across(
-    ch: Channel,
+    ch: CrossHost,
     cross: MPI.Intracomm,
     src: np.ndarray[Any, Any],
     target: np.ndarray[Any, Any],
@@ -84,7 +88,7 @@ def reduce_across(
             reqs += [
                 cross.Isend([mine, MPI.BYTE], dest=k, tag=_GATHER_TAG) for k in range(n) if k != me
             ]
-        ch.mpi_wait_all(reqs, what, keep=target)
+        wait_all(ch, reqs, what, keep=target)
         return
     tsz = target.dtype.itemsize
     counts = [(q - p) * tsz for p, q in bounds]
@@ -94,7 +98,7 @@ def reduce_across(
 
 
 def reduce_scatter_across(
-    ch: Channel,
+    ch: CrossHost,
     comm: MPI.Intracomm,
     src: np.ndarray[Any, Any],
     target: np.ndarray[Any, Any],
@@ -132,72 +136,8 @@ def reduce_scatter_across(
     reduce_into(target, pieces, op, acc, avg_count=avg_count)
 
 
-def signed_p2p(
-    ch: Channel,
-    comm: MPI.Intracomm,
-    what: str,
-    tag: int,
-    sends: Sequence[tuple[int, np.ndarray[Any, Any]]],
-    recvs: Sequence[tuple[int, np.ndarray[Any, Any]]],
-    keep: object,
-    meanwhile: Callable[[], object] | None = None,
-) -> None:
-    """One call's data as point-to-point messages (``tag``: the collective's), with the
-    call's signatures sent to every member at the same time (their own tag): the signatures
-    are waited for first (MPI moves the data meanwhile), so a member in another such call
-    raises ``CollectiveMismatchError`` on every member before any data is used (a member in
-    a call that exchanges otherwise is found by the board, ``Channel.check_board``).
-    Messages of another collective never match these (another tag, or a collective's own
-    context), and a
-    message longer than its receive is MPI's truncation error, also a mismatch: nothing is
-    written out of place, on any MPI. Requests a mismatch leaves posted stay with the
-    channel (their buffers with them), which is broken then."""
-    n, me = comm.Get_size(), comm.Get_rank()
-    block = signed.signed_block(0, ch.signature)
-    rows = np.zeros((n, 8), np.uint8)
-    rows[me] = block
-    # the signatures go to every member point to point too (8 bytes, a tag of their own: a
-    # round trip where MPI's non-blocking all-gather of 8 bytes took several here)
-    others = [k for k in range(n) if k != me]
-    sig_reqs = [comm.Irecv([rows[k], MPI.BYTE], source=k, tag=_SIG_TAG) for k in others]
-    reqs: list[MPI.Request] = []
-    # the data moves with the signatures, where a truncated message is a clean error
-    # (MPICH); elsewhere only once they agree (Open MPI corrupted its heap on a truncated
-    # large message here: signed.P2P_TRUNCATION_REPORTED). Every receive is posted before
-    # any send: a message that finds no receive is copied aside first
-    if signed.P2P_TRUNCATION_REPORTED:
-        reqs.extend(comm.Irecv([buf, MPI.BYTE], source=k, tag=tag) for k, buf in recvs)
-    sig_reqs += [comm.Isend([block, MPI.BYTE], dest=k, tag=_SIG_TAG) for k in others]
-
-    def post() -> None:
-        if not signed.P2P_TRUNCATION_REPORTED:
-            reqs.extend(comm.Irecv([buf, MPI.BYTE], source=k, tag=tag) for k, buf in recvs)
-        reqs.extend(comm.Isend([buf, MPI.BYTE], dest=k, tag=tag) for k, buf in sends)
-        if meanwhile is not None:  # local work that overlaps the transfer (a copy into out)
-            meanwhile()
-
-    if signed.P2P_TRUNCATION_REPORTED:
-        post()
-    done = False
-    try:
-        ch.mpi_wait_all(sig_reqs, what, keep=(block, rows))
-        if rows.tobytes() != block.tobytes() * n:
-            signed.compare(ch, rows.view(np.int64)[:, 0], what, "member")
-        if not signed.P2P_TRUNCATION_REPORTED:
-            post()
-        ch.mpi_wait_all(reqs, what, keep=keep)
-        done = True
-    except MPI.Exception as exc:
-        if exc.Get_error_class() != MPI.ERR_TRUNCATE:
-            raise
-        signed.mismatch(ch, what, "a message from another member is longer than expected")
-    finally:
-        if not done:  # posted and never completed: MPI may still use the buffers
-            ch.pending.extend((r, (keep, block, rows)) for r in sig_reqs + reqs)
-
-
 def all_gather_across(
-    ch: Channel,
+    ch: CrossHost,
     comm: MPI.Intracomm,
     send: np.ndarray[Any, Any],
     dst: np.ndarray[Any, Any],
@@ -224,7 +164,7 @@ def all_gather_across(
 
 
 def broadcast_across(
-    ch: Channel,
+    ch: CrossHost,
     comm: MPI.Intracomm,
     src: np.ndarray[Any, Any],
     dst: np.ndarray[Any, Any],
@@ -256,7 +196,7 @@ def broadcast_across(
 
 
 def all_to_all_across(
-    ch: Channel,
+    ch: CrossHost,
     comm: MPI.Intracomm,
     src: np.ndarray[Any, Any],
     dst: np.ndarray[Any, Any],

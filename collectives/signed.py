@@ -20,6 +20,10 @@ see ``P2P_TRUNCATION_REPORTED``). Then:
   sends its whole input, and keeps what is its);
 * a larger call moves the data zero-copy.
 
+Between nodes the family and the large all-reduce exchange point to point instead
+(:func:`signed_p2p`): every member's signature goes to every other with the data, on a tag of
+its own, and is compared before any received byte is used.
+
 The cached plans of small calls across nodes exchange in one round instead
 (:class:`PeerGather`, up to :data:`P2P_MAX_MEMBERS` members): persistent point-to-point
 messages, each carrying its member's signature ahead of its block, received into slots of
@@ -41,7 +45,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, NoReturn, Protocol
 
 import numpy as np
@@ -57,9 +61,11 @@ __all__ = [
     "P2P_MAX_MEMBERS",
     "SMALL_BLOCK",
     "AllOf",
+    "P2PHost",
     "PeerGather",
     "PersistentGather",
     "SignedHost",
+    "abandon_gather",
     "abandoned",
     "allgather",
     "alltoall",
@@ -70,6 +76,8 @@ __all__ = [
     "persistent_gather",
     "run",
     "signed_block",
+    "signed_p2p",
+    "wait_all",
 ]
 
 SMALL_BLOCK = 1 << 16
@@ -87,6 +95,13 @@ class SignedHost(Protocol):
     def mpi_wait(self, req: MPI.Request, what: str, keep: object = None) -> None: ...
 
     def fail(self, mismatch: bool = False) -> None: ...
+
+
+class P2PHost(SignedHost, Protocol):
+    """What a point-to-point signed exchange (:func:`signed_p2p`) needs of its caller too:
+    where requests it leaves posted are kept (with their buffers) for the process's life."""
+
+    pending: list[tuple[MPI.Request, object]]
 
 
 def signed_block(nbytes: int, signature: int) -> Bytes:
@@ -349,6 +364,91 @@ class AllOf:
 
     def Test(self) -> bool:  # (an MPI request's method name)
         return bool(MPI.Request.Testall(self.reqs))
+
+
+def wait_all(host: SignedHost, reqs: list[MPI.Request], what: str, keep: object = None) -> None:
+    """``host.mpi_wait`` for several requests (the point-to-point messages of one exchange)."""
+    if reqs:
+        host.mpi_wait(AllOf(reqs), what, keep)  # type: ignore[arg-type]
+
+
+def abandon_gather(
+    host: SignedHost, comm: MPI.Intracomm, nbytes: int, what: str, exc: BaseException
+) -> None:
+    """Take part in the signed all-gather of ``nbytes`` a member that a call would make, with
+    a block marked abandoned (:func:`abandoned`), after this member failed before it with
+    ``exc``: the other members stop at once instead of waiting out the deadline."""
+    # (the board may report the peer that failed first: that is not this call's error)
+    block = signed_block(nbytes, abandoned(exc))
+    with contextlib.suppress(MPI.Exception, ShmemError):
+        gather_rows(host, comm, block, what, "member", False)
+
+
+_SIG_TAG = 0x5C0  # signed_p2p's signature messages
+
+
+def signed_p2p(
+    host: P2PHost,
+    comm: MPI.Intracomm,
+    what: str,
+    tag: int,
+    sends: Sequence[tuple[int, np.ndarray[Any, Any]]],
+    recvs: Sequence[tuple[int, np.ndarray[Any, Any]]],
+    keep: object,
+    meanwhile: Callable[[], object] | None = None,
+) -> None:
+    """One call's data as point-to-point messages (``tag``: the collective's), with the
+    call's signatures sent to every member at the same time (their own tag): the signatures
+    are waited for first (MPI moves the data meanwhile), so a member in another such call
+    raises ``CollectiveMismatchError`` on every member before any data is used (a member in
+    a call that exchanges otherwise is found by the board, ``Channel.check_board``).
+    Messages of another collective never match these (another tag, or a collective's own
+    context), and a message longer than its receive is MPI's truncation error, also a
+    mismatch: nothing is written out of place, on any MPI. Requests a mismatch leaves posted
+    stay in ``host.pending`` (their buffers with them)."""
+    n, me = comm.Get_size(), comm.Get_rank()
+    block = signed_block(0, host.signature)
+    rows = np.zeros((n, 8), np.uint8)
+    rows[me] = block
+    # the signatures go to every member point to point too (8 bytes, a tag of their own: a
+    # round trip where MPI's non-blocking all-gather of 8 bytes took several here)
+    others = [k for k in range(n) if k != me]
+    sig_reqs = [comm.Irecv([rows[k], MPI.BYTE], source=k, tag=_SIG_TAG) for k in others]
+    reqs: list[MPI.Request] = []
+    # the data moves with the signatures, where a truncated message is a clean error
+    # (MPICH); elsewhere only once they agree (Open MPI corrupted its heap on a truncated
+    # large message here: P2P_TRUNCATION_REPORTED). Every receive is posted before any
+    # send: a message that finds no receive is copied aside first
+    early = P2P_TRUNCATION_REPORTED
+    if early:
+        reqs.extend(comm.Irecv([buf, MPI.BYTE], source=k, tag=tag) for k, buf in recvs)
+    sig_reqs += [comm.Isend([block, MPI.BYTE], dest=k, tag=_SIG_TAG) for k in others]
+
+    def post() -> None:
+        if not early:
+            reqs.extend(comm.Irecv([buf, MPI.BYTE], source=k, tag=tag) for k, buf in recvs)
+        reqs.extend(comm.Isend([buf, MPI.BYTE], dest=k, tag=tag) for k, buf in sends)
+        if meanwhile is not None:  # local work that overlaps the transfer (a copy into out)
+            meanwhile()
+
+    if early:
+        post()
+    done = False
+    try:
+        wait_all(host, sig_reqs, what, keep=(block, rows))
+        if rows.tobytes() != block.tobytes() * n:
+            compare(host, rows.view(np.int64)[:, 0], what, "member")
+        if not early:
+            post()
+        wait_all(host, reqs, what, keep=keep)
+        done = True
+    except MPI.Exception as exc:
+        if exc.Get_error_class() != MPI.ERR_TRUNCATE:
+            raise
+        mismatch(host, what, "a message from another member is longer than expected")
+    finally:
+        if not done:  # posted and never completed: MPI may still use the buffers
+            host.pending.extend((r, (keep, block, rows)) for r in sig_reqs + reqs)
 
 
 class PeerGather:
