@@ -37,6 +37,7 @@ export SHMEM_BACKEND="${SHMEM_BACKEND:-host}"
 LOGS="${TEST_LOGS:-logs/test}"  # the test of ./dev test itself logs elsewhere
 rm -rf "$LOGS"
 mkdir -p "$LOGS"
+LOGS_ABS=$(cd "$LOGS" && pwd)  # (TEST_LOGS may be absolute or relative)
 failed_steps=()
 total_passed=0
 total_failed=0
@@ -103,7 +104,7 @@ run_step unit strict timeout 600 "${PYTEST[@]}" --timeout=120 $(junit unit) test
 # the same kernels from it instead of compiling them again (NVRTC is the slow part). The
 # compile tier runs NVRTC through the fake GPU's recording NVRTC (tests/fakegpu/build.py), so
 # each cubin is kept with the source that made it, which the fake builds for the CPU.
-export TESTS_KERNEL_CACHE="$PWD/$LOGS/kernel-cache"
+export TESTS_KERNEL_CACHE="$LOGS_ABS/kernel-cache"
 export FAKEGPU_BUILD="${FAKEGPU_BUILD:-$PWD/logs/fakegpu}"
 RECORDING=()
 if selected compile || selected fakegpu; then
@@ -123,9 +124,9 @@ run_step processes strict timeout 600 "${PYTEST[@]}" --timeout=120 $(junit proce
 # the kernels run from their own source on the CPU layer; each process notes the kernels it
 # launched, and every kernel of the tree must have run once (check_kernel_coverage.py)
 rm -rf "$LOGS/cudacpu-trace"
-run_step fakegpu strict timeout 1200 env CUDACPU_TRACE="$PWD/$LOGS/cudacpu-trace" \
+run_step fakegpu strict timeout 1200 env CUDACPU_TRACE="$LOGS_ABS/cudacpu-trace" \
     "${PYTEST[@]}" --timeout=600 $(junit fakegpu) tests/fakegpu
-run_step fakegpu-coverage strict timeout 300 env CUDACPU_TRACE="$PWD/$LOGS/cudacpu-trace" \
+run_step fakegpu-coverage strict timeout 300 env CUDACPU_TRACE="$LOGS_ABS/cudacpu-trace" \
     "${PYTEST[@]}" -s --timeout=300 $(junit fakegpu-coverage) tests/fakegpu/check_kernel_coverage.py
 for n in 1 2 3 4; do
     # shellcheck disable=SC2046  # word splitting of mpi_pytest is intended
