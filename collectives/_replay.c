@@ -27,9 +27,11 @@
  * collectives.ops.reduce_into, element by element in rank order, so the results are
  * bitwise those of the Python replay: only the operations whose C form is exactly
  * numpy's are taken (sum and prod of float32/float64; every op but avg on integers, in
- * unsigned arithmetic where numpy wraps); the others are never given to this module. A
- * float result with a NaN, or one that raised a floating-point flag numpy reports, is
- * handed back after READY (answer 2) for numpy to compute. A reduce-scatter reduces only
+ * unsigned arithmetic where numpy wraps; sum and prod of float16/bfloat16 accumulated in
+ * float32 and rounded once to nearest even, as numpy's and ml_dtypes' casts round); the
+ * others are never given to this module. A float result with a NaN, or one that raised a
+ * floating-point flag numpy reports (a float16 rounding that overflows or underflows
+ * included), is handed back after READY (answer 2) for numpy to compute. A reduce-scatter reduces only
  * its shard [lo, lo + n) of every input (mode 0 with a shard).
  *
  * A broadcast copies the root's input (mode 1; the root's own in-place result needs no
@@ -52,12 +54,16 @@
 
 #include "flight_ring.h" /* shmem/flight/: the flight recorder's ring */
 
-enum { T_F32, T_F64, T_I8, T_I16, T_I32, T_I64, T_U8, T_U16, T_U32, T_U64, T_COUNT };
+/* T_F16, T_BF16: float16, bfloat16 accumulated in float32 */
+enum { T_F32, T_F64, T_I8, T_I16, T_I32, T_I64, T_U8, T_U16, T_U32, T_U64, T_F16, T_BF16,
+       T_COUNT };
 enum { OP_SUM, OP_PROD, OP_MIN, OP_MAX, OP_BAND, OP_BOR, OP_BXOR, OP_COUNT };
 enum { DONE_ALL = 0, UNTOUCHED = 1, AFTER_READY = 2, AFTER_DONE = 3 };
 enum { M_REDUCE, M_COPY_ONE, M_CONCAT, M_COUNT }; /* all_reduce, broadcast, all_gather */
 
-static const int type_size[T_COUNT] = {4, 8, 1, 2, 4, 8, 1, 2, 4, 8};
+static const int type_size[T_COUNT] = {4, 8, 1, 2, 4, 8, 1, 2, 4, 8, 2, 2};
+
+static inline int is_float(int type) { return type <= T_F64 || type >= T_F16; }
 
 static inline void cpu_relax(void) {
 #if defined(__x86_64__) || defined(__i386__)
@@ -172,6 +178,103 @@ static void reduce(int type, int op, char *out, char *const *in, Py_ssize_t nin,
     }
 }
 
+/* float16 and bfloat16 in float32: exact widenings, and the one rounding to nearest even
+ * (numpy's float16 cast, ml_dtypes' bfloat16 cast: the same bits, checked against both
+ * over every float16 and millions of float32 patterns, subnormals included) */
+static inline uint32_t bits_of(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+
+static inline float float_of(uint32_t u) {
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static inline float widen_f16(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu;
+    if (exp == 0x1f)
+        return float_of(sign | 0x7f800000u | (mant << 13));
+    if (exp != 0)
+        return float_of(sign | ((exp + 112) << 23) | (mant << 13));
+    /* zero or subnormal: mant * 2^-24, exact in float32 */
+    return float_of(sign | bits_of((float)mant * 5.9604644775390625e-8f));
+}
+
+static inline float widen_bf16(uint16_t b) { return float_of((uint32_t)b << 16); }
+
+static inline uint16_t narrow_bf16(float f) { /* f is not a NaN */
+    uint32_t u = bits_of(f);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+/* f rounded to float16, or -1 where numpy's cast would raise a flag or f is outside the
+ * normal range (an overflow, an underflow: numpy's to compute) */
+static inline int32_t narrow_f16(float f) {
+    uint32_t u = bits_of(f), a = u & 0x7fffffffu, sign = (u >> 16) & 0x8000u;
+    if (a == 0)
+        return (int32_t)sign;
+    if (a < 0x38800000u || a >= 0x477ff000u) /* below 2^-14, or rounds to inf (65520) */
+        return -1;
+    uint32_t h = (a - 0x38000000u) >> 13, rem = a & 0x1fffu;
+    h += rem > 0x1000u || (rem == 0x1000u && (h & 1u));
+    return (int32_t)(sign | h);
+}
+
+#define WIDE_CHUNK 512
+#define WIDE_LOOP(W, E)                                                                    \
+    do {                                                                                   \
+        if (nin == 1)                                                                      \
+            for (Py_ssize_t i = 0; i < m; i++)                                             \
+                acc[i] = W(a[i]);                                                          \
+        else                                                                               \
+            for (Py_ssize_t i = 0; i < m; i++)                                             \
+                acc[i] = E(W(a[i]), W(b[i]));                                              \
+        for (Py_ssize_t k = 2; k < nin; k++) {                                             \
+            const uint16_t *restrict c = (const uint16_t *)in[k] + lo;                     \
+            for (Py_ssize_t i = 0; i < m; i++)                                             \
+                acc[i] = E(acc[i], W(c[i]));                                               \
+        }                                                                                  \
+    } while (0)
+
+/* the reduction of float16/bfloat16 inputs in float32, rounded once into out, in chunks of
+ * a stack accumulator: 0 where a NaN or a float16 rounding numpy would flag is met (out is
+ * then partly written: the Python replay writes it again) */
+static int reduce_wide(int type, int op, char *out, char *const *in, Py_ssize_t nin,
+                       Py_ssize_t n) {
+    float acc[WIDE_CHUNK];
+    uint16_t *o = (uint16_t *)out;
+    for (Py_ssize_t lo = 0; lo < n; lo += WIDE_CHUNK) {
+        Py_ssize_t m = n - lo < WIDE_CHUNK ? n - lo : WIDE_CHUNK;
+        const uint16_t *restrict a = (const uint16_t *)in[0] + lo;
+        const uint16_t *restrict b = (const uint16_t *)in[nin > 1] + lo;
+        if (type == T_F16) {
+            if (op == OP_SUM) WIDE_LOOP(widen_f16, ADD); else WIDE_LOOP(widen_f16, MUL);
+        } else {
+            if (op == OP_SUM) WIDE_LOOP(widen_bf16, ADD); else WIDE_LOOP(widen_bf16, MUL);
+        }
+        int nan = 0;
+        for (Py_ssize_t i = 0; i < m; i++)
+            nan |= acc[i] != acc[i];
+        if (nan)
+            return 0;
+        if (type == T_BF16) {
+            for (Py_ssize_t i = 0; i < m; i++)
+                o[lo + i] = narrow_bf16(acc[i]);
+        } else {
+            for (Py_ssize_t i = 0; i < m; i++) {
+                int32_t h = narrow_f16(acc[i]);
+                if (h < 0)
+                    return 0;
+                o[lo + i] = (uint16_t)h;
+            }
+        }
+    }
+    return 1;
+}
+
 /* the address of a writable (or readable) C-contiguous buffer, checked once: the object
  * is kept alive by the Replay, and its memory does not move */
 static char *address_of(PyObject *obj, int writable, Py_ssize_t min_len, const char *what,
@@ -272,7 +375,7 @@ static PyObject *Replay_new(PyTypeObject *type, PyObject *args, PyObject *kwds) 
     if (n < 0)
         n = count - lo;
     if (ctype < 0 || ctype >= T_COUNT || op < 0 || op >= OP_COUNT ||
-        (ctype <= T_F64 && op > OP_PROD) || count < 0 || ready < 0 || done < 0 || src < 0 ||
+        (is_float(ctype) && op > OP_PROD) || count < 0 || ready < 0 || done < 0 || src < 0 ||
         spin_ns < 0 || mode < 0 || mode >= M_COUNT || root < 0 ||
         root >= PyTuple_GET_SIZE(words) || lo < 0 || n < 0 || lo + n > count ||
         (mode != M_REDUCE && (lo != 0 || n != count))) {
@@ -465,9 +568,14 @@ static PyObject *Replay_run(Replay *self, PyObject *const *args, Py_ssize_t narg
         Py_ssize_t skip = self->lo * type_size[self->type];
         for (Py_ssize_t r = 0; r < self->nranks; r++)
             self->shards[r] = self->inputs[r] + skip;
-        if (self->nranks == 1) {
+        if (self->type >= T_F16) { /* widened and rounded, even from one rank: as numpy */
+            feclearexcept(FE_ALL_EXCEPT); /* (the float32 operations' flags, as below) */
+            if (!reduce_wide(self->type, self->op, out, self->shards, self->nranks, self->n) ||
+                fetestexcept(FE_INVALID | FE_OVERFLOW | FE_UNDERFLOW | FE_DIVBYZERO))
+                goto end;
+        } else if (self->nranks == 1) {
             memcpy(out, self->shards[0], (size_t)self->out_bytes); /* overlaps no input */
-        } else if (self->type > T_F64) {
+        } else if (!is_float(self->type)) {
             reduce(self->type, self->op, out, self->shards, self->nranks, self->n);
         } else {
             /* floats: a result numpy would flag (overflow, an invalid operation, underflow:

@@ -98,7 +98,7 @@ class TinyPlan(ReplayPlan):
         self.padded = dtype == np.dtype(np.longdouble)
         self.acc_buf = np.empty(hi - lo if self.widen else 0, acc)
         self.tmp_buf = np.empty(hi - lo if self.widen else 0, acc)
-        codes = None if self.widen else c_reduce_codes(dtype, op)
+        codes = c_reduce_codes(dtype, op, acc)
         if codes is not None:
             self.make_fast(ch, "reduce", ctype=codes[0], op=codes[1], lo=lo, n=hi - lo)
 
@@ -165,7 +165,7 @@ class TinyPlan(ReplayPlan):
 # One node: a one-shot all-reduce up to this size runs from a cached TinyPlan (the C replay,
 # where it applies: 2 ranks, float32, at 128 KiB / 256 KiB / 1 MiB, 1.8-2.9 / 1.4-2.4 /
 # 2.4-2.8x MPI against 0.6-1.2 / 0.8-1.7 / 1.7-2.0x for the general path), but for the dtypes
-# accumulated wider (float16, bfloat16): their buffers are the plan's, and no C replay
+# accumulated wider (float16, bfloat16: up to TINY_NBYTES, their float32 buffers the plan's)
 NODE_PLAN_NBYTES = 1 << 20
 # In place on a SHMEMBuffer, larger than this: the call runs shard by shard; smaller, x is
 # staged (one copy costs less than the shards' extra wait)

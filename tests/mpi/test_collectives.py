@@ -615,6 +615,52 @@ def test_back_to_back_tiny_calls_never_read_a_reused_stage(
 
 
 @pytest.mark.parametrize("engine", ["C", "python"])
+@pytest.mark.parametrize("name", ["bfloat16", "float16"])
+def test_small_low_precision_sums_replay_bitwise(
+    monkeypatch: pytest.MonkeyPatch, name: str, engine: str
+) -> None:
+    """float16/bfloat16 sums on one node replay from the cached plan, in C where built
+    (accumulated in float32, rounded once to nearest even): every call the definition's
+    bits, in every form (numpy in, symmetric in, symmetric in place), a float16 sum that
+    overflows (inf, numpy's warning) among them; in Python alike without the extension."""
+    use_engine(monkeypatch, engine)
+    world = shmem.init(heap_nbytes="16MiB", signal_timeout_s=20.0)
+    comm = collectives.Communicator(world)
+    p, r, n = world.world_size, world.rank, 1000
+    dt = SUPPORTED_DTYPES[name]
+    sym = world.zeros(n, dt)
+    try:
+        for i in range(60):
+            inputs = [make_input(name, "sum", n, seed=i * p + k) for k in range(p)]
+            if i == 30 and name == "float16" and p > 1:
+                for x in inputs:
+                    x[5] = 40000.0  # the sum overflows float16: numpy's inf and warning
+            mine = inputs[r]
+            with np.errstate(over="ignore"):
+                want = reference(inputs, "sum", name)
+                if i % 3 == 0:
+                    got = np.asarray(comm.all_reduce(mine))
+                else:
+                    sym.local()[...] = mine
+                    if i % 3 == 1:
+                        got = np.asarray(comm.all_reduce(sym))
+                    else:
+                        comm.all_reduce(sym, out=sym)
+                        got = sym.local().copy()
+            assert bits(got) == bits(want), (i, got[:4], want[:4])
+        if world.num_nodes == 1 and engine == "C":  # the cached replay took the calls in C
+            assert comm.host_channel is not None
+            plan: Any = comm.host_channel.plans[(n, dt, "sum")]
+            assert plan.fast is not None
+            assert sum(plan.fast.answers()) >= 59, plan.fast.answers()
+    finally:
+        world.barrier()
+        sym.close()
+        comm.close()
+        world.finalize()
+
+
+@pytest.mark.parametrize("engine", ["C", "python"])
 @pytest.mark.parametrize("kind", ["numpy", "symmetric", "mixed"])
 @pytest.mark.parametrize("collective", ["broadcast", "all_gather", "reduce_scatter"])
 def test_back_to_back_cached_family_calls(

@@ -8,11 +8,12 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 import pytest
 
 from collectives import replay
-from collectives.ops import UFUNCS
+from collectives.ops import UFUNCS, reduce_into
 
 if replay.replay_status() != "C":
     pytest.skip(replay.replay_status(), allow_module_level=True)
@@ -30,8 +31,17 @@ WORDS = [111, 222, 333]  # each rank's SRC word (offset and signature tag) for t
 class Ranks:
     """Three ranks' flag blocks and inputs; rank 0 is the one replaying in C."""
 
-    def __init__(self, dtype: np.dtype[Any], op: str, count: int, spin_ns: int = 2000) -> None:
+    def __init__(
+        self,
+        dtype: np.dtype[Any],
+        op: str,
+        count: int,
+        spin_ns: int = 2000,
+        acc: np.dtype[Any] | None = None,
+    ) -> None:
         self.dtype, self.count = dtype, count
+        codes = replay.c_reduce_codes(dtype, op, acc)
+        assert codes is not None, (dtype, op, acc)
         self.flags = [np.zeros(16, np.int64) for _ in range(3)]
         self.stage = np.zeros(max(count * dtype.itemsize, 1), np.uint8)
         self.peer_inputs = [np.zeros(count, dtype) for _ in range(2)]
@@ -44,8 +54,8 @@ class Ranks:
             READY,
             DONE,
             SRC,
-            replay._C_TYPES[dtype.kind, dtype.itemsize],
-            replay._C_OPS[op],
+            codes[0],
+            codes[1],
             count,
             spin_ns,
         )
@@ -125,6 +135,96 @@ def test_float_results_numpy_would_flag_or_nan_are_handed_back(
     assert (out == (1 if op == "prod" else 3)).all()
 
 
+F32 = np.dtype(np.float32)
+WIDENED = [np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)]
+
+
+def low_precision(dt: np.dtype[Any], op: str, count: int, seed: int) -> np.ndarray[Any, Any]:
+    """Inputs whose float32 sums and products of three stay in ``dt``'s normal range (the
+    roundings to nearest even are what is compared), ties and signed zeros among them."""
+    rng = np.random.default_rng(seed)
+    signs = rng.choice([-1.0, 1.0], count)
+    if op == "prod":
+        x = rng.uniform(0.25, 4.0, count) * signs
+    elif dt == np.float16:  # positive: no sum cancels into float16's subnormals
+        x = rng.uniform(0.5, 2.0, count) * 10.0 ** rng.integers(-2, 4, count)
+    else:
+        x = rng.standard_normal(count) * 10.0 ** rng.integers(-30, 30, count)
+    y: np.ndarray[Any, Any] = np.asarray(x, np.float32).astype(dt)
+    y[: min(count, 2)] = np.array([-0.0, 0.0])[: min(count, 2)]
+    return y
+
+
+@pytest.mark.parametrize("op", ["sum", "prod"])
+@pytest.mark.parametrize("dt", WIDENED, ids=lambda d: d.name)
+def test_float16_and_bfloat16_accumulate_in_float32_like_numpy(dt: np.dtype[Any], op: str) -> None:
+    """The widened replay (float16/bfloat16 in float32, rounded once) gives the Python
+    replay's bits, through its chunks (512 elements) and a partial last one."""
+    assert replay.c_reduce_codes(dt, op) is None  # never without the float32 accumulator
+    assert replay.c_reduce_codes(dt, "min", F32) is None
+    assert replay.c_reduce_codes(dt, op, np.dtype(np.float64)) is None
+    for count in (0, 1, 5, 512, 1501):
+        ranks = Ranks(dt, op, count, acc=F32)
+        xs = [low_precision(dt, op, count, seed) for seed in range(3)]
+        ranks.peer_inputs[0][...] = xs[1]
+        ranks.peer_inputs[1][...] = xs[2]
+        ranks.peers_at(ready=1, done=0)
+        out = np.full(count, 7, dt)
+        assert ranks.replay.run(1, xs[0], 0, out) == 0, (dt, op, count)
+        want = np.empty(count, dt)
+        reduce_into(want, xs, op, F32)
+        assert out.tobytes() == want.tobytes(), (dt, op, count)
+
+
+BF16_NAN = np.array([0x7F81], np.uint16).view(ml_dtypes.bfloat16)[0]
+
+
+@pytest.mark.parametrize(
+    ("dt", "op", "a", "b"),
+    [
+        ("float16", "sum", 60000.0, 6000.0),  # rounds to inf: numpy flags the cast
+        ("float16", "sum", 1e-5, -1.0),  # a subnormal result: numpy may flag underflow
+        ("float16", "sum", np.inf, 1.0),
+        ("float16", "sum", np.nan, 1.0),
+        ("bfloat16", "sum", BF16_NAN, 1.0),  # which NaN the rounding keeps is ml_dtypes'
+        ("bfloat16", "sum", 3e38, 3e38),  # float32 overflow
+        ("bfloat16", "prod", 1e-30, 1e-30),  # float32 underflow
+    ],
+)
+def test_widened_results_numpy_would_flag_or_nan_are_handed_back(
+    dt: str, op: str, a: float, b: float
+) -> None:
+    dtype = np.dtype(ml_dtypes.bfloat16) if dt == "bfloat16" else np.dtype(dt)
+    ranks = Ranks(dtype, op, 600, acc=F32)  # (the second chunk holds the case)
+    ranks.peer_inputs[0][...] = 1
+    ranks.peer_inputs[1][...] = 1
+    ranks.peer_inputs[0][550] = b
+    ranks.peers_at(ready=1, done=0)
+    x = np.ones(600, dtype)
+    x[550] = a
+    out = np.zeros(600, dtype)
+    with np.errstate(all="ignore"):
+        assert ranks.replay.run(1, x, 0, out) == 2
+    assert (ranks.flags[0][READY], ranks.flags[0][DONE]) == (1, 0)
+
+
+def test_a_widened_replay_of_one_rank_rounds_as_numpy() -> None:
+    """One rank: the input widened and rounded back (its bits, but for a NaN, which is
+    handed back: the rounding's NaN is ml_dtypes')."""
+    dt = np.dtype(ml_dtypes.bfloat16)
+    flags = np.zeros(16, np.int64)
+    stage = np.zeros(64, np.uint8)
+    codes = replay.c_reduce_codes(dt, "sum", F32)
+    assert codes is not None
+    one = Replay(flags, (), (flags,), stage, 5, READY, DONE, SRC, *codes, 8, 0)
+    one.set_inputs([5], [stage[:16].view(dt)])
+    x = low_precision(dt, "sum", 8, 1)
+    out = np.zeros(8, dt)
+    assert one.run(1, x, 0, out) == 0 and out.tobytes() == x.tobytes()
+    x[3] = BF16_NAN
+    assert one.run(2, x, 0, out) == 2
+
+
 def test_each_answer_leaves_the_flags_the_python_replay_goes_on_from() -> None:
     dt = np.dtype(np.float32)
     ranks = Ranks(dt, "sum", 4)
@@ -183,7 +283,7 @@ def test_bad_construction_and_inputs_raise_clearly() -> None:
     with pytest.raises(ValueError, match="out of range"):
         Replay(*args, 0, 4, 4, 1000)  # band on float32
     with pytest.raises(ValueError, match="out of range"):
-        Replay(*args, 10, 0, 4, 1000)  # no such type
+        Replay(*args, 12, 0, 4, 1000)  # no such type
     with pytest.raises(ValueError, match="stage has 64 bytes, at least 128 needed"):
         Replay(*args, 1, 0, 16, 1000)  # 16 float64 do not fit the stage
     with pytest.raises(ValueError, match="mine has 16 bytes, at least 32 needed"):
