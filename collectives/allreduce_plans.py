@@ -96,8 +96,7 @@ class TinyPlan(ReplayPlan):
         self.divide = acc.type(ch.world_size) if op == "avg" else None
         self.widen = acc != dtype  # low precision: accumulate in float32, round once
         self.padded = dtype == np.dtype(np.longdouble)
-        self.acc_buf = np.empty(hi - lo if self.widen else 0, acc)
-        self.tmp_buf = np.empty(hi - lo if self.widen else 0, acc)
+        self.wide_bufs: tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]] | None = None
         codes = c_reduce_codes(dtype, op, acc)
         if codes is not None:
             self.make_fast(ch, "reduce", ctype=codes[0], op=codes[1], lo=lo, n=hi - lo)
@@ -129,14 +128,18 @@ class TinyPlan(ReplayPlan):
             return
         target = np.empty_like(dst) if (in_place and shm is not None) else dst
         if self.widen:
-            a = widen(inputs[0], self.acc_buf)
-            if a is not self.acc_buf:
-                np.copyto(self.acc_buf, a)
+            if self.wide_bufs is None:  # (made on the first call the C replay hands back)
+                n = target.shape[0]
+                self.wide_bufs = (np.empty(n, self.acc), np.empty(n, self.acc))
+            acc_buf, tmp_buf = self.wide_bufs
+            a = widen(inputs[0], acc_buf)
+            if a is not acc_buf:
+                np.copyto(acc_buf, a)
             for src in inputs[1:]:
-                self.ufunc(self.acc_buf, widen(src, self.tmp_buf), out=self.acc_buf)
+                self.ufunc(acc_buf, widen(src, tmp_buf), out=acc_buf)
             if self.divide is not None:
-                divide_by_count(self.acc_buf, ch.world_size)
-            np.copyto(target, self.acc_buf, casting="unsafe")  # the one rounding
+                divide_by_count(acc_buf, ch.world_size)
+            np.copyto(target, acc_buf, casting="unsafe")  # the one rounding
         elif len(inputs) == 1:
             if not np.may_share_memory(target, inputs[0]):
                 np.copyto(target, inputs[0])
@@ -196,8 +199,8 @@ def tiny_plan(
     debug checks on, nodes of different sizes): a :class:`TinyPlan` on one node, a
     :class:`NodesPlan` across nodes."""
     limit = whole_gather_limit(ch)
-    if ch.num_nodes == 1 and acc == dtype:
-        limit = NODE_PLAN_NBYTES
+    if ch.num_nodes == 1 and (acc == dtype or c_reduce_codes(dtype, op, acc) is not None):
+        limit = NODE_PLAN_NBYTES  # (accumulated wider: where the C replay reduces it)
     if count * dtype.itemsize > limit or ch.check_args:
         return None
     kind: type[TinyPlan] | type[NodesPlan] = TinyPlan
