@@ -690,10 +690,71 @@ static PyType_Spec Replay_spec = {
     "collectives._replay.Replay", sizeof(Replay), 0, Py_TPFLAGS_DEFAULT, Replay_slots,
 };
 
+/* reduce_wide(out, inputs, type, op) -> bool: out (float16/bfloat16, C-contiguous) = the
+ * rank-order sum or product of inputs (a list of buffers of out's size) in float32, rounded
+ * once; False where a NaN or a flag numpy would raise is met (out partly written: numpy's to
+ * compute again, so out must overlap no input), with the GIL released while it reduces */
+static PyObject *module_reduce_wide(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 4 || !PyList_CheckExact(args[1]) || PyList_GET_SIZE(args[1]) < 1) {
+        PyErr_SetString(PyExc_TypeError, "reduce_wide(out, inputs, type, op): inputs a list");
+        return NULL;
+    }
+    int type = PyLong_AsLong(args[2]), op = PyLong_AsLong(args[3]);
+    if (PyErr_Occurred())
+        return NULL;
+    if ((type != T_F16 && type != T_BF16) || (op != OP_SUM && op != OP_PROD)) {
+        PyErr_SetString(PyExc_ValueError, "reduce_wide: a type or op out of range");
+        return NULL;
+    }
+    Py_ssize_t nin = PyList_GET_SIZE(args[1]);
+    Py_buffer ov;
+    if (PyObject_GetBuffer(args[0], &ov, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0)
+        return NULL;
+    Py_buffer *views = PyMem_Calloc((size_t)nin, sizeof(Py_buffer));
+    char **in = PyMem_Calloc((size_t)nin + 1, sizeof(char *));
+    Py_ssize_t got = 0;
+    int ok = -1;
+    if (views == NULL || in == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (; got < nin; got++) {
+        if (PyObject_GetBuffer(PyList_GET_ITEM(args[1], got), &views[got], PyBUF_C_CONTIGUOUS) < 0)
+            goto done;
+        if (views[got].len != ov.len) {
+            got++;
+            PyErr_SetString(PyExc_ValueError, "reduce_wide: an input of another size than out");
+            goto done;
+        }
+        in[got] = (char *)views[got].buf;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    feclearexcept(FE_ALL_EXCEPT);
+    ok = reduce_wide(type, op, (char *)ov.buf, in, nin, ov.len / 2) &&
+         !fetestexcept(FE_INVALID | FE_OVERFLOW | FE_UNDERFLOW | FE_DIVBYZERO);
+    Py_END_ALLOW_THREADS
+done:
+    for (Py_ssize_t i = 0; i < got; i++)
+        PyBuffer_Release(&views[i]);
+    PyMem_Free(views);
+    PyMem_Free(in);
+    PyBuffer_Release(&ov);
+    if (ok < 0)
+        return NULL;
+    return PyBool_FromLong(ok);
+}
+
+static PyMethodDef module_methods[] = {
+    {"reduce_wide", (PyCFunction)(void (*)(void))module_reduce_wide, METH_FASTCALL,
+     "reduce_wide(out, inputs, type, op) -> bool: float16/bfloat16 in float32, rounded once"},
+    {NULL, NULL, 0, NULL},
+};
+
 static struct PyModuleDef module_def = {
     PyModuleDef_HEAD_INIT, "collectives._replay",
     "The cached small all-reduce, replayed out of Python (see collectives.allreduce).", -1,
-    NULL,
+    module_methods,
 };
 
 PyMODINIT_FUNC PyInit__replay(void) {

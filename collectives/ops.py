@@ -9,6 +9,7 @@ every rank and for every algorithm that keeps it (one-shot and two-shot do).
 from __future__ import annotations
 
 import enum
+import importlib
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -20,6 +21,7 @@ from shmem.errors import OpError
 
 __all__ = [
     "CHUNK_BYTES",
+    "C_WIDENED",
     "OPS",
     "UFUNCS",
     "OpName",
@@ -168,6 +170,43 @@ def canonical_padding(out: np.ndarray[Any, Any]) -> None:
 _BF16 = np.dtype(ml_dtypes.bfloat16)
 _F32 = np.dtype(np.float32)
 
+# float16/bfloat16 sums and products in float32, rounded once, in C (collectives._replay: its
+# type codes; None where the extension is not built or predates reduce_wide)
+C_WIDENED = {np.dtype(np.float16): 10, _BF16: 11}
+_C_WIDE_OPS = {"sum": 0, "prod": 1}
+try:
+    _c_reduce_wide: Any = getattr(
+        importlib.import_module("collectives._replay"), "reduce_wide", None
+    )
+except ImportError:
+    _c_reduce_wide = None
+
+
+def _reduce_wide_in_c(
+    out: np.ndarray[Any, Any],
+    sources: Sequence[np.ndarray[Any, Any]],
+    op: str,
+    acc_dtype: np.dtype[Any],
+    avg_count: int | None,
+) -> bool:
+    """Whether :func:`reduce_into` of float16/bfloat16 in float32 was done in C (its bits:
+    the same operations, the same rounding); False leaves it to numpy (not such a call, an
+    input it does not take, or a NaN or flag numpy must raise: ``out`` then partly written,
+    so it is taken only where ``out`` overlaps no input)."""
+    code = C_WIDENED.get(out.dtype)
+    if (
+        _c_reduce_wide is None
+        or code is None
+        or acc_dtype != _F32
+        or (op == "avg" and avg_count is not None)
+        or (op not in _C_WIDE_OPS and op != "avg")
+        or not out.flags.c_contiguous
+        or any(s.dtype != out.dtype or not s.flags.c_contiguous for s in sources)
+        or any(np.may_share_memory(out, s) for s in sources)
+    ):
+        return False
+    return bool(_c_reduce_wide(out, list(sources), code, _C_WIDE_OPS.get(op, 0)))
+
 
 def widen(src: np.ndarray[Any, Any], acc: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
     """``src`` converted to ``acc``'s dtype, written into ``acc`` when that is cheaper.
@@ -240,7 +279,7 @@ def reduce_into(
     Works in cache-sized chunks so the accumulator is not streamed through memory P times.
     """
     n = out.shape[0]
-    if n == 0:
+    if n == 0 or _reduce_wide_in_c(out, sources, op, acc_dtype, avg_count):
         return
     ufunc = ufunc_of(op, acc_dtype)
     direct = out.dtype == acc_dtype and all(s.dtype == acc_dtype for s in sources)

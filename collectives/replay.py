@@ -16,12 +16,12 @@ import operator
 from collections.abc import Callable, Hashable
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 
 from shmem import SHMEMBuffer, flight
 
 from .channel import MAX_PLANS, Channel, Flag, shared_word, source_tag
+from .ops import C_WIDENED
 
 __all__ = [
     "MAX_PLANS",
@@ -54,9 +54,7 @@ _C_TYPES = {("f", 4): 0, ("f", 8): 1, ("i", 1): 2, ("i", 2): 3, ("i", 4): 4, ("i
 _C_TYPES.update({("u", 1): 6, ("u", 2): 7, ("u", 4): 8, ("u", 8): 9})
 _C_OPS = {"sum": 0, "prod": 1, "min": 2, "max": 3, "band": 4, "bor": 5, "bxor": 6}
 _C_FLOAT_OPS = ("sum", "prod")
-# the low-precision floats it reduces accumulated in float32 (rounded once, as numpy)
-_C_WIDENED = {np.dtype(np.float16): 10, np.dtype(ml_dtypes.bfloat16): 11}
-_F32 = np.dtype(np.float32)
+_F32 = np.dtype(np.float32)  # (the low-precision floats' accumulator: ops.C_WIDENED)
 _C_DONE, _C_UNTOUCHED, _C_AFTER_READY = 0, 1, 2  # Replay.run's answers (3: after DONE)
 # how Replay combines the inputs: reduce them (all-reduce, a reduce-scatter's shard), copy
 # one (broadcast) or concatenate them (all-gather)
@@ -92,7 +90,7 @@ def c_reduce_codes(
     if _c_replay is None or op not in _C_OPS:
         return None
     if acc is not None and acc != dtype:  # float16/bfloat16 in float32 only
-        wide = _C_WIDENED.get(dtype)
+        wide = C_WIDENED.get(dtype)
         if wide is None or acc != _F32 or op not in _C_FLOAT_OPS:
             return None
         return wide, _C_OPS[op]

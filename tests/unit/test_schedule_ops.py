@@ -80,3 +80,61 @@ def test_single_source_and_float64_accumulation() -> None:
     out4 = np.empty(4, np.float32)
     reduce_into(out4, [big, small, -big], "sum", np.dtype(np.float64))
     assert out4.tolist() == [1.0] * 4  # float32 accumulation would lose the 1
+
+
+@pytest.mark.parametrize("op", ["sum", "prod", "avg"])
+@pytest.mark.parametrize("name", ["float16", "bfloat16"])
+def test_low_precision_reduce_into_in_c_gives_numpys_bits(
+    monkeypatch: pytest.MonkeyPatch, name: str, op: str
+) -> None:
+    """reduce_into of float16/bfloat16 in float32 takes the C reduction where it applies
+    (sum, prod, an avg without its count: a partial sum) and gives numpy's bits: through its
+    chunks, with NaNs, infinities and float16 overflows handed back to numpy (out written
+    again), in place (out is an input: numpy's), and for a strided input (numpy's)."""
+    from collectives import ops
+
+    if ops._c_reduce_wide is None:
+        pytest.skip("collectives._replay is not built")
+    dt = np.dtype(ml_dtypes.bfloat16) if name == "bfloat16" else np.dtype(name)
+    f32 = np.dtype(np.float32)
+    rng = np.random.default_rng(3)
+    calls: list[int] = []
+    real = ops._c_reduce_wide
+
+    def counted(*args: object) -> bool:
+        ok = bool(real(*args))
+        calls.append(ok)
+        return ok
+
+    def both(out_of: np.ndarray | None, xs: list[np.ndarray], avg: int | None = None) -> None:
+        monkeypatch.setattr(ops, "_c_reduce_wide", None)
+        want = np.full(xs[0].shape, 7, dt)
+        with np.errstate(all="ignore"):
+            reduce_into(want, [x.copy() for x in xs], op, f32, avg_count=avg)
+        monkeypatch.setattr(ops, "_c_reduce_wide", counted)
+        got = np.full(xs[0].shape, 7, dt) if out_of is None else out_of
+        with np.errstate(all="ignore"):
+            reduce_into(got, xs, op, f32, avg_count=avg)
+        assert got.tobytes() == want.tobytes(), (name, op, len(xs))
+
+    for count in (1, 511, 512, 513, 5000):
+        for members in (1, 2, 3):
+            scale = 1.5 if op == "prod" else 100.0
+            xs = [(rng.standard_normal(count) * scale).astype(dt) for _ in range(members)]
+            both(None, xs)
+    assert calls.count(True) > len(calls) // 2  # in C (but where a result is flagged)
+    xs = [(rng.standard_normal(600) * 100).astype(dt) for _ in range(2)]
+    for bad in (np.nan, np.inf, 60000.0 if name == "float16" else 3e38):
+        ys = [x.copy() for x in xs]
+        ys[0][550] = ys[1][550] = bad
+        calls.clear()
+        both(None, ys)
+        # handed back after the first chunk was written (a bfloat16 inf is no flag: C's)
+        assert calls == [bad == np.inf and name == "bfloat16"], bad
+    calls.clear()
+    ys = [x.copy() for x in xs]
+    both(ys[0], ys)  # in place: out is the first input
+    both(None, [xs[0][::2], xs[1][::2]])  # strided
+    assert calls == []
+    both(None, xs, avg=2)  # an avg with its count: numpy divides (sum, prod: in C)
+    assert len(calls) == (0 if op == "avg" else 1)
