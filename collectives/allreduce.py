@@ -243,7 +243,14 @@ def _two_shot(
     shares: bool,
 ) -> None:
     s = ch.begin("all_reduce")
-    inputs = _inputs(ch, xin, lo, hi, s, nbytes, shares)
+    if xin.shmem is None:  # no peer reads my shard of a numpy input: it is not staged
+        unread = shard_of(hi - lo, len(ch.local_peers), ch.local_index)
+        ch.publish(s, xin, nbytes, lo, hi, unread=unread)
+        ch.wait_peers(READY, s, "all_reduce")
+        inputs = [ch.peer_input(r, hi - lo, xin.dtype) for r in ch.local_peers]
+        inputs[ch.local_index] = xin.array[lo:hi]  # (read for my shard alone)
+    else:
+        inputs = _inputs(ch, xin, lo, hi, s, nbytes, shares)
     words = [
         int(ch.my_flags[SRC] if r == ch.rank else ch.peer_flags[r][SRC]) for r in ch.local_peers
     ]

@@ -523,13 +523,16 @@ class Channel:
         lo: int = 0,
         hi: int | None = None,
         shares: bool = False,
+        unread: tuple[int, int] = (0, 0),
     ) -> None:
         """Make my input ``[lo, hi)`` readable by node-local peers and raise ``READY``.
 
         A SHMEMBuffer is published where it is (zero-copy); a numpy array is copied into my
-        scratch first (callers have waited for ``DONE >= s - 1``). The heap offset goes into the
-        ``SRC`` flag, so peers find it whatever kind of argument this rank passed. ``shares``
-        (a SHMEMBuffer in place): my input is my result too, :data:`SHARES` says so.
+        scratch first (callers have waited for ``DONE >= s - 1``), but for the elements
+        ``unread`` (``[a, b)`` of the piece) that no peer reads (my shard of a reduce-scatter:
+        I reduce it from my own array). The heap offset goes into the ``SRC`` flag, so peers
+        find it whatever kind of argument this rank passed. ``shares`` (a SHMEMBuffer in
+        place): my input is my result too, :data:`SHARES` says so.
         """
         hi = xin.count if hi is None else hi
         isz = xin.dtype.itemsize
@@ -541,8 +544,13 @@ class Channel:
             if mine is None:
                 mine = self.scratch_buf.local()[: (hi - lo) * isz].view(xin.dtype)
                 self.stage_views[key] = mine
-            np.copyto(mine, xin.array[lo:hi])
-            self.stats.staged_bytes += (hi - lo) * isz
+            a, b = unread
+            if b > a:
+                np.copyto(mine[:a], xin.array[lo : lo + a])
+                np.copyto(mine[b:], xin.array[lo + b : hi])
+            else:
+                np.copyto(mine, xin.array[lo:hi])
+            self.stats.staged_bytes += (hi - lo - (b - a)) * isz
             offset = self.scratch_buf.offset
         else:
             offset = xin.shmem.offset + lo * isz

@@ -185,6 +185,36 @@ def test_all_reduce_every_op_dtype_algorithm(world: World, comm: Any, op: str, n
             assert y.tobytes() == np.asarray(got).tobytes()
 
 
+@pytest.mark.parametrize("name", ["float32", "bfloat16"])
+def test_two_shot_stages_only_what_peers_read_of_a_numpy_input(
+    world: World, comm: Any, name: str
+) -> None:
+    """The two-shot all-reduce of a numpy input stages only the elements peers reduce (not
+    my own shard: I reduce it from my array), in every form (new array, numpy out=, in place
+    on the array), with the one-shot algorithm's bits."""
+    if world.num_nodes > 1:
+        pytest.skip("one node's two-shot exchange")
+    p, r, count = world.world_size, world.rank, 300_001
+    x = make_input(name, "sum", count, seed=world.rank)
+    want = comm.all_reduce(x, algorithm="one_shot")
+    a, b = collectives.schedule.shard_of(count, p, r)
+    for form in ("new", "out", "in_place"):
+        y = x.copy()
+        staged = comm.stats.staged_bytes
+        if form == "new":
+            got = comm.all_reduce(y, algorithm="two_shot")
+        elif form == "out":
+            got = np.full_like(y, 7)
+            comm.all_reduce(y, out=got, algorithm="two_shot")
+        else:
+            comm.all_reduce(y, out=y, algorithm="two_shot")
+            got = y
+        assert np.asarray(got).tobytes() == np.asarray(want).tobytes(), form
+        assert comm.stats.staged_bytes - staged == (count - (b - a)) * x.itemsize, form
+        if form != "in_place":
+            assert y.tobytes() == x.tobytes(), form  # the input is left as it was
+
+
 @pytest.mark.parametrize("name", ["float32", "bfloat16", "int32", "float64"])
 def test_large_count_numpy_and_symmetric(world: World, comm: Any, name: str) -> None:
     count = 1 << 20
