@@ -26,8 +26,8 @@
  * moves on x86-64; the fences on weakly ordered CPUs). The reduction is the expression of
  * collectives.ops.reduce_into, element by element in rank order, so the results are
  * bitwise those of the Python replay: only the operations whose C form is exactly
- * numpy's are taken (sum and prod of float32/float64; every op but avg on integers, in
- * unsigned arithmetic where numpy wraps; sum and prod of float16/bfloat16 accumulated in
+ * numpy's are taken (sum, prod and avg of float32/float64; every op but avg on integers, in
+ * unsigned arithmetic where numpy wraps; sum, prod and avg of float16/bfloat16 accumulated in
  * float32 and rounded once to nearest even, as numpy's and ml_dtypes' casts round); the
  * others are never given to this module. A float result with a NaN, or one that raised a
  * floating-point flag numpy reports (a float16 rounding that overflows or underflows
@@ -57,7 +57,8 @@
 /* T_F16, T_BF16: float16, bfloat16 accumulated in float32 */
 enum { T_F32, T_F64, T_I8, T_I16, T_I32, T_I64, T_U8, T_U16, T_U32, T_U64, T_F16, T_BF16,
        T_COUNT };
-enum { OP_SUM, OP_PROD, OP_MIN, OP_MAX, OP_BAND, OP_BOR, OP_BXOR, OP_COUNT };
+/* OP_AVG: floats only, the sum divided by the number of inputs (numpy's np.divide) */
+enum { OP_SUM, OP_PROD, OP_MIN, OP_MAX, OP_BAND, OP_BOR, OP_BXOR, OP_AVG, OP_COUNT };
 enum { DONE_ALL = 0, UNTOUCHED = 1, AFTER_READY = 2, AFTER_DONE = 3 };
 enum { M_REDUCE, M_COPY_ONE, M_CONCAT, M_COUNT }; /* all_reduce, broadcast, all_gather */
 
@@ -161,11 +162,11 @@ static int any_nan(int type, const char *out, Py_ssize_t n) {
 static void reduce(int type, int op, char *out, char *const *in, Py_ssize_t nin,
                    Py_ssize_t n) {
     switch (type) {
-    case T_F32:
-        if (op == OP_SUM) LOOP2(float, ADD); else LOOP2(float, MUL);
+    case T_F32: /* (an average sums: the caller divides) */
+        if (op == OP_PROD) LOOP2(float, MUL); else LOOP2(float, ADD);
         break;
     case T_F64:
-        if (op == OP_SUM) LOOP2(double, ADD); else LOOP2(double, MUL);
+        if (op == OP_PROD) LOOP2(double, MUL); else LOOP2(double, ADD);
         break;
     case T_I8: INT_OPS(int8_t, uint8_t); break;
     case T_I16: INT_OPS(int16_t, uint16_t); break;
@@ -175,6 +176,19 @@ static void reduce(int type, int op, char *out, char *const *in, Py_ssize_t nin,
     case T_U16: INT_OPS(uint16_t, uint16_t); break;
     case T_U32: INT_OPS(uint32_t, uint32_t); break;
     default: INT_OPS(uint64_t, uint64_t); break;
+    }
+}
+
+/* an average: the n floats (or doubles) at out divided by count (np.divide's bits) */
+static void divide(int type, char *out, Py_ssize_t n, Py_ssize_t count) {
+    if (type == T_F32) {
+        float *o = (float *)out, c = (float)count;
+        for (Py_ssize_t i = 0; i < n; i++)
+            o[i] = o[i] / c;
+    } else {
+        double *o = (double *)out, c = (double)count;
+        for (Py_ssize_t i = 0; i < n; i++)
+            o[i] = o[i] / c;
     }
 }
 
@@ -239,11 +253,13 @@ static inline int32_t narrow_f16(float f) {
         }                                                                                  \
     } while (0)
 
-/* the reduction of float16/bfloat16 inputs in float32, rounded once into out, in chunks of
- * a stack accumulator: 0 where a NaN or a float16 rounding numpy would flag is met (out is
- * then partly written: the Python replay writes it again) */
+/* the reduction of float16/bfloat16 inputs in float32 (an average: the sum divided by count
+ * there), rounded once into out, in chunks of a stack accumulator: 0 where a NaN or a float16
+ * rounding numpy would flag is met (out is then partly written: the Python replay writes it
+ * again) */
 static int reduce_wide(int type, int op, char *out, char *const *in, Py_ssize_t nin,
-                       Py_ssize_t n) {
+                       Py_ssize_t n, Py_ssize_t count) {
+    const float c = (float)count;
     float acc[WIDE_CHUNK];
     uint16_t *o = (uint16_t *)out;
     for (Py_ssize_t lo = 0; lo < n; lo += WIDE_CHUNK) {
@@ -251,10 +267,13 @@ static int reduce_wide(int type, int op, char *out, char *const *in, Py_ssize_t 
         const uint16_t *restrict a = (const uint16_t *)in[0] + lo;
         const uint16_t *restrict b = (const uint16_t *)in[nin > 1] + lo;
         if (type == T_F16) {
-            if (op == OP_SUM) WIDE_LOOP(widen_f16, ADD); else WIDE_LOOP(widen_f16, MUL);
+            if (op == OP_PROD) WIDE_LOOP(widen_f16, MUL); else WIDE_LOOP(widen_f16, ADD);
         } else {
-            if (op == OP_SUM) WIDE_LOOP(widen_bf16, ADD); else WIDE_LOOP(widen_bf16, MUL);
+            if (op == OP_PROD) WIDE_LOOP(widen_bf16, MUL); else WIDE_LOOP(widen_bf16, ADD);
         }
+        if (op == OP_AVG)
+            for (Py_ssize_t i = 0; i < m; i++)
+                acc[i] = acc[i] / c;
         int nan = 0;
         for (Py_ssize_t i = 0; i < m; i++)
             nan |= acc[i] != acc[i];
@@ -375,7 +394,7 @@ static PyObject *Replay_new(PyTypeObject *type, PyObject *args, PyObject *kwds) 
     if (n < 0)
         n = count - lo;
     if (ctype < 0 || ctype >= T_COUNT || op < 0 || op >= OP_COUNT ||
-        (is_float(ctype) && op > OP_PROD) || count < 0 || ready < 0 || done < 0 || src < 0 ||
+        (is_float(ctype) ? op != OP_SUM && op != OP_PROD && op != OP_AVG : op > OP_BXOR) || count < 0 || ready < 0 || done < 0 || src < 0 ||
         spin_ns < 0 || mode < 0 || mode >= M_COUNT || root < 0 ||
         root >= PyTuple_GET_SIZE(words) || lo < 0 || n < 0 || lo + n > count ||
         (mode != M_REDUCE && (lo != 0 || n != count))) {
@@ -570,10 +589,11 @@ static PyObject *Replay_run(Replay *self, PyObject *const *args, Py_ssize_t narg
             self->shards[r] = self->inputs[r] + skip;
         if (self->type >= T_F16) { /* widened and rounded, even from one rank: as numpy */
             feclearexcept(FE_ALL_EXCEPT); /* (the float32 operations' flags, as below) */
-            if (!reduce_wide(self->type, self->op, out, self->shards, self->nranks, self->n) ||
+            if (!reduce_wide(self->type, self->op, out, self->shards, self->nranks, self->n,
+                             self->nranks) ||
                 fetestexcept(FE_INVALID | FE_OVERFLOW | FE_UNDERFLOW | FE_DIVBYZERO))
                 goto end;
-        } else if (self->nranks == 1) {
+        } else if (self->nranks == 1 && self->op != OP_AVG) {
             memcpy(out, self->shards[0], (size_t)self->out_bytes); /* overlaps no input */
         } else if (!is_float(self->type)) {
             reduce(self->type, self->op, out, self->shards, self->nranks, self->n);
@@ -584,7 +604,12 @@ static PyObject *Replay_run(Replay *self, PyObject *const *args, Py_ssize_t narg
              * numpy's to compute: READY stays raised and the Python replay reduces again,
              * so every rank gets numpy's bits and numpy's error handling */
             feclearexcept(FE_ALL_EXCEPT);
-            reduce(self->type, self->op, out, self->shards, self->nranks, self->n);
+            if (self->nranks == 1) /* an average of one: the input over 1, as numpy */
+                memcpy(out, self->shards[0], (size_t)self->out_bytes);
+            else
+                reduce(self->type, self->op, out, self->shards, self->nranks, self->n);
+            if (self->op == OP_AVG)
+                divide(self->type, out, self->n, self->nranks);
             if (fetestexcept(FE_INVALID | FE_OVERFLOW | FE_UNDERFLOW | FE_DIVBYZERO) ||
                 any_nan(self->type, out, self->n))
                 goto end;
@@ -690,21 +715,24 @@ static PyType_Spec Replay_spec = {
     "collectives._replay.Replay", sizeof(Replay), 0, Py_TPFLAGS_DEFAULT, Replay_slots,
 };
 
-/* reduce_wide(out, inputs, type, op) -> bool: out (float16/bfloat16, C-contiguous) = the
- * rank-order sum or product of inputs (a list of buffers of out's size) in float32, rounded
- * once; False where a NaN or a flag numpy would raise is met (out partly written: numpy's to
+/* reduce_wide(out, inputs, type, op, count) -> bool: out (float16/bfloat16, C-contiguous) =
+ * the rank-order sum or product of inputs (a list of buffers of out's size) in float32 (an
+ * average: the sum divided by count), rounded once; False where a NaN or a flag numpy would raise is met (out partly written: numpy's to
  * compute again, so out must overlap no input), with the GIL released while it reduces */
 static PyObject *module_reduce_wide(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     (void)module;
-    if (nargs != 4 || !PyList_CheckExact(args[1]) || PyList_GET_SIZE(args[1]) < 1) {
-        PyErr_SetString(PyExc_TypeError, "reduce_wide(out, inputs, type, op): inputs a list");
+    if (nargs != 5 || !PyList_CheckExact(args[1]) || PyList_GET_SIZE(args[1]) < 1) {
+        PyErr_SetString(PyExc_TypeError,
+                        "reduce_wide(out, inputs, type, op, count): inputs a list");
         return NULL;
     }
     int type = PyLong_AsLong(args[2]), op = PyLong_AsLong(args[3]);
+    Py_ssize_t count = PyLong_AsSsize_t(args[4]);
     if (PyErr_Occurred())
         return NULL;
-    if ((type != T_F16 && type != T_BF16) || (op != OP_SUM && op != OP_PROD)) {
-        PyErr_SetString(PyExc_ValueError, "reduce_wide: a type or op out of range");
+    if ((type != T_F16 && type != T_BF16) || (op != OP_SUM && op != OP_PROD && op != OP_AVG) ||
+        count < 1) {
+        PyErr_SetString(PyExc_ValueError, "reduce_wide: a type, op or count out of range");
         return NULL;
     }
     Py_ssize_t nin = PyList_GET_SIZE(args[1]);
@@ -731,7 +759,7 @@ static PyObject *module_reduce_wide(PyObject *module, PyObject *const *args, Py_
     }
     Py_BEGIN_ALLOW_THREADS
     feclearexcept(FE_ALL_EXCEPT);
-    ok = reduce_wide(type, op, (char *)ov.buf, in, nin, ov.len / 2) &&
+    ok = reduce_wide(type, op, (char *)ov.buf, in, nin, ov.len / 2, count) &&
          !fetestexcept(FE_INVALID | FE_OVERFLOW | FE_UNDERFLOW | FE_DIVBYZERO);
     Py_END_ALLOW_THREADS
 done:
@@ -747,7 +775,7 @@ done:
 
 static PyMethodDef module_methods[] = {
     {"reduce_wide", (PyCFunction)(void (*)(void))module_reduce_wide, METH_FASTCALL,
-     "reduce_wide(out, inputs, type, op) -> bool: float16/bfloat16 in float32, rounded once"},
+     "reduce_wide(out, inputs, type, op, count) -> bool: float16/bfloat16 in float32"},
     {NULL, NULL, 0, NULL},
 };
 

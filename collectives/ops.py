@@ -173,7 +173,7 @@ _F32 = np.dtype(np.float32)
 # float16/bfloat16 sums and products in float32, rounded once, in C (collectives._replay: its
 # type codes; None where the extension is not built or predates reduce_wide)
 C_WIDENED = {np.dtype(np.float16): 10, _BF16: 11}
-_C_WIDE_OPS = {"sum": 0, "prod": 1}
+_C_WIDE_OPS = {"sum": 0, "prod": 1, "avg": 7}
 try:
     _c_reduce_wide: Any = getattr(
         importlib.import_module("collectives._replay"), "reduce_wide", None
@@ -190,22 +190,24 @@ def _reduce_wide_in_c(
     avg_count: int | None,
 ) -> bool:
     """Whether :func:`reduce_into` of float16/bfloat16 in float32 was done in C (its bits:
-    the same operations, the same rounding); False leaves it to numpy (not such a call, an
-    input it does not take, or a NaN or flag numpy must raise: ``out`` then partly written,
-    so it is taken only where ``out`` overlaps no input)."""
+    the same operations, an average's division, the same rounding); False leaves it to
+    numpy (not such a call, an input it does not take, or a NaN or flag numpy must raise:
+    ``out`` then partly written, so it is taken only where ``out`` overlaps no input)."""
     code = C_WIDENED.get(out.dtype)
     if (
         _c_reduce_wide is None
         or code is None
         or acc_dtype != _F32
-        or (op == "avg" and avg_count is not None)
-        or (op not in _C_WIDE_OPS and op != "avg")
+        or op not in _C_WIDE_OPS
         or not out.flags.c_contiguous
         or any(s.dtype != out.dtype or not s.flags.c_contiguous for s in sources)
         or any(np.may_share_memory(out, s) for s in sources)
     ):
         return False
-    return bool(_c_reduce_wide(out, list(sources), code, _C_WIDE_OPS.get(op, 0)))
+    if op == "avg" and avg_count is None:  # a partial: the plain sum
+        op = "sum"
+    count = avg_count if op == "avg" and avg_count is not None else len(sources)
+    return bool(_c_reduce_wide(out, list(sources), code, _C_WIDE_OPS[op], count))
 
 
 def widen(src: np.ndarray[Any, Any], acc: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:

@@ -155,11 +155,17 @@ def low_precision(dt: np.dtype[Any], op: str, count: int, seed: int) -> np.ndarr
     return y
 
 
-@pytest.mark.parametrize("op", ["sum", "prod"])
+@pytest.mark.parametrize("op", ["sum", "prod", "avg"])
 @pytest.mark.parametrize("dt", WIDENED, ids=lambda d: d.name)
-def test_float16_and_bfloat16_accumulate_in_float32_like_numpy(dt: np.dtype[Any], op: str) -> None:
-    """The widened replay (float16/bfloat16 in float32, rounded once) gives the Python
-    replay's bits, through its chunks (512 elements) and a partial last one."""
+def test_float16_and_bfloat16_accumulate_in_float32_like_numpy(
+    monkeypatch: pytest.MonkeyPatch, dt: np.dtype[Any], op: str
+) -> None:
+    """The widened replay (float16/bfloat16 in float32, an average divided there, rounded
+    once) gives numpy's bits (reduce_into with its C reduction off), through its chunks (512
+    elements) and a partial last one."""
+    from collectives import ops
+
+    monkeypatch.setattr(ops, "_c_reduce_wide", None)  # the reference: numpy alone
     assert replay.c_reduce_codes(dt, op) is None  # never without the float32 accumulator
     assert replay.c_reduce_codes(dt, "min", F32) is None
     assert replay.c_reduce_codes(dt, op, np.dtype(np.float64)) is None
@@ -172,8 +178,32 @@ def test_float16_and_bfloat16_accumulate_in_float32_like_numpy(dt: np.dtype[Any]
         out = np.full(count, 7, dt)
         assert ranks.replay.run(1, xs[0], 0, out) == 0, (dt, op, count)
         want = np.empty(count, dt)
-        reduce_into(want, xs, op, F32)
+        reduce_into(want, xs, op, F32, avg_count=3)
         assert out.tobytes() == want.tobytes(), (dt, op, count)
+
+
+@pytest.mark.parametrize("name", ["float32", "float64"])
+def test_a_float_average_divides_the_rank_order_sum_like_numpy(name: str) -> None:
+    """avg of float32/float64: the rank-order sum divided by the ranks (np.divide), in C; one
+    whose division underflows is handed back; an integer average is never taken (it
+    truncates: Python's)."""
+    dt = np.dtype(name)
+    for count in (1, 64, 1001):
+        ranks = Ranks(dt, "avg", count)
+        xs = [values(name, "sum", count, seed) for seed in range(3)]
+        ranks.peer_inputs[0][...] = xs[1]
+        ranks.peer_inputs[1][...] = xs[2]
+        ranks.peers_at(ready=1, done=0)
+        out = np.full(count, 7, dt)
+        assert ranks.replay.run(1, xs[0], 0, out) == 0
+        want = np.divide(np.add(np.add(xs[0], xs[1]), xs[2]), dt.type(3))
+        assert out.tobytes() == want.tobytes(), (name, count)
+    tiny = np.finfo(dt).smallest_normal
+    ranks = Ranks(dt, "avg", 4)
+    ranks.peers_at(ready=1, done=0)
+    assert ranks.replay.run(1, np.full(4, tiny, dt), 0, np.zeros(4, dt)) == 2  # underflow
+    assert replay.c_reduce_codes(np.dtype(np.int32), "avg") is None
+    assert replay.c_reduce_codes(np.dtype(np.int32), "sum") is not None
 
 
 BF16_NAN = np.array([0x7F81], np.uint16).view(ml_dtypes.bfloat16)[0]
@@ -282,6 +312,8 @@ def test_bad_construction_and_inputs_raise_clearly() -> None:
     args = (flags, (flags,), (flags, flags), stage, 1, READY, DONE, SRC)
     with pytest.raises(ValueError, match="out of range"):
         Replay(*args, 0, 4, 4, 1000)  # band on float32
+    with pytest.raises(ValueError, match="out of range"):
+        Replay(*args, 4, 7, 4, 1000)  # avg on int32
     with pytest.raises(ValueError, match="out of range"):
         Replay(*args, 12, 0, 4, 1000)  # no such type
     with pytest.raises(ValueError, match="stage has 64 bytes, at least 128 needed"):
