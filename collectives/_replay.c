@@ -31,8 +31,8 @@
  * float32 and rounded once to nearest even, as numpy's and ml_dtypes' casts round); the
  * others are never given to this module. A float result with a NaN, or one that raised a
  * floating-point flag numpy reports (a float16 rounding that overflows or underflows
- * included), is handed back after READY (answer 2) for numpy to compute. A reduce-scatter reduces only
- * its shard [lo, lo + n) of every input (mode 0 with a shard).
+ * included), is handed back after READY (answer 2) for numpy to compute. A reduce-scatter
+ * reduces only its shard [lo, lo + n) of every input (mode 0 with a shard).
  *
  * A broadcast copies the root's input (mode 1; the root's own in-place result needs no
  * copy), an all-gather concatenates every input in rank order (mode 2); both count bytes.
@@ -394,7 +394,8 @@ static PyObject *Replay_new(PyTypeObject *type, PyObject *args, PyObject *kwds) 
     if (n < 0)
         n = count - lo;
     if (ctype < 0 || ctype >= T_COUNT || op < 0 || op >= OP_COUNT ||
-        (is_float(ctype) ? op != OP_SUM && op != OP_PROD && op != OP_AVG : op > OP_BXOR) || count < 0 || ready < 0 || done < 0 || src < 0 ||
+        (is_float(ctype) ? op != OP_SUM && op != OP_PROD && op != OP_AVG : op > OP_BXOR) ||
+        count < 0 || ready < 0 || done < 0 || src < 0 ||
         spin_ns < 0 || mode < 0 || mode >= M_COUNT || root < 0 ||
         root >= PyTuple_GET_SIZE(words) || lo < 0 || n < 0 || lo + n > count ||
         (mode != M_REDUCE && (lo != 0 || n != count))) {
@@ -717,8 +718,9 @@ static PyType_Spec Replay_spec = {
 
 /* reduce_wide(out, inputs, type, op, count) -> bool: out (float16/bfloat16, C-contiguous) =
  * the rank-order sum or product of inputs (a list of buffers of out's size) in float32 (an
- * average: the sum divided by count), rounded once; False where a NaN or a flag numpy would raise is met (out partly written: numpy's to
- * compute again, so out must overlap no input), with the GIL released while it reduces */
+ * average: the sum divided by count), rounded once; False where a NaN or a flag numpy would
+ * raise is met (out partly written: numpy's to compute again, so out must overlap no input),
+ * with the GIL released while it reduces */
 static PyObject *module_reduce_wide(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     (void)module;
     if (nargs != 5 || !PyList_CheckExact(args[1]) || PyList_GET_SIZE(args[1]) < 1) {

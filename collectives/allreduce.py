@@ -152,14 +152,25 @@ def across_plan_fits(ch: Channel, algo: str, call: str, nbytes: int) -> bool:
 
 
 def _inputs(
-    ch: Channel, xin: Operand, lo: int, hi: int, s: int, scratch_bytes: int, shares: bool = False
+    ch: Channel,
+    xin: Operand,
+    lo: int,
+    hi: int,
+    s: int,
+    scratch_bytes: int,
+    shares: bool = False,
+    unread: tuple[int, int] = (0, 0),
 ) -> list[np.ndarray[Any, Any]]:
-    """Publish my piece ``[lo, hi)`` (``shares``: in place, :data:`channel.SHARES`), wait
-    for every node-local rank's, and return them in local-rank (= rank) order. Callers have
-    waited ``DONE >= s - 1`` already."""
-    ch.publish(s, xin, scratch_bytes, lo, hi, shares)
+    """Publish my piece ``[lo, hi)`` (``shares``: in place, :data:`channel.SHARES`;
+    ``unread``: the elements no peer reads, not staged), wait for every node-local rank's,
+    and return them in local-rank (= rank) order, mine my own array where it was not all
+    staged. Callers have waited ``DONE >= s - 1`` already."""
+    ch.publish(s, xin, scratch_bytes, lo, hi, shares, unread)
     ch.wait_peers(READY, s, "all_reduce")
-    return [ch.peer_input(r, hi - lo, xin.dtype) for r in ch.local_peers]
+    inputs = [ch.peer_input(r, hi - lo, xin.dtype) for r in ch.local_peers]
+    if xin.shmem is None and unread[1] > unread[0]:
+        inputs[ch.local_index] = xin.array[lo:hi]
+    return inputs
 
 
 class _Plan:
@@ -243,14 +254,9 @@ def _two_shot(
     shares: bool,
 ) -> None:
     s = ch.begin("all_reduce")
-    if xin.shmem is None:  # no peer reads my shard of a numpy input: it is not staged
-        unread = shard_of(hi - lo, len(ch.local_peers), ch.local_index)
-        ch.publish(s, xin, nbytes, lo, hi, unread=unread)
-        ch.wait_peers(READY, s, "all_reduce")
-        inputs = [ch.peer_input(r, hi - lo, xin.dtype) for r in ch.local_peers]
-        inputs[ch.local_index] = xin.array[lo:hi]  # (read for my shard alone)
-    else:
-        inputs = _inputs(ch, xin, lo, hi, s, nbytes, shares)
+    # no peer reads my shard of the input: a numpy one stages only the rest
+    mine = shard_of(hi - lo, len(ch.local_peers), ch.local_index)
+    inputs = _inputs(ch, xin, lo, hi, s, nbytes, shares, mine)
     words = [
         int(ch.my_flags[SRC] if r == ch.rank else ch.peer_flags[r][SRC]) for r in ch.local_peers
     ]

@@ -167,8 +167,8 @@ class TinyPlan(ReplayPlan):
 
 # One node: a one-shot all-reduce up to this size runs from a cached TinyPlan (the C replay,
 # where it applies: 2 ranks, float32, at 128 KiB / 256 KiB / 1 MiB, 1.8-2.9 / 1.4-2.4 /
-# 2.4-2.8x MPI against 0.6-1.2 / 0.8-1.7 / 1.7-2.0x for the general path), but for the dtypes
-# accumulated wider (float16, bfloat16: up to TINY_NBYTES, their float32 buffers the plan's)
+# 2.4-2.8x MPI against 0.6-1.2 / 0.8-1.7 / 1.7-2.0x for the general path); the dtypes
+# accumulated wider (float16, bfloat16) only where the C replay reduces them (else TINY_NBYTES)
 NODE_PLAN_NBYTES = 1 << 20
 # In place on a SHMEMBuffer, larger than this: the call runs shard by shard; smaller, x is
 # staged (one copy costs less than the shards' extra wait)

@@ -21,6 +21,8 @@ from shmem.errors import OpError
 
 __all__ = [
     "CHUNK_BYTES",
+    "C_FLOAT_OPS",
+    "C_OPS",
     "C_WIDENED",
     "OPS",
     "UFUNCS",
@@ -170,10 +172,12 @@ def canonical_padding(out: np.ndarray[Any, Any]) -> None:
 _BF16 = np.dtype(ml_dtypes.bfloat16)
 _F32 = np.dtype(np.float32)
 
-# float16/bfloat16 sums and products in float32, rounded once, in C (collectives._replay: its
-# type codes; None where the extension is not built or predates reduce_wide)
+# collectives._replay's codes: its ops, and the float16/bfloat16 types it accumulates in
+# float32 (sums, products, averages: C_FLOAT_OPS), rounded once; _c_reduce_wide is None where
+# the extension is not built or predates reduce_wide
+C_OPS = {"sum": 0, "prod": 1, "min": 2, "max": 3, "band": 4, "bor": 5, "bxor": 6, "avg": 7}
+C_FLOAT_OPS = ("sum", "prod", "avg")
 C_WIDENED = {np.dtype(np.float16): 10, _BF16: 11}
-_C_WIDE_OPS = {"sum": 0, "prod": 1, "avg": 7}
 try:
     _c_reduce_wide: Any = getattr(
         importlib.import_module("collectives._replay"), "reduce_wide", None
@@ -198,7 +202,7 @@ def _reduce_wide_in_c(
         _c_reduce_wide is None
         or code is None
         or acc_dtype != _F32
-        or op not in _C_WIDE_OPS
+        or op not in C_FLOAT_OPS
         or not out.flags.c_contiguous
         or any(s.dtype != out.dtype or not s.flags.c_contiguous for s in sources)
         or any(np.may_share_memory(out, s) for s in sources)
@@ -206,8 +210,8 @@ def _reduce_wide_in_c(
         return False
     if op == "avg" and avg_count is None:  # a partial: the plain sum
         op = "sum"
-    count = avg_count if op == "avg" and avg_count is not None else len(sources)
-    return bool(_c_reduce_wide(out, list(sources), code, _C_WIDE_OPS[op], count))
+    count = avg_count or len(sources)  # (what an average divides by)
+    return bool(_c_reduce_wide(out, list(sources), code, C_OPS[op], count))
 
 
 def widen(src: np.ndarray[Any, Any], acc: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:

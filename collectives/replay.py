@@ -21,7 +21,7 @@ import numpy as np
 from shmem import SHMEMBuffer, flight
 
 from .channel import MAX_PLANS, Channel, Flag, shared_word, source_tag
-from .ops import C_WIDENED
+from .ops import C_FLOAT_OPS, C_OPS, C_WIDENED
 
 __all__ = [
     "MAX_PLANS",
@@ -52,8 +52,6 @@ except ImportError as exc:
 # operations whose C expression gives numpy's bits (not float min/max: NaNs and signed zeros)
 _C_TYPES = {("f", 4): 0, ("f", 8): 1, ("i", 1): 2, ("i", 2): 3, ("i", 4): 4, ("i", 8): 5}
 _C_TYPES.update({("u", 1): 6, ("u", 2): 7, ("u", 4): 8, ("u", 8): 9})
-_C_OPS = {"sum": 0, "prod": 1, "min": 2, "max": 3, "band": 4, "bor": 5, "bxor": 6, "avg": 7}
-_C_FLOAT_OPS = ("sum", "prod", "avg")  # (an average divides the float sum by the ranks)
 _F32 = np.dtype(np.float32)  # (the low-precision floats' accumulator: ops.C_WIDENED)
 _C_DONE, _C_UNTOUCHED, _C_AFTER_READY = 0, 1, 2  # Replay.run's answers (3: after DONE)
 # how Replay combines the inputs: reduce them (all-reduce, a reduce-scatter's shard), copy
@@ -87,19 +85,19 @@ def c_reduce_codes(
     """The C replay's ``(type, op)`` codes for a reduction of ``dtype`` with ``op``
     accumulated in ``acc`` (default: ``dtype``), or None where its C expression would not
     give numpy's bits (or the extension is not built)."""
-    if _c_replay is None or op not in _C_OPS:
+    if _c_replay is None or op not in C_OPS:
         return None
     if acc is not None and acc != dtype:  # float16/bfloat16 in float32 only
         wide = C_WIDENED.get(dtype)
-        if wide is None or acc != _F32 or op not in _C_FLOAT_OPS:
+        if wide is None or acc != _F32 or op not in C_FLOAT_OPS:
             return None
-        return wide, _C_OPS[op]
+        return wide, C_OPS[op]
     ctype = _C_TYPES.get((dtype.kind, dtype.itemsize))
     if ctype is None or not dtype.isnative:
         return None
-    if (dtype.kind == "f" and op not in _C_FLOAT_OPS) or (dtype.kind != "f" and op == "avg"):
+    if (dtype.kind == "f" and op not in C_FLOAT_OPS) or (dtype.kind != "f" and op == "avg"):
         return None  # (floats: not min/max, NaNs and signed zeros; integer averages truncate)
-    return ctype, _C_OPS[op]
+    return ctype, C_OPS[op]
 
 
 _ALIGN = 64
