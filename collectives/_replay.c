@@ -498,50 +498,43 @@ static PyObject *Replay_set_inputs(Replay *self, PyObject *const *args, Py_ssize
 }
 
 /* run(s, x, shm_word, out, record=False) -> 0, 1, 2 or 3 (see the module's docstring) */
-static PyObject *Replay_run(Replay *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 4 && nargs != 5) {
-        PyErr_SetString(PyExc_TypeError, "Replay.run(s, x, shm_word, out, record=False)");
-        return NULL;
-    }
-    int record = nargs == 5 && args[4] == Py_True;
+/* one run of call s (Replay.run's arguments, parsed): the answer, or -1 with an error set */
+static int replay_once(Replay *self, int64_t s, PyObject *xobj, int64_t shm_word,
+                       PyObject *outobj, int record) {
     self->slot = -1;
     if (self->closed || self->input_objs == NULL) {
         self->answers[UNTOUCHED]++;
-        return PyLong_FromLong(UNTOUCHED); /* the Python replay sets the inputs */
+        return UNTOUCHED; /* the Python replay sets the inputs */
     }
-    int64_t s = PyLong_AsLongLong(args[0]);
-    int64_t shm_word = PyLong_AsLongLong(args[2]);
-    if ((s == -1 || shm_word == -1) && PyErr_Occurred())
-        return NULL;
     Py_buffer xv = {0}, ov;
-    int have_x = args[1] != Py_None, x_view = 0;
+    int have_x = xobj != Py_None, x_view = 0;
     const char *xsrc = NULL;
-    if (have_x && PyLong_CheckExact(args[1])) {
+    if (have_x && PyLong_CheckExact(xobj)) {
         /* the address of nbytes of this process's heap (a small zero-copy input, staged:
          * cheaper than waiting for the peers' DONE) */
-        xsrc = (const char *)PyLong_AsVoidPtr(args[1]);
+        xsrc = (const char *)PyLong_AsVoidPtr(xobj);
         if (xsrc == NULL)
-            return PyErr_Occurred() ? NULL : PyLong_FromLong(UNTOUCHED);
+            return PyErr_Occurred() ? -1 : UNTOUCHED;
     } else if (have_x) {
-        if (PyObject_GetBuffer(args[1], &xv, PyBUF_C_CONTIGUOUS) < 0) {
+        if (PyObject_GetBuffer(xobj, &xv, PyBUF_C_CONTIGUOUS) < 0) {
             PyErr_Clear(); /* not contiguous: the Python replay copies it */
             self->answers[UNTOUCHED]++;
-            return PyLong_FromLong(UNTOUCHED);
+            return UNTOUCHED;
         }
         if (xv.len != self->nbytes) {
             PyBuffer_Release(&xv);
             self->answers[UNTOUCHED]++;
-            return PyLong_FromLong(UNTOUCHED);
+            return UNTOUCHED;
         }
         x_view = 1;
         xsrc = (const char *)xv.buf;
     }
-    if (PyObject_GetBuffer(args[3], &ov, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
+    if (PyObject_GetBuffer(outobj, &ov, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
         PyErr_Clear();
         if (x_view)
             PyBuffer_Release(&xv);
         self->answers[UNTOUCHED]++;
-        return PyLong_FromLong(UNTOUCHED);
+        return UNTOUCHED;
     }
     char *out = (char *)ov.buf;
     int code = UNTOUCHED;
@@ -627,7 +620,20 @@ end:
     if (x_view)
         PyBuffer_Release(&xv);
     self->answers[code]++;
-    return PyLong_FromLong(code);
+    return code;
+}
+
+static PyObject *Replay_run(Replay *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4 && nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "Replay.run(s, x, shm_word, out, record=False)");
+        return NULL;
+    }
+    int64_t s = PyLong_AsLongLong(args[0]);
+    int64_t shm_word = PyLong_AsLongLong(args[2]);
+    if ((s == -1 || shm_word == -1) && PyErr_Occurred())
+        return NULL;
+    int code = replay_once(self, s, args[1], shm_word, args[3], nargs == 5 && args[4] == Py_True);
+    return code < 0 ? NULL : PyLong_FromLong(code);
 }
 
 /* flight(ring, capacity, stream, op, nbytes, dtype): record every run in the flight
@@ -716,6 +722,261 @@ static PyType_Spec Replay_spec = {
     "collectives._replay.Replay", sizeof(Replay), 0, Py_TPFLAGS_DEFAULT, Replay_slots,
 };
 
+/* A remembered call: the engine's last replayed call of one kind (collectives.engines.host),
+ * the same x, out and op again. Memo.replay(x, out, op) makes every step of that cached path
+ * the Python replay makes before and after Replay.run, here: the same objects (op: or an
+ * equal one), the guards (each (object, attribute, value): the attribute still is value,
+ * the checks of the engine's memo that can change between calls: the channel not broken,
+ * the scratch not grown, the plan not dropped, the World not finalized, a SHMEMBuffer not
+ * closed), no SIG word of the previous call to check, then the channel's seq and
+ * signature set, the run, and the channel's counters (calls, staged bytes, the
+ * algorithm's). None: nothing done (the Python path takes the call); the result (result, or
+ * a new array: make(*make_args)) when the run answered 0; else (answer, s, result): the Python replay goes on
+ * from that answer (ReplayPlan.resume). */
+typedef struct {
+    PyObject_HEAD
+    Replay *replay;
+    PyObject *x, *out, *op; /* the key */
+    PyObject *guards;       /* a tuple of (object, attribute name, value) */
+    PyObject *ch;           /* the Channel: seq, sig_seq, signature, stats */
+    PyObject *signature;
+    PyObject *src;          /* Replay.run's x: an array, an address (int) or None */
+    int64_t shm_word;
+    PyObject *dst;          /* the result's flat view (None: a new array each call) */
+    PyObject *result;       /* what a call with dst returns (out, or x itself) */
+    PyObject *make, *make_args; /* the new array: make(*make_args) */
+    Py_ssize_t staged;      /* the bytes a call that ran counts as staged */
+    PyObject *name;         /* the algorithm the call counts under */
+} Memo;
+
+static PyTypeObject *replay_type;
+static PyObject *s_seq, *s_sig_seq, *s_signature, *s_stats, *s_calls, *s_staged_bytes,
+    *s_algorithms, *s_count;
+
+static PyObject *Memo_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    static char *kwlist[] = {"replay", "x", "out", "op", "guards", "ch", "signature", "src",
+                             "shm_word", "dst", "result", "make", "make_args", "staged", "name",
+                             NULL};
+    PyObject *replay, *x, *out, *op, *guards, *ch, *signature, *src, *dst, *result, *make,
+        *make_args, *name;
+    long long shm_word;
+    Py_ssize_t staged;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!OOOO!OOOLOOOO!nU", kwlist, replay_type,
+                                     &replay, &x, &out, &op, &PyTuple_Type, &guards, &ch,
+                                     &signature, &src, &shm_word, &dst, &result, &make,
+                                     &PyTuple_Type, &make_args, &staged, &name))
+        return NULL;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(guards); i++) {
+        PyObject *g = PyTuple_GET_ITEM(guards, i);
+        if (!PyTuple_CheckExact(g) || PyTuple_GET_SIZE(g) != 3 ||
+            !PyUnicode_Check(PyTuple_GET_ITEM(g, 1))) {
+            PyErr_SetString(PyExc_TypeError, "Memo: each guard an (object, name, value) tuple");
+            return NULL;
+        }
+    }
+    Memo *self = (Memo *)type->tp_alloc(type, 0);
+    if (self == NULL)
+        return NULL;
+    PyObject **fields[] = {(PyObject **)&self->replay, &self->x, &self->out, &self->op,
+                           &self->guards, &self->ch, &self->signature, &self->src,
+                           &self->result, &self->make, &self->make_args, &self->name};
+    PyObject *values[] = {replay, x, out, op, guards, ch, signature, src, result, make,
+                          make_args, name};
+    for (size_t i = 0; i < sizeof values / sizeof values[0]; i++) {
+        Py_INCREF(values[i]);
+        *fields[i] = values[i];
+    }
+    self->dst = dst == Py_None ? NULL : dst;
+    Py_XINCREF(self->dst);
+    self->shm_word = shm_word;
+    self->staged = staged;
+    return (PyObject *)self;
+}
+
+static int Memo_traverse(Memo *self, visitproc visit, void *arg) {
+    Py_VISIT(Py_TYPE(self));
+    Py_VISIT(self->replay);
+    Py_VISIT(self->x);
+    Py_VISIT(self->out);
+    Py_VISIT(self->op);
+    Py_VISIT(self->guards);
+    Py_VISIT(self->ch);
+    Py_VISIT(self->signature);
+    Py_VISIT(self->src);
+    Py_VISIT(self->dst);
+    Py_VISIT(self->result);
+    Py_VISIT(self->make);
+    Py_VISIT(self->make_args);
+    Py_VISIT(self->name);
+    return 0;
+}
+
+static int Memo_clear(Memo *self) {
+    Py_CLEAR(self->replay);
+    Py_CLEAR(self->x);
+    Py_CLEAR(self->out);
+    Py_CLEAR(self->op);
+    Py_CLEAR(self->guards);
+    Py_CLEAR(self->ch);
+    Py_CLEAR(self->signature);
+    Py_CLEAR(self->src);
+    Py_CLEAR(self->dst);
+    Py_CLEAR(self->result);
+    Py_CLEAR(self->make);
+    Py_CLEAR(self->make_args);
+    Py_CLEAR(self->name);
+    return 0;
+}
+
+static void Memo_dealloc(Memo *self) {
+    PyTypeObject *tp = Py_TYPE(self);
+    PyObject_GC_UnTrack(self);
+    Memo_clear(self);
+    tp->tp_free((PyObject *)self);
+    Py_DECREF(tp);
+}
+
+/* obj.name += by (an int attribute) */
+static int add_to(PyObject *obj, PyObject *name, Py_ssize_t by) {
+    PyObject *v = PyObject_GetAttr(obj, name);
+    if (v == NULL)
+        return -1;
+    PyObject *step = PyLong_FromSsize_t(by);
+    PyObject *sum = step == NULL ? NULL : PyNumber_Add(v, step);
+    Py_DECREF(v);
+    Py_XDECREF(step);
+    if (sum == NULL)
+        return -1;
+    int rc = PyObject_SetAttr(obj, name, sum);
+    Py_DECREF(sum);
+    return rc;
+}
+
+/* an int attribute as int64 (-1 with an error set on failure) */
+static int64_t int_attr(PyObject *obj, PyObject *name, int *failed) {
+    PyObject *v = PyObject_GetAttr(obj, name);
+    int64_t r = v == NULL ? -1 : PyLong_AsLongLong(v);
+    Py_XDECREF(v);
+    *failed = r == -1 && PyErr_Occurred();
+    return r;
+}
+
+/* the call counted under the memo's algorithm: stats.algorithms[name] += 1 where it is
+ * a mapping, else stats.count(name) */
+static int count_algorithm(Memo *self, PyObject *stats) {
+    PyObject *algos = PyObject_GetAttr(stats, s_algorithms);
+    if (algos == NULL)
+        return -1;
+    int rc = -1;
+    if (algos == Py_None) {
+        PyObject *r = PyObject_CallMethodOneArg(stats, s_count, self->name);
+        rc = r == NULL ? -1 : 0;
+        Py_XDECREF(r);
+    } else {
+        PyObject *v = PyObject_GetItem(algos, self->name);
+        PyObject *one = v == NULL ? NULL : PyLong_FromLong(1);
+        PyObject *sum = one == NULL ? NULL : PyNumber_Add(v, one);
+        if (sum != NULL)
+            rc = PyObject_SetItem(algos, self->name, sum);
+        Py_XDECREF(v);
+        Py_XDECREF(one);
+        Py_XDECREF(sum);
+    }
+    Py_DECREF(algos);
+    return rc;
+}
+
+static PyObject *Memo_replay(Memo *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "Memo.replay(x, out, op)");
+        return NULL;
+    }
+    if (self->replay == NULL || args[0] != self->x || args[1] != self->out)
+        Py_RETURN_NONE;
+    if (args[2] != self->op) {
+        int eq = PyObject_RichCompareBool(args[2], self->op, Py_EQ);
+        if (eq <= 0)
+            return eq < 0 ? NULL : Py_NewRef(Py_None);
+    }
+    if (self->replay->closed)
+        Py_RETURN_NONE;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(self->guards); i++) {
+        PyObject *g = PyTuple_GET_ITEM(self->guards, i);
+        PyObject *v = PyObject_GetAttr(PyTuple_GET_ITEM(g, 0), PyTuple_GET_ITEM(g, 1));
+        if (v == NULL)
+            return NULL;
+        int holds = v == PyTuple_GET_ITEM(g, 2);
+        Py_DECREF(v);
+        if (!holds)
+            Py_RETURN_NONE;
+    }
+    int failed;
+    int64_t seq = int_attr(self->ch, s_seq, &failed);
+    if (failed)
+        return NULL;
+    int64_t sig_seq = int_attr(self->ch, s_sig_seq, &failed);
+    if (failed)
+        return NULL;
+    if (sig_seq == seq) /* the previous call published its SIG word: Python checks it */
+        Py_RETURN_NONE;
+    PyObject *res, *dst = self->dst;
+    if (dst == NULL) {
+        res = PyObject_Vectorcall(self->make, &PyTuple_GET_ITEM(self->make_args, 0),
+                                  (size_t)PyTuple_GET_SIZE(self->make_args), NULL);
+        if (res == NULL)
+            return NULL;
+        dst = res;
+    } else {
+        res = Py_NewRef(self->result);
+    }
+    int64_t s = seq + 1;
+    PyObject *s_obj = PyLong_FromLongLong(s), *stats = NULL;
+    if (s_obj == NULL || PyObject_SetAttr(self->ch, s_seq, s_obj) < 0 ||
+        PyObject_SetAttr(self->ch, s_signature, self->signature) < 0)
+        goto fail;
+    int code = replay_once(self->replay, s, self->src, self->shm_word, dst, 1);
+    if (code < 0 || (stats = PyObject_GetAttr(self->ch, s_stats)) == NULL)
+        goto fail;
+    if (code != UNTOUCHED && self->staged && add_to(stats, s_staged_bytes, self->staged) < 0)
+        goto fail;
+    if (code != DONE_ALL) {
+        Py_DECREF(stats);
+        Py_DECREF(s_obj);
+        return Py_BuildValue("(iLN)", code, (long long)s, res);
+    }
+    if (add_to(stats, s_calls, 1) < 0 || count_algorithm(self, stats) < 0)
+        goto fail;
+    Py_DECREF(stats);
+    Py_DECREF(s_obj);
+    return res;
+fail:
+    Py_XDECREF(stats);
+    Py_XDECREF(s_obj);
+    Py_DECREF(res);
+    return NULL;
+}
+
+static PyMethodDef Memo_methods[] = {
+    {"replay", (PyCFunction)(void (*)(void))Memo_replay, METH_FASTCALL,
+     "replay(x, out, op) -> None, the result, or (answer, s, result): see the type."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyType_Slot Memo_slots[] = {
+    {Py_tp_new, Memo_new},
+    {Py_tp_dealloc, Memo_dealloc},
+    {Py_tp_traverse, Memo_traverse},
+    {Py_tp_clear, Memo_clear},
+    {Py_tp_methods, Memo_methods},
+    {Py_tp_doc, "A remembered call, replayed with the engine's checks in C (see Memo_replay)."},
+    {0, NULL},
+};
+
+static PyType_Spec Memo_spec = {
+    "collectives._replay.Memo", sizeof(Memo), 0, Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    Memo_slots,
+};
+
 /* reduce_wide(out, inputs, type, op, count) -> bool: out (float16/bfloat16, C-contiguous) =
  * the rank-order sum or product of inputs (a list of buffers of out's size) in float32 (an
  * average: the sum divided by count), rounded once; False where a NaN or a flag numpy would
@@ -792,8 +1053,25 @@ PyMODINIT_FUNC PyInit__replay(void) {
     if (m == NULL)
         return NULL;
     PyObject *t = PyType_FromSpec(&Replay_spec);
-    if (t == NULL || PyModule_AddObject(m, "Replay", t) < 0) {
+    if (t == NULL || PyModule_AddObject(m, "Replay", Py_NewRef(t)) < 0) {
         Py_XDECREF(t);
+        Py_DECREF(m);
+        return NULL;
+    }
+    replay_type = (PyTypeObject *)t; /* (the module's reference keeps it) */
+    Py_DECREF(t);
+    PyObject **names[] = {&s_seq, &s_sig_seq, &s_signature, &s_stats, &s_calls,
+                          &s_staged_bytes, &s_algorithms, &s_count};
+    const char *texts[] = {"seq", "sig_seq", "signature", "stats", "calls", "staged_bytes",
+                           "algorithms", "count"};
+    for (size_t i = 0; i < sizeof texts / sizeof texts[0]; i++)
+        if (*names[i] == NULL && (*names[i] = PyUnicode_InternFromString(texts[i])) == NULL) {
+            Py_DECREF(m);
+            return NULL;
+        }
+    PyObject *mt = PyType_FromSpec(&Memo_spec);
+    if (mt == NULL || PyModule_AddObject(m, "Memo", mt) < 0) {
+        Py_XDECREF(mt);
         Py_DECREF(m);
         return NULL;
     }

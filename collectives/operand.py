@@ -16,7 +16,7 @@ import numpy as np
 from shmem import SUPPORTED_DTYPES, SHMEMBuffer
 from shmem.agreement import compare_across_ranks
 from shmem.dtypes import as_dtype, dtype_name
-from shmem.errors import CollectiveArgumentError, ShmemError
+from shmem.errors import CollectiveArgumentError, ShmemError, ShmemStateError
 
 from .signature import signature
 
@@ -39,6 +39,11 @@ class Operand:
             self.shmem: SHMEMBuffer | None = None
             self.array: Array = obj
         elif isinstance(obj, SHMEMBuffer):
+            if obj.closed:
+                raise ShmemStateError(
+                    f"{where}: {name} is a closed SHMEMBuffer (expected an open one: a closed "
+                    "buffer's memory is freed)"
+                )
             self.shmem = obj
             self.array = obj.local().reshape(-1)
         elif isinstance(obj, np.ndarray):

@@ -42,7 +42,7 @@ _SPIN = 64  # flag loads a replay makes itself before the bounded wait (a few mi
 try:  # the C replay (collectives/_replay.c), built by the install where a compiler is
     _c_replay: Any = importlib.import_module("collectives._replay")
     _C_REPLAY_WHY = "C"
-    if not hasattr(_c_replay.Replay, "flight"):  # a build older than its source
+    if not hasattr(_c_replay, "Memo"):  # a build older than its source
         _c_replay, _C_REPLAY_WHY = None, "pure Python: collectives._replay is out of date"
 except ImportError as exc:
     _c_replay = None
@@ -316,25 +316,43 @@ class ReplayPlan:
             in_place = False  # (a broadcast's root into x itself, its non-roots)
         shares = in_place and shm is not None and self.share_base is not None
         if fast is not None and ch.sig_seq != s - 1 and not shares:
+            staged = shm is None or self.nbytes <= STAGE_SMALL or in_place
             if shm is None:
                 code = fast.run(s, x, 0, dst, record)
-            elif self.nbytes <= STAGE_SMALL or in_place:
+            elif staged:
                 # copied in, as a numpy input: no DONE wait (in place: the peers read the
                 # copy, so the result goes straight into x, with no aside and no wait)
                 if shm is not self.staged_shm:
                     self.staged_addr = ch.world.heap.address(shm.offset)
                     self.staged_shm = shm
                 code = fast.run(s, self.staged_addr, 0, dst, record)
-                if code != _C_UNTOUCHED:
-                    shm = None  # from here on the call is a staged one
             else:
                 code = fast.run(s, None, self.shm_src(shm), dst, record)
-            if code != _C_UNTOUCHED and shm is None and self.reads_mine:
+            if code != _C_UNTOUCHED and staged and self.reads_mine:
                 ch.stats.staged_bytes += self.nbytes
             if code == _C_DONE:  # (the C replay recorded the whole call)
                 ch.stats.calls += 1
                 return
             n = fast.slot  # the record it began, pending, or -1
+        self.resume(ch, s, code, n, x, shm, dst, in_place, record)
+
+    def resume(
+        self,
+        ch: Channel,
+        s: int,
+        code: int,
+        n: int,
+        x: np.ndarray[Any, Any],
+        shm: SHMEMBuffer | None,
+        dst: np.ndarray[Any, Any],
+        in_place: bool,
+        record: bool,
+    ) -> None:
+        """Call ``s`` from where the C replay's answer ``code`` left it (``n``: the flight
+        record it began, or -1)."""
+        if code != _C_UNTOUCHED and shm is not None and (self.nbytes <= STAGE_SMALL or in_place):
+            shm = None  # staged in C (run's rule): from here on the call is a staged one
+        shares = in_place and shm is not None and self.share_base is not None
         if n < 0 and record:
             op = self.where.rpartition(".")[2]
             n = self.flight.begin(self.stream, op, self.nbytes, self.dtype)
@@ -352,6 +370,62 @@ class ReplayPlan:
             self.flight.end(n, True)
             raise
         self.flight.end(n)
+
+    def memo(
+        self,
+        ch: Channel,
+        x: Any,
+        out: Any,
+        key: object,
+        shm: SHMEMBuffer | None,
+        dst: np.ndarray[Any, Any] | None,
+        in_place: bool,
+        shape: tuple[int, ...],
+        result: object = None,
+        name: str | None = None,
+    ) -> Any:
+        """The C form of the engine's memo of a call ``(x, out, key)`` replayed with this
+        plan (``collectives._replay.Memo``: :meth:`run`'s steps and the engine's checks in
+        one C call; ``dst``: the result's flat view, None for a new array of ``shape`` each
+        call; ``result``: what a call with ``dst`` returns, default ``out``; ``name``: the
+        algorithm it counts under, default the plan's), or None where the C replay does not
+        take the call (no C replay, a non-contiguous numpy input, a shared in-place input, a
+        plan with its own run)."""
+        fast = self.fast
+        if fast is None or type(self).run is not ReplayPlan.run:
+            return None
+        if in_place and dst is not None and not self.hazard(ch, shm, dst):
+            in_place = False
+        staged = self.nbytes if self.reads_mine else 0
+        guards: list[tuple[object, str, object]] = [
+            (ch, "broken", False),
+            (ch, "scratch_buf", self.scratch),
+            (self, "closed", False),
+            (self, "fast", fast),
+            (ch.world, "finalized", False),
+        ]
+        src: object
+        word = 0
+        if shm is None:
+            if type(x) is not np.ndarray or not x.flags.c_contiguous:
+                return None
+            src = x.reshape(-1)  # (a view)
+            guards.append((x, "dtype", self.dtype))
+        elif in_place and self.share_base is not None:
+            return None
+        else:
+            guards.append((shm, "closed", False))
+            if self.nbytes <= STAGE_SMALL or in_place:  # staged, as run() does
+                src = ch.world.heap.address(shm.offset)
+            else:
+                src, word, staged = None, self.shm_src(shm), 0
+        if type(out) is SHMEMBuffer:
+            guards.append((out, "closed", False))
+        return _c_replay.Memo(
+            fast, x, out, key, tuple(guards), ch, self.signature, src, word, dst,
+            out if result is None else result, np.empty, (shape, self.dtype), staged,
+            self.algorithm if name is None else name,
+        )  # fmt: skip
 
     def hazard(self, ch: Channel, shm: SHMEMBuffer | None, dst: np.ndarray[Any, Any]) -> bool:
         """Whether ``dst``, overlapping my zero-copy input ``shm``, is a hazard: written

@@ -32,6 +32,7 @@ from ..channel import Channel
 from ..operand import Array
 from ..ops import ReduceOp
 from ..reduce_scatter import reduce_scatter as _reduce_scatter
+from ..replay import ReplayPlan
 from ..schedule import Algorithm, AlgorithmTable
 from ..signature import COLLECTIVES, describe_args
 from ..stats import CommStats
@@ -79,7 +80,11 @@ class HostEngine:
         # the last replayed all-reduce's arguments and what the fast path made of them: the
         # same x, out and op again replay at once (x, out, op, plan, src, shm, flat, in_place)
         self._memo: tuple[Any, ...] | None = None
+        self._armed: Any = None  # its C form (ReplayPlan.memo), where the C replay takes it
+        self._armed_in_place = False  # its in_place (ReplayPlan.run's, the hazard checked)
         self._family_memo: dict[str, tuple[Any, ...]] = {}  # the same, per family collective
+        self._family_armed: dict[str, Any] = {}  # their C forms
+        self._family_in_place: dict[str, bool] = {}
         self._last_family: dict[str, Any] = {}  # kind -> the last family plan replayed
         self._fused: tuple[object, ...] | None = None  # a fused all-reduce's arguments
         world.barrier()
@@ -176,6 +181,17 @@ class HostEngine:
                 )
             finally:
                 self._fused = None
+        armed = self._armed
+        if armed is not None and algorithm == "auto":
+            try:
+                done = armed.replay(x, out, op)
+            except BaseException as exc:
+                self.ch.fail(mismatched(exc))
+                raise
+            if done is not None:
+                if type(done) is tuple:  # the Python replay goes on from the C answer
+                    return self._resume_memo(*done)  # type: ignore[no-any-return]
+                return done  # type: ignore[no-any-return]
         ch = self.ch
         memo = self._memo
         if (
@@ -201,6 +217,17 @@ class HostEngine:
         with self._call(ch, "all_reduce", (x, op, out, algorithm)):
             return _all_reduce(ch, x, op, out, algorithm)
 
+    def _resume_memo(self, code: int, s: int, res: Any) -> Any:
+        """Call ``s`` of the C memo (``_armed``) from its answer ``code``: the Python
+        replay goes on with the memo's arguments (result ``res``)."""
+        x, out, _, plan, src, shm, target, _ = self._memo  # type: ignore[misc]
+        in_place = self._armed_in_place
+        flat = target if out is not None else (res if res.ndim == 1 else res.reshape(-1))
+        if src is None:
+            src = flat if shm is not None else x.reshape(-1)
+        self._replay(self.ch, plan, src, shm, flat, out, in_place, resume=(s, code))
+        return res
+
     def _replay_memo(self, ch: Channel, memo: tuple[Any, ...], x: Any, out: Any) -> Any:
         """The same x, out and op as the last replayed all-reduce (``memo``): replay it at
         once, every check that can change since still made; None where one fails."""
@@ -217,6 +244,27 @@ class HostEngine:
             src = flat if shm is not None else x.reshape(-1)
         self._replay(ch, plan, src, shm, flat, out, memo[7])
         return res
+
+    def _arm(
+        self,
+        ch: Channel,
+        plan: Any,
+        x: Any,
+        out: Any,
+        op: object,
+        shm: SHMEMBuffer | None,
+        flat: Array,
+        in_place: bool,
+    ) -> None:
+        """Make the C form of the memo just remembered (``_armed``), or none."""
+        self._armed = None
+        if not isinstance(plan, ReplayPlan):  # (a plan across nodes: no C replay)
+            return
+        dst = flat if out is not None else None
+        if in_place and dst is not None and not plan.hazard(ch, shm, dst):
+            in_place = False  # (ReplayPlan.run's rule)
+        self._armed = plan.memo(ch, x, out, op, shm, dst, in_place, x.shape)
+        self._armed_in_place = in_place
 
     def _memo_holds(
         self, ch: Channel, plan: Any, x: Any, shm: SHMEMBuffer | None, out: Any
@@ -295,6 +343,7 @@ class HostEngine:
                 # (for a new array each call: x's shape in place of the result's view)
                 target = flat if out is not None else x.shape
                 self._memo = (x, out, op, plan, kept, shm, target, in_place)
+                self._arm(ch, plan, x, out, op, shm, flat, in_place)
                 self._replay(ch, plan, src, shm, flat, out, in_place)
                 return res
         return None
@@ -360,8 +409,9 @@ class HostEngine:
         self._last_out = None
         self._alias = None
         self._sym_out = None
-        self._memo = None
+        self._memo = self._armed = None
         self._family_memo.clear()
+        self._family_armed.clear()
         self._last_family.clear()
         if self.world.finalized:  # the heap is gone with the World: nothing left to free
             self.closed = True
@@ -382,6 +432,7 @@ class HostEngine:
         out: object,
         in_place: bool | None,
         name: str | None = None,
+        resume: tuple[int, int] | None = None,
     ) -> None:
         """Replay ``plan`` (input ``src`` or ``shm``, result into ``flat``, the flat view of
         ``out`` or of a new array; ``in_place``: whether ``out`` overlaps ``shm``, None to
@@ -389,7 +440,10 @@ class HostEngine:
         if in_place is None:
             in_place = shm is not None and out is not None and self._over(out, flat, shm)
         try:
-            if plan.fast is not None:  # it records the call in the flight recorder itself
+            if resume is not None:  # a call of the C memo, from its answer
+                s, code = resume
+                plan.resume(ch, s, code, plan.fast.slot, src, shm, flat, in_place, True)
+            elif plan.fast is not None:  # it records the call in the flight recorder itself
                 plan.run(ch, src, shm, flat, in_place, True)
             else:  # recorded here: begin and end (a context manager cost ~1 us a call more)
                 rec = flight.recorder()
@@ -446,6 +500,15 @@ class HostEngine:
         or None when there is none yet or an argument needs the general path (which
         validates it)."""
         ch = self.ch
+        armed = self._family_armed.get(kind)
+        if armed is not None:  # its C form (see all_reduce's)
+            try:
+                done = armed.replay(x, out, extra)
+            except BaseException as exc:
+                ch.fail(mismatched(exc))
+                raise
+            if done is not None:
+                return self._resume_family(kind, *done) if type(done) is tuple else done
         if self.closed or ch.broken:
             return None
         memo = self._family_memo.get(kind)
@@ -509,11 +572,32 @@ class HostEngine:
         if self.world.finalized:
             self._live(kind)
         src = flat if shm is not None else x if x.ndim == 1 else x.reshape(-1)  # type: ignore[union-attr]
-        if out is None and res is not x and res is not shm:  # a new array each call
+        anew = out is None and res is not x and res is not shm  # a new array each call
+        if anew:
             self._family_memo[kind] = (x, out, extra, plan, src, shm, None, res.shape, None)
         else:
             self._family_memo[kind] = (x, out, extra, plan, src, shm, flat, None, res)
-        self._replay(ch, plan, src, shm, flat, out, None, kind)
+        in_place = shm is not None and out is not None and self._over(out, flat, shm)
+        armed = None
+        if isinstance(plan, ReplayPlan):  # (a plan across nodes: no C replay)
+            if in_place and not plan.hazard(ch, shm, flat):
+                in_place = False  # (ReplayPlan.run's rule)
+            dst = None if anew else flat
+            armed = plan.memo(ch, x, out, extra, shm, dst, in_place, res.shape, res, kind)
+        self._family_in_place[kind] = in_place
+        self._family_armed[kind] = armed
+        self._replay(ch, plan, src, shm, flat, out, in_place, kind)
+        return res
+
+    def _resume_family(self, kind: str, code: int, s: int, res: Any) -> Any:
+        """Call ``s`` of the C memo of ``kind`` from its answer ``code`` (see
+        :meth:`_resume_memo`)."""
+        _, out, _, plan, src, shm, flat, _, _ = self._family_memo[kind]
+        if flat is None:  # a new array each call
+            flat = res.reshape(-1)
+            src = flat if shm is not None else src
+        in_place = self._family_in_place[kind]
+        self._replay(self.ch, plan, src, shm, flat, out, in_place, kind, resume=(s, code))
         return res
 
 

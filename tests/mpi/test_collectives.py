@@ -645,6 +645,172 @@ def test_back_to_back_tiny_calls_never_read_a_reused_stage(
 
 
 @pytest.mark.parametrize("engine", ["C", "python"])
+@pytest.mark.parametrize("n", [3, 512], ids=["staged", "zero_copy"])
+@pytest.mark.parametrize("form", ["numpy_new", "numpy_out", "sym_new", "sym_out", "in_place"])
+def test_the_same_call_again_replays_from_the_memo(
+    monkeypatch: pytest.MonkeyPatch, form: str, n: int, engine: str
+) -> None:
+    """The same x, out and op call after call (a training loop's form): on one node it
+    replays from the engine's memo, in C where built (the plan's Python run() no longer
+    called), one rank stalling now and then so the C replay hands over mid-call; every
+    result exact, every call counted once, under its algorithm."""
+    use_engine(monkeypatch, engine)
+    world = shmem.init(heap_nbytes="16MiB", signal_timeout_s=20.0)
+    comm = collectives.Communicator(world)
+    p, r = world.world_size, world.rank
+    sym, sym_out = world.zeros(n, "int64"), world.zeros(n, "int64")
+    xn, on = np.zeros(n, np.int64), np.zeros(n, np.int64)
+    x: Any = sym if form.startswith("sym") or form == "in_place" else xn
+    out: Any = {"numpy_out": on, "sym_out": sym_out, "in_place": sym}.get(form)
+    stall = np.random.default_rng(5).integers(0, 2 * p, 200)  # (the same on every rank)
+    try:
+        comm.all_reduce(x, out=out)  # makes the plan and the memo
+        runs = [0]
+        plan: Any = None
+        if world.num_nodes == 1:
+            assert comm.host_channel is not None
+            plan = comm.host_channel.plans[(n, np.dtype(np.int64), "sum")]
+            run = plan.run
+
+            def counted(*args: Any) -> None:
+                runs[0] += 1
+                run(*args)
+
+            monkeypatch.setattr(plan, "run", counted)
+        calls = comm.stats.calls
+        counts = sum((comm.stats.algorithms or {}).values())
+        for i in range(200):
+            mine = np.arange(n, dtype=np.int64) * (r + 1) + i
+            (sym.local() if x is sym else xn)[...] = mine
+            if stall[i] == r:
+                t = time.perf_counter() + 200e-6  # busy: this rank falls behind
+                while time.perf_counter() < t:
+                    pass
+            got = comm.all_reduce(x, out=out)
+            if out is not None:
+                assert got is out
+            want = np.arange(n, dtype=np.int64) * (p * (p + 1) // 2) + i * p
+            assert np.array_equal(np.asarray(got), want), (i, np.asarray(got)[:3], want[:3])
+        assert comm.stats.calls - calls == 200
+        assert sum((comm.stats.algorithms or {}).values()) - counts == 200
+        if plan is not None and engine == "C":
+            assert plan.fast is not None
+            assert runs[0] <= 1, runs  # (the first call after the plan was made: its SIG)
+        elif plan is not None:
+            assert runs[0] == 200
+    finally:
+        world.barrier()
+        sym.close()
+        sym_out.close()
+        comm.close()
+        world.finalize()
+
+
+@pytest.mark.parametrize("engine", ["C", "python"])
+@pytest.mark.parametrize("form", ["numpy_new", "numpy_out", "sym_new", "sym_out"])
+@pytest.mark.parametrize("kind", ["broadcast", "all_gather", "reduce_scatter"])
+def test_the_same_family_call_again_replays_from_the_memo(
+    monkeypatch: pytest.MonkeyPatch, kind: str, form: str, engine: str
+) -> None:
+    """As the all-reduce's: the same x, out and root or op call after call replays from the
+    engine's memo of that kind, in C where built, one rank stalling now and then; every
+    result exact (a broadcast without out into x itself), every call counted once."""
+    use_engine(monkeypatch, engine)
+    world = shmem.init(heap_nbytes="16MiB", signal_timeout_s=20.0)
+    comm = collectives.Communicator(world)
+    p, r = world.world_size, world.rank
+    n = 12  # (shards alike at 1-4 ranks: a symmetric out is the same size everywhere)
+    lo, hi = shard_of(n, p, r)
+    total = {"all_gather": n * p, "reduce_scatter": hi - lo}.get(kind, n)
+    sym, sym_out = world.zeros(n, "int64"), world.zeros(total, "int64")
+    xn, on = np.zeros(n, np.int64), np.zeros(total, np.int64)
+    x: Any = sym if form.startswith("sym") else xn
+    out: Any = {"numpy_out": on, "sym_out": sym_out}.get(form)
+    extra: Any = {"broadcast": p - 1, "reduce_scatter": "sum"}.get(kind)
+    call = getattr(comm, kind)
+    args = () if extra is None else (extra,)
+    stall = np.random.default_rng(9).integers(0, 2 * p, 150)
+    try:
+        call(x, *args, out=out)  # makes the plan and the memo
+        plans: list[Any] = []
+        runs = [0]
+        if world.num_nodes == 1:
+            assert comm.host_channel is not None
+            plans = [v for v in comm.host_channel.plans.values() if v.where.endswith(kind)]
+            for plan in plans:
+                run = plan.run
+
+                def counted(*a: Any, run: Any = run) -> None:
+                    runs[0] += 1
+                    run(*a)
+
+                monkeypatch.setattr(plan, "run", counted)
+        calls = comm.stats.calls
+        for i in range(150):
+            inputs = [np.arange(n, dtype=np.int64) * (q + 1) + i for q in range(p)]
+            (sym.local() if x is sym else xn)[...] = inputs[r]
+            if stall[i] == r:
+                t = time.perf_counter() + 200e-6
+                while time.perf_counter() < t:
+                    pass
+            got = call(x, *args, out=out)
+            if kind == "broadcast":
+                want = inputs[p - 1]
+                assert got is (out if out is not None else x)
+            elif kind == "all_gather":
+                want = np.concatenate(inputs)
+            else:
+                want = np.sum(inputs, axis=0)[lo:hi]
+            assert np.array_equal(np.asarray(got).reshape(-1), want), (i, got, want)
+        assert comm.stats.calls - calls == 150
+        if plans and engine == "C" and all(v.fast is not None for v in plans):
+            assert runs[0] <= 1, runs
+        elif plans and engine == "python":
+            assert runs[0] == 150
+    finally:
+        world.barrier()
+        sym.close()
+        sym_out.close()
+        comm.close()
+        world.finalize()
+
+
+def test_a_memo_of_closed_buffers_or_an_old_scratch_is_not_replayed() -> None:
+    """The memo's checks: after the scratch grew the same call is right; after its input or
+    its symmetric out closed, every rank gets the general path's clear error, none hangs."""
+    world = shmem.init(heap_nbytes="64MiB", signal_timeout_s=20.0)
+    comm = collectives.Communicator(world)
+    p, r = world.world_size, world.rank
+    x, out = world.zeros(4, "int64"), world.zeros(4, "int64")
+    try:
+        for _ in range(3):
+            x.local()[...] = r + 1
+            comm.all_reduce(x, out=x)
+        ch = comm.host_channel
+        if ch is not None:  # the scratch grows (as a large call grows it: every rank)
+            scratch = ch.scratch_buf
+            ch.scratch(scratch.nbytes + 1)
+            assert ch.scratch_buf is not scratch
+        for _ in range(2):
+            x.local()[...] = r + 1
+            assert comm.all_reduce(x, out=x).local().tolist() == [p * (p + 1) // 2] * 4
+        x.local()[...] = r + 1
+        comm.all_reduce(x, out=out)
+        out.close()
+        with pytest.raises(shmem.ShmemStateError, match="all_reduce: out is a closed"):
+            comm.all_reduce(x, out=out)
+        x.close()
+        with pytest.raises(shmem.ShmemStateError, match="all_reduce: x is a closed"):
+            comm.all_reduce(x, out=x)
+        world.barrier()
+        assert comm.all_reduce(np.full(2, r + 1, np.int64)).tolist() == [p * (p + 1) // 2] * 2
+    finally:
+        world.barrier()
+        comm.close()
+        world.finalize()
+
+
+@pytest.mark.parametrize("engine", ["C", "python"])
 @pytest.mark.parametrize("n", [1000, 100_000])
 @pytest.mark.parametrize("name", ["bfloat16", "float16", "float32"])
 @pytest.mark.parametrize("op", ["sum", "avg"])

@@ -328,3 +328,106 @@ def test_bad_construction_and_inputs_raise_clearly() -> None:
     with pytest.raises(ValueError, match=r"inputs\[1\] has 8 bytes, at least 16 needed"):
         rep.set_inputs([1, 2], [stage, np.zeros(2, np.float32)])
     assert rep.run(1, np.zeros(4, np.float32), 0, np.zeros(4, np.float32)) == 1  # unset
+
+
+# -- Memo: a remembered call, the engine's checks made in C ----------------------------------
+
+Memo: Any = importlib.import_module("collectives._replay").Memo
+
+
+class Stats:
+    def __init__(self, algorithms: dict[str, int] | None) -> None:
+        self.calls, self.staged_bytes, self.algorithms = 0, 0, algorithms
+        self.counted: list[str] = []
+
+    def count(self, name: str) -> None:
+        self.counted.append(name)
+
+
+class Chan:
+    def __init__(self, algorithms: dict[str, int] | None = None) -> None:
+        self.seq, self.sig_seq, self.signature = 0, -1, None
+        self.stats, self.broken = Stats(algorithms), False
+
+
+def memo_over(ranks: Ranks, ch: Chan, x: Any, out: Any, dst: Any, **kw: Any) -> Any:
+    args: dict[str, Any] = dict(
+        replay=ranks.replay, x=x, out=out, op="sum", guards=((ch, "broken", False),), ch=ch,
+        signature="sig", src=x, shm_word=0, dst=dst, result=out, make=np.empty,
+        make_args=((ranks.count,), ranks.dtype), staged=ranks.count * ranks.dtype.itemsize,
+        name="one_shot",
+    )  # fmt: skip
+    args.update(kw)
+    return Memo(**args)
+
+
+def test_a_memo_replays_its_own_call_and_counts_it() -> None:
+    """The same x and out (and an equal op): one run, the channel's seq and signature set,
+    the call, its staged bytes and its algorithm counted; a new array where it has no out."""
+    dt = np.dtype(np.float32)
+    ranks = Ranks(dt, "sum", 4)
+    ranks.peer_inputs[0][...] = 1.0
+    ranks.peer_inputs[1][...] = 2.0
+    ch = Chan({"one_shot": 5})
+    x, out = np.arange(4, dtype=dt), np.zeros(4, dt)
+    memo = memo_over(ranks, ch, x, out, out)
+    ranks.peers_at(ready=1, done=0)
+    assert memo.replay(x, out, "".join(["s", "um"])) is out  # (an equal op, not the same)
+    assert out.tolist() == [3.0, 4.0, 5.0, 6.0]
+    assert (ch.seq, ch.signature, ch.stats.calls, ch.stats.staged_bytes) == (1, "sig", 1, 16)
+    assert ch.stats.algorithms == {"one_shot": 6}
+    fresh = memo_over(ranks, ch, x, None, None)
+    ch.stats.algorithms = None  # (CommStats.count makes the mapping)
+    ranks.peers_at(ready=2, done=1)
+    got = fresh.replay(x, None, "sum")
+    assert type(got) is np.ndarray and got is not out and got.tolist() == [3.0, 4.0, 5.0, 6.0]
+    assert (ch.seq, ch.stats.calls, ch.stats.counted) == (2, 2, ["one_shot"])
+
+
+def test_a_memo_does_nothing_where_a_check_fails() -> None:
+    """Another x, out or op, a guard that no longer holds, a closed replay, or a previous
+    call whose SIG word Python must check: None, and no flag, seq or counter moved."""
+    dt = np.dtype(np.int64)
+    ranks = Ranks(dt, "sum", 2)
+    ch = Chan()
+    x, out = np.ones(2, dt), np.zeros(2, dt)
+    memo = memo_over(ranks, ch, x, out, out)
+    ranks.peers_at(ready=1, done=0)
+    assert memo.replay(x.copy(), out, "sum") is None
+    assert memo.replay(x, None, "sum") is None
+    assert memo.replay(x, out, "prod") is None
+    ch.broken = True
+    assert memo.replay(x, out, "sum") is None
+    ch.broken = False
+    ch.sig_seq = 0  # == seq: the previous call wrote its SIG word
+    assert memo.replay(x, out, "sum") is None
+    assert (ch.seq, ch.stats.calls, ranks.flags[0][READY]) == (0, 0, 0)
+    ch.sig_seq = -1
+    ranks.replay.close()
+    assert memo.replay(x, out, "sum") is None
+    assert ranks.replay.answers() == (0, 0, 0, 0)
+
+
+def test_a_memo_hands_back_where_the_run_stops() -> None:
+    """A peer not READY within the spin: (answer, s, result) for the Python replay to go on
+    from, the staged bytes counted (the input was published), the call not yet."""
+    dt = np.dtype(np.float64)
+    ranks = Ranks(dt, "sum", 3, spin_ns=1000)
+    ch = Chan()
+    x, out = np.ones(3, dt), np.zeros(3, dt)
+    memo = memo_over(ranks, ch, x, out, out)
+    ranks.peers_at(ready=0, done=0)  # no peer's READY of call 1
+    code, s, res = memo.replay(x, out, "sum")
+    assert (code, s, res is out) == (2, 1, True)
+    assert (ch.seq, ch.stats.calls, ch.stats.staged_bytes, ranks.flags[0][READY]) == (1, 0, 24, 1)
+
+
+def test_a_memo_refuses_malformed_arguments() -> None:
+    ranks = Ranks(np.dtype(np.float32), "sum", 1)
+    ch, x = Chan(), np.zeros(1, np.float32)
+    with pytest.raises(TypeError, match="guard"):
+        memo_over(ranks, ch, x, x, x, guards=((ch, "broken"),))
+    with pytest.raises(TypeError):
+        memo_over(ranks, ch, x, x, x, replay=object())
+    with pytest.raises(TypeError, match="replay"):
+        memo_over(ranks, ch, x, x, x).replay(x, x)
