@@ -47,6 +47,7 @@ from .base import (
     single_node,
     widened_all_reduce,
 )
+from .family_replays import FamilyReplays, fits
 from .team import team_collectives
 
 __all__ = ["HostEngine"]
@@ -82,10 +83,7 @@ class HostEngine:
         self._memo: tuple[Any, ...] | None = None
         self._armed: Any = None  # its C form (ReplayPlan.memo), where the C replay takes it
         self._armed_in_place = False  # its in_place (ReplayPlan.run's, the hazard checked)
-        self._family_memo: dict[str, tuple[Any, ...]] = {}  # the same, per family collective
-        self._family_armed: dict[str, Any] = {}  # their C forms
-        self._family_in_place: dict[str, bool] = {}
-        self._last_family: dict[str, Any] = {}  # kind -> the last family plan replayed
+        self.family = FamilyReplays(self)  # the same for the family collectives
         self._fused: tuple[object, ...] | None = None  # a fused all-reduce's arguments
         world.barrier()
 
@@ -317,7 +315,7 @@ class HostEngine:
                     out is None
                     or sym_flat is not None
                     or out is self._last_out
-                    or (type(out) is np.ndarray and _fits(out, dtype, count))
+                    or (type(out) is np.ndarray and fits(out, dtype, count))
                 )
             ):
                 if self.world.finalized:
@@ -350,14 +348,14 @@ class HostEngine:
 
     def reduce_scatter(self, x: Input, op: ReduceOp | str, out: Output, stream: object) -> Input:
         if type(op) is str:
-            done = self._replay_family("reduce_scatter", x, out, op)
+            done = self.family.replay("reduce_scatter", x, out, op)
             if done is not None:
                 return done  # type: ignore[no-any-return]
         with self._call(self._live("reduce_scatter"), "reduce_scatter", (x, op)) as ch:
             return _reduce_scatter(ch, x, op, out)
 
     def all_gather(self, x: Input, out: Output, stream: object) -> Input:
-        done = self._replay_family("all_gather", x, out, 0)
+        done = self.family.replay("all_gather", x, out, 0)
         if done is not None:
             return done  # type: ignore[no-any-return]
         with self._call(self._live("all_gather"), "all_gather", (x,)) as ch:
@@ -365,14 +363,14 @@ class HostEngine:
 
     def broadcast(self, x: Input, root: int, out: Output, stream: object) -> Input:
         if type(root) is int:
-            done = self._replay_family("broadcast", x, out, root)
+            done = self.family.replay("broadcast", x, out, root)
             if done is not None:
                 return done  # type: ignore[no-any-return]
         with self._call(self._live("broadcast"), "broadcast", (x, root)) as ch:
             return _broadcast(ch, x, root, out)
 
     def all_to_all(self, x: Input, out: Output, stream: object) -> Input:
-        done = self._replay_family("all_to_all", x, out, 0)  # (small calls across nodes)
+        done = self.family.replay("all_to_all", x, out, 0)  # (small calls across nodes)
         if done is not None:
             return done  # type: ignore[no-any-return]
         with self._call(self._live("all_to_all"), "all_to_all", (x,)) as ch:
@@ -410,9 +408,7 @@ class HostEngine:
         self._alias = None
         self._sym_out = None
         self._memo = self._armed = None
-        self._family_memo.clear()
-        self._family_armed.clear()
-        self._last_family.clear()
+        self.family.clear()
         if self.world.finalized:  # the heap is gone with the World: nothing left to free
             self.closed = True
             return
@@ -491,117 +487,3 @@ class HostEngine:
         if flat.dtype is not plan.dtype and flat.dtype != plan.dtype:
             return None
         return flat if flat.shape[0] == plan.out_count else None
-
-    def _replay_family(self, kind: str, x: object, out: object, extra: object) -> Any:
-        """Replay the cached plan of a small broadcast, all-gather, reduce-scatter or
-        all-to-all of this shape (node-local: :class:`collectives.family.FamilyPlan`, a
-        sharded :class:`collectives.allreduce_plans.TinyPlan`; across nodes:
-        :class:`collectives.cross_plan.CrossPlan`; ``extra``: the root or the op): the result,
-        or None when there is none yet or an argument needs the general path (which
-        validates it)."""
-        ch = self.ch
-        armed = self._family_armed.get(kind)
-        if armed is not None:  # its C form (see all_reduce's)
-            try:
-                done = armed.replay(x, out, extra)
-            except BaseException as exc:
-                ch.fail(mismatched(exc))
-                raise
-            if done is not None:
-                return self._resume_family(kind, *done) if type(done) is tuple else done
-        if self.closed or ch.broken:
-            return None
-        memo = self._family_memo.get(kind)
-        if memo is not None and x is memo[0] and out is memo[1] and extra == memo[2]:
-            # the same objects as this kind's last replay (see all_reduce's memo)
-            plan, shm = memo[3], memo[5]
-            if self._memo_holds(ch, plan, x, shm, out):
-                if memo[6] is None:  # a new array each call
-                    fresh = np.empty(memo[7], plan.dtype)
-                    into = fresh.reshape(-1)
-                    given = into if shm is not None else memo[4]
-                    self._replay(ch, plan, given, shm, into, out, None, kind)
-                    return fresh
-                self._replay(ch, plan, memo[4], shm, memo[6], out, None, kind)
-                return memo[8]
-        shm = None
-        flags: Any = None
-        res: Any
-        flat: Any
-        if type(x) is np.ndarray:
-            flags = x.flags
-            if not flags.c_contiguous:
-                return None
-            count, dtype = x.size, x.dtype
-        elif type(x) is SHMEMBuffer and not x.closed:
-            shm, count, dtype = x, x.count, x.dtype
-        else:
-            return None
-        plan = self._last_family.get(kind)  # the last shape replayed: no key to build
-        if (
-            plan is None
-            or plan.closed  # dropped from the cache since (evicted, scratch grew)
-            or plan.count != count
-            or plan.dtype is not dtype
-            or plan.extra != extra
-        ):
-            plan = ch.plans.get((kind, count, dtype, extra))
-            if plan is None:
-                return None
-            self._last_family[kind] = plan
-        if plan.scratch is not ch.scratch_buf:
-            return None
-        total = plan.out_count
-        if out is None and kind == "broadcast":  # into x itself
-            if shm is None:
-                if not flags.writeable:
-                    return None
-                res, flat = x, x if x.ndim == 1 else x.reshape(-1)  # type: ignore[union-attr]
-            else:
-                res, flat = shm, shm.local().reshape(-1)
-        elif out is None:
-            shape = x.shape if total == count else (total,)
-            res = np.empty(shape, dtype)
-            flat = res.reshape(-1)
-        elif type(out) is np.ndarray and _fits(out, dtype, total):
-            res, flat = out, out.reshape(-1)
-        elif type(out) is SHMEMBuffer and (view := self._out_view(out, plan)) is not None:
-            res, flat = out, view
-        else:
-            return None
-        if self.world.finalized:
-            self._live(kind)
-        src = flat if shm is not None else x if x.ndim == 1 else x.reshape(-1)  # type: ignore[union-attr]
-        anew = out is None and res is not x and res is not shm  # a new array each call
-        if anew:
-            self._family_memo[kind] = (x, out, extra, plan, src, shm, None, res.shape, None)
-        else:
-            self._family_memo[kind] = (x, out, extra, plan, src, shm, flat, None, res)
-        in_place = shm is not None and out is not None and self._over(out, flat, shm)
-        armed = None
-        if isinstance(plan, ReplayPlan):  # (a plan across nodes: no C replay)
-            if in_place and not plan.hazard(ch, shm, flat):
-                in_place = False  # (ReplayPlan.run's rule)
-            dst = None if anew else flat
-            armed = plan.memo(ch, x, out, extra, shm, dst, in_place, res.shape, res, kind)
-        self._family_in_place[kind] = in_place
-        self._family_armed[kind] = armed
-        self._replay(ch, plan, src, shm, flat, out, in_place, kind)
-        return res
-
-    def _resume_family(self, kind: str, code: int, s: int, res: Any) -> Any:
-        """Call ``s`` of the C memo of ``kind`` from its answer ``code`` (see
-        :meth:`_resume_memo`)."""
-        _, out, _, plan, src, shm, flat, _, _ = self._family_memo[kind]
-        if flat is None:  # a new array each call
-            flat = res.reshape(-1)
-            src = flat if shm is not None else src
-        in_place = self._family_in_place[kind]
-        self._replay(self.ch, plan, src, shm, flat, out, in_place, kind, resume=(s, code))
-        return res
-
-
-def _fits(out: Array | None, dtype: np.dtype[np.generic], count: int) -> bool:
-    return out is None or (
-        out.dtype == dtype and out.size == count and out.flags.c_contiguous and out.flags.writeable
-    )
