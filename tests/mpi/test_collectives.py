@@ -555,10 +555,14 @@ def test_fast_path_follows_the_table_with_mixed_arguments() -> None:
 def test_use_after_finalize_raises_instead_of_crashing() -> None:
     world = shmem.init(heap_nbytes="16MiB")
     comm = collectives.Communicator(world)
-    comm.all_reduce(np.ones(4, np.float32))
+    x, out = np.ones(4, np.float32), np.zeros(4, np.float32)
+    for _ in range(3):  # (the same objects: the memo, in C where built, is armed)
+        comm.all_reduce(x, out=out)
     world.finalize()
     with pytest.raises(shmem.ShmemStateError, match="finalized"):
         comm.all_reduce(np.ones(4, np.float32))
+    with pytest.raises(shmem.ShmemStateError, match="finalized"):
+        comm.all_reduce(x, out=out)  # the memo's guard: its heap is unmapped
     comm.close()  # nothing left to free: no crash
 
 
