@@ -50,6 +50,7 @@
 #include <fenv.h>
 #include <stdint.h>
 #include <string.h>
+#include <sched.h>
 #include <time.h>
 
 #include "flight_ring.h" /* shmem/flight/: the flight recorder's ring */
@@ -84,9 +85,10 @@ static inline int64_t load_acquire(const int64_t *p) { return __atomic_load_n(p,
 
 static inline void store_release(int64_t *p, int64_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
 
-/* whether word idx of every flag block in blocks[0..n) reaches v within budget_ns (0: a
- * single look, for a node with more ranks than cores, where a spin starves the rank it
- * waits for; Python's wait then yields the core at once) */
+/* whether word idx of every flag block in blocks[0..n) reaches v within budget_ns (0: for
+ * a node with more ranks than cores, where a spin starves the rank it waits for: up to
+ * YIELDS looks with the core yielded between them, as the barrier's C wait, then Python's) */
+#define YIELDS 64
 static int spin_all(int64_t *const *blocks, Py_ssize_t n, Py_ssize_t idx, int64_t v,
                     int64_t budget_ns) {
     int64_t deadline = 0;
@@ -94,8 +96,12 @@ static int spin_all(int64_t *const *blocks, Py_ssize_t n, Py_ssize_t idx, int64_
         const int64_t *w = blocks[i] + idx;
         unsigned tries = 0;
         while (load_acquire(w) < v) {
-            if (budget_ns == 0)
-                return 0;
+            if (budget_ns == 0) { /* yield the core between looks, a while */
+                if (++tries > YIELDS)
+                    return 0;
+                sched_yield();
+                continue;
+            }
             if ((++tries & 15) == 0) { /* the clock only now and then */
                 int64_t t = now_ns();
                 if (deadline == 0)
