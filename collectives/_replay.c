@@ -99,7 +99,9 @@ static int spin_all(int64_t *const *blocks, Py_ssize_t n, Py_ssize_t idx, int64_
             if (budget_ns == 0) { /* yield the core between looks, a while */
                 if (++tries > YIELDS)
                     return 0;
+                Py_BEGIN_ALLOW_THREADS /* (the process's other threads may run meanwhile) */
                 sched_yield();
+                Py_END_ALLOW_THREADS
                 continue;
             }
             if ((++tries & 15) == 0) { /* the clock only now and then */

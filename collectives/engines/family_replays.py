@@ -28,6 +28,7 @@ class FamilyReplays:
         self.armed: dict[str, Any] = {}  # the memos' C forms
         self.in_place: dict[str, bool] = {}  # theirs (the hazard checked)
         self.last: dict[str, Any] = {}  # kind -> the last family plan replayed
+        self.due: set[str] = set()  # the kinds whose memo's C form is yet to be made
 
     def clear(self) -> None:
         """Forget every plan and memo (the engine closes)."""
@@ -35,6 +36,7 @@ class FamilyReplays:
         self.armed.clear()
         self.in_place.clear()
         self.last.clear()
+        self.due.clear()
 
     def replay(self, kind: str, x: object, out: object, extra: object) -> Any:
         """Replay the cached plan of a small broadcast, all-gather, reduce-scatter or
@@ -61,6 +63,8 @@ class FamilyReplays:
             # the same objects as this kind's last replay (see all_reduce's memo)
             plan, shm = memo[3], memo[5]
             if eng._memo_holds(ch, plan, x, shm, out):
+                if kind in self.due:  # the same objects twice: worth the C form
+                    self._arm(kind)
                 if memo[6] is None:  # a new array each call
                     fresh = np.empty(memo[7], plan.dtype)
                     into = fresh.reshape(-1)
@@ -143,15 +147,22 @@ class FamilyReplays:
         else:
             self.memo[kind] = (x, out, extra, plan, src, shm, flat, None, res)
         in_place = shm is not None and out is not None and eng._over(out, flat, shm)
-        armed = None
-        if isinstance(plan, ReplayPlan):  # (a plan across nodes: no C replay)
-            if in_place and not plan.hazard(ch, shm, flat):
-                in_place = False  # (ReplayPlan.run's rule)
-            dst = None if anew else flat
-            armed = plan.memo(ch, x, out, extra, shm, dst, in_place, res.shape, res, kind)
+        if in_place and isinstance(plan, ReplayPlan) and not plan.hazard(ch, shm, flat):
+            in_place = False  # (ReplayPlan.run's rule)
         self.in_place[kind] = in_place
-        self.armed[kind] = armed
+        self.armed[kind] = None
+        self.due.add(kind)  # its C form: made on the memo's first hit
         return in_place
+
+    def _arm(self, kind: str) -> None:
+        """Make the C form of ``kind``'s memo (``armed``), where the C replay takes it."""
+        self.due.discard(kind)
+        x, out, extra, plan, _, shm, flat, shape, res = self.memo[kind]
+        if isinstance(plan, ReplayPlan):  # (a plan across nodes: no C replay)
+            self.armed[kind] = plan.memo(
+                self.engine.ch, x, out, extra, shm, flat, self.in_place[kind], shape or (),
+                res, kind,
+            )  # fmt: skip
 
     def _resume(self, kind: str, code: int, s: int, res: Any) -> Any:
         """Call ``s`` of the C memo of ``kind`` from its answer ``code`` (see

@@ -83,6 +83,7 @@ class HostEngine:
         self._memo: tuple[Any, ...] | None = None
         self._armed: Any = None  # its C form (ReplayPlan.memo), where the C replay takes it
         self._armed_in_place = False  # its in_place (ReplayPlan.run's, the hazard checked)
+        self._arm_due = False  # whether the memo's C form is yet to be made
         self.family = FamilyReplays(self)  # the same for the family collectives
         self._fused: tuple[object, ...] | None = None  # a fused all-reduce's arguments
         world.barrier()
@@ -240,6 +241,9 @@ class HostEngine:
         src = memo[4]
         if src is None:  # a symmetric x into a new array, or a copy of a strided numpy x
             src = flat if shm is not None else x.reshape(-1)
+        if self._arm_due:  # the same objects twice: worth the C form (a few us to make)
+            self._arm_due = False
+            self._arm(ch, plan, x, out, memo[2], shm, flat, memo[7])
         self._replay(ch, plan, src, shm, flat, out, memo[7])
         return res
 
@@ -341,7 +345,7 @@ class HostEngine:
                 # (for a new array each call: x's shape in place of the result's view)
                 target = flat if out is not None else x.shape
                 self._memo = (x, out, op, plan, kept, shm, target, in_place)
-                self._arm(ch, plan, x, out, op, shm, flat, in_place)
+                self._armed, self._arm_due = None, True  # (made on the memo's first hit)
                 self._replay(ch, plan, src, shm, flat, out, in_place)
                 return res
         return None

@@ -699,7 +699,9 @@ def test_the_same_call_again_replays_from_the_memo(
         assert sum((comm.stats.algorithms or {}).values()) - counts == 200
         if plan is not None and engine == "C":
             assert plan.fast is not None
-            assert runs[0] <= 1, runs  # (the first call after the plan was made: its SIG)
+            # (the first repeat, which makes the memo's C form, and the first call after the
+            # plan was made, whose SIG word Python checks)
+            assert runs[0] <= 2, runs
         elif plan is not None:
             assert runs[0] == 200
     finally:
@@ -768,7 +770,7 @@ def test_the_same_family_call_again_replays_from_the_memo(
             assert np.array_equal(np.asarray(got).reshape(-1), want), (i, got, want)
         assert comm.stats.calls - calls == 150
         if plans and engine == "C" and all(v.fast is not None for v in plans):
-            assert runs[0] <= 1, runs
+            assert runs[0] <= 2, runs  # (as the all-reduce's)
         elif plans and engine == "python":
             assert runs[0] == 150
     finally:

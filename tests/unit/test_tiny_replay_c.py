@@ -346,7 +346,8 @@ class Stats:
 
 class Chan:
     def __init__(self, algorithms: dict[str, int] | None = None) -> None:
-        self.seq, self.sig_seq, self.signature = 0, -1, None
+        self.seq, self.sig_seq = 0, -1
+        self.signature: object = None
         self.stats, self.broken = Stats(algorithms), False
 
 
