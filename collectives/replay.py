@@ -387,15 +387,15 @@ class ReplayPlan:
         """The C form of the engine's memo of a call ``(x, out, key)`` replayed with this
         plan (``collectives._replay.Memo``: :meth:`run`'s steps and the engine's checks in
         one C call; ``dst``: the result's flat view, None for a new array of ``shape`` each
-        call; ``result``: what a call with ``dst`` returns, default ``out``; ``name``: the
+        call; ``in_place``: as :meth:`run` takes it, its :meth:`hazard` already checked by
+        the caller, which resumes handed-back calls with it; ``result``: what a call with
+        ``dst`` returns, default ``out``; ``name``: the
         algorithm it counts under, default the plan's), or None where the C replay does not
         take the call (no C replay, a non-contiguous numpy input, a shared in-place input, a
         plan with its own run)."""
         fast = self.fast
         if fast is None or type(self).run is not ReplayPlan.run:
             return None
-        if in_place and dst is not None and not self.hazard(ch, shm, dst):
-            in_place = False
         staged = self.nbytes if self.reads_mine else 0
         guards: list[tuple[object, str, object]] = [
             (ch, "broken", False),
