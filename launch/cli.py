@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import random
 import re
 import shutil
 import socket
@@ -185,10 +186,41 @@ def rendezvous_environment(opts: LaunchOptions, environ: Mapping[str, str]) -> d
             else "127.0.0.1"
         )
     if "MASTER_PORT" not in environ:
-        with socket.socket() as s:
-            s.bind(("", 0))
-            env["MASTER_PORT"] = str(s.getsockname()[1])
+        env["MASTER_PORT"] = str(free_port())
     return env
+
+
+def free_port(tries: int = 64) -> int:
+    """A TCP port free here and outside the kernel's ephemeral range, for rank 0's store.
+
+    A port the kernel handed out (``bind(("", 0))``) is free when asked but back in the pool
+    at once: the MPI library's and mpiexec's own sockets, made before torch's store binds it,
+    can be given the same port (``EADDRINUSE`` in ``init_process_group``). The kernel never
+    hands out a port outside ``ip_local_port_range``, so one of those that binds now stays
+    free unless some other program asks for it by number. Falls back to the kernel's choice
+    where no such port binds in ``tries`` draws."""
+    low, high = _ephemeral_range()
+    pool = [p for p in range(10000, 65536) if not low <= p <= high]
+    draw = random.SystemRandom()
+    for _ in range(tries if pool else 0):
+        port = draw.choice(pool)
+        with socket.socket() as s:
+            try:
+                s.bind(("", port))
+            except OSError:
+                continue
+        return port
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    """The kernel's ephemeral port range (Linux's default where it cannot be read)."""
+    with contextlib.suppress(OSError, ValueError):
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    return 32768, 60999
 
 
 def _first_host(hostfile: str | None) -> str | None:

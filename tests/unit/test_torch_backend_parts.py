@@ -137,6 +137,31 @@ def test_rendezvous_variables(tmp_path: Path) -> None:
     assert rendezvous_environment(opts, {"MASTER_ADDR": "a", "MASTER_PORT": "1"}) == {}
 
 
+def test_the_store_port_is_outside_the_kernels_ephemeral_range(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The MPI library's own sockets (kernel-chosen ports) can never take rank 0's store port
+    between the launcher's choice and torch's bind (CI saw EADDRINUSE with a kernel-chosen one)."""
+    import socket
+
+    from launch import cli
+
+    low, high = cli._ephemeral_range()
+    assert 1024 <= low <= high <= 65535
+    ports = {cli.free_port() for _ in range(20)}
+    assert all(not low <= p <= high and p >= 10000 for p in ports), ports
+    monkeypatch.setattr(cli, "_ephemeral_range", lambda: (10000, 65534))  # leaves only 65535
+    with socket.socket() as held:
+        try:
+            held.bind(("", 65535))
+        except OSError:
+            pytest.skip("port 65535 is in use here")
+        held.listen()
+        port = cli.free_port()
+        assert port != 65535 and 0 < port < 65536  # the kernel's choice once no draw binds
+    assert cli.free_port() == 65535
+
+
 def test_a_callback_that_waits_for_a_queued_call_does_not_deadlock() -> None:
     """torch's PowerSGD hook waits, inside a future's callback (the worker's thread), for
     a call it just issued: the waiter runs the queue's calls itself, in order."""
