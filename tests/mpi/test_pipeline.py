@@ -329,3 +329,39 @@ def test_a_broadcast_stages_only_the_roots_input(capped: tuple[World, Any], size
                 assert staged == 0 if r != root else staged <= x.nbytes, (root, form, staged)
     finally:
         sym.close()
+
+
+class _ReadyAtThird:
+    """A request whose ``Test`` is true from its third call on."""
+
+    def __init__(self) -> None:
+        self.tests = 0
+
+    def Test(self) -> bool:
+        self.tests += 1
+        return self.tests >= 3
+
+
+@pytest.mark.parametrize(("spin_s", "yields"), [(0.0, True), (2e-6, False)])
+def test_an_mpi_wait_yields_the_core_at_once_where_ranks_outnumber_cores(
+    capped: tuple[World, Any], monkeypatch: pytest.MonkeyPatch, spin_s: float, yields: bool
+) -> None:
+    """Where a node's ranks outnumber its cores (no spin) an exchange between nodes yields
+    the core from its second test on: tests in a row kept the other ranks of a busy core,
+    whose transfers it waits for, off it. With cores to spare it tests in a row first."""
+    import os
+
+    import collectives.channel as channel_module
+
+    monkeypatch.setattr(channel_module, "spin_seconds", lambda local_size: spin_s)
+    comm = collectives.Communicator(capped[0])
+    try:
+        ch = comm._engine.ch  # type: ignore[attr-defined]
+        calls: list[int] = []
+        monkeypatch.setattr(os, "sched_yield", lambda: calls.append(1))
+        req = _ReadyAtThird()
+        ch.mpi_wait(req, "all_reduce")
+        monkeypatch.undo()
+        assert req.tests == 3 and bool(calls) == yields, (req.tests, calls)
+    finally:
+        comm.close()
