@@ -177,7 +177,11 @@ class Channel:
         self.cross_buffers: dict[tuple[int, int], np.ndarray[Any, np.dtype[np.uint8]]] = {}
         self.cross: MPI.Intracomm | None = None
         # node-local peers in local-rank order (world ranks), and my index among them
-        node_of = world.comm.allgather((world.node, world.local_rank))
+        # (and whether any rank's node has more ranks than cores: the algorithm table's
+        # choice, hence every call's signature, must be the same on every rank)
+        gathered = world.comm.allgather((world.node, world.local_rank, self.spin_s == 0))
+        node_of = [(nd, lr) for nd, lr, _ in gathered]
+        self.crowded = any(crowded for _, _, crowded in gathered)
         self.local_peers = [
             r
             for r, _ in sorted(

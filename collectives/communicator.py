@@ -101,16 +101,18 @@ class Communicator:
             self.rank, self.world_size = self.team.my_pe, self.team.n_pes
             return TeamEngine(self.team, self._acc32)
         cfg = world.config.collectives
-        rows = AlgorithmTable().rows
-        if cfg.one_shot_max_nbytes != "auto":
-            limit = parse_size(cfg.one_shot_max_nbytes)
-            rows = tuple((w, limit) for w, _ in rows)
-        self.table = AlgorithmTable(rows=rows, forced=cfg.algorithm)
+        default = AlgorithmTable()
+        rows, crowded_max = default.rows, default.crowded_one_shot_max_nbytes
+        if cfg.one_shot_max_nbytes != "auto":  # (a crowded node's limit too)
+            crowded_max = parse_size(cfg.one_shot_max_nbytes)
+            rows = tuple((w, crowded_max) for w, _ in rows)
+        self.table = AlgorithmTable(rows, cfg.algorithm, crowded_one_shot_max_nbytes=crowded_max)
         if world.backend == "nvshmem":  # GPU kernels over the nvshmem heap
             from .engines.gpu import GpuEngine  # loads CUDA: only on the nvshmem backend
 
             return GpuEngine(world, self.stats, self._acc32)
         host = HostEngine(world, self.stats, self.table, self._acc32)
+        self.table = host.ch.table  # (with the node's crowding, agreed by every rank)
         self.local_peers = host.ch.local_peers
         self.local_index = host.ch.local_index
         self.uniform_nodes = host.ch.uniform_nodes

@@ -71,7 +71,9 @@ class AlgorithmTable:
 
     Across nodes: ``hierarchical``. On one node: ``one_shot`` up to the row's
     ``one_shot_max_nbytes`` (the first row whose ``max_world_size`` covers the world), else
-    ``two_shot``. ``forced`` (from the config) overrides everything.
+    ``two_shot``; on a crowded node (more ranks than cores: every round of flags is a chain of
+    context switches, and one-shot has one round fewer) up to ``crowded_one_shot_max_nbytes``
+    at least. ``forced`` (from the config) overrides everything.
 
     Parameters
     ----------
@@ -79,11 +81,19 @@ class AlgorithmTable:
         ``(max_world_size, one_shot_max_nbytes)`` rows, by increasing ``max_world_size``.
     forced : str
         ``"auto"`` (use the rows) or an algorithm's name, which every call then runs.
+    crowded : bool
+        Whether the node's ranks outnumber its cores (the same on every rank: the channel
+        agrees on it when it is made).
+    crowded_one_shot_max_nbytes : int
+        One-shot up to this size where ``crowded``.
     """
 
     # Measured on the 2-core development machine (benchmarks/allreduce.py, forced algorithms):
     # 2 ranks, one-shot beats two-shot at every size from 8 KiB to 32 MiB (2.8-4.1x MPI vs
-    # 1.9-2.8x); 4 ranks, one-shot wins up to 64 KiB, two-shot from 256 KiB.
+    # 1.9-2.8x); 4 ranks, one-shot wins up to 64 KiB, two-shot from 256 KiB. (The rows beyond
+    # 2 ranks were measured there before the one-shot plan ran in C, the node crowded; they
+    # stand for a node with a core per rank, where one-shot's P reads of every byte cost more
+    # than its round fewer saves: not measured on such a node yet. Crowded: below.)
     rows: tuple[tuple[int, int], ...] = (
         (2, 1 << 62),
         (4, 128 << 10),
@@ -91,6 +101,13 @@ class AlgorithmTable:
         (1 << 30, 32 << 10),
     )
     forced: str = "auto"
+    crowded: bool = False
+    # A crowded node (3, 4, 6 and 8 ranks on the 2 cores, float32, each form against MPI in
+    # one job, the one-shot plan replayed in C against the two-shot path): one-shot wins in
+    # place, numpy in, symmetric in at 128 KiB-512 KiB (0.7-1.3 -> 1.1-4.0x MPI) and every form
+    # but numpy in at 1 MiB (in place 1.07-2.29 -> 1.20-3.42, symmetric 1.5-2.9 -> 2.1-7.9;
+    # numpy in 0.99-1.89 -> 0.88-2.33); beyond 1 MiB there is no one-shot plan
+    crowded_one_shot_max_nbytes: int = 1 << 20
 
     def choose(self, nbytes: int, world_size: int, num_nodes: int) -> str:
         """The algorithm for one all-reduce, by the rules above.
@@ -116,7 +133,8 @@ class AlgorithmTable:
             return "hierarchical"
         if world_size == 1:
             return "one_shot"
+        floor = self.crowded_one_shot_max_nbytes if self.crowded else -1
         for max_world, one_shot_max in self.rows:
             if world_size <= max_world:
-                return "one_shot" if nbytes <= one_shot_max else "two_shot"
-        return "two_shot"
+                return "one_shot" if nbytes <= max(one_shot_max, floor) else "two_shot"
+        return "one_shot" if nbytes <= floor else "two_shot"

@@ -11,6 +11,7 @@ the engine then refuses later calls (:meth:`HostEngine._call`).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 from collections.abc import Iterator, Sequence
 from typing import Any, cast
@@ -65,7 +66,7 @@ class HostEngine:
         self.closed = False
         self.acc32 = acc32
         ch = self.ch = Channel(world, stats)
-        ch.table = table
+        ch.table = dataclasses.replace(table, crowded=ch.crowded)
         self.stream = ch.stream
         # collect and alltoalls: made now, while every rank is here (it duplicates an MPI
         # communicator: made lazily, a rank in collect against peers in another call

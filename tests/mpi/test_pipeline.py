@@ -365,3 +365,34 @@ def test_an_mpi_wait_yields_the_core_at_once_where_ranks_outnumber_cores(
         assert req.tests == 3 and bool(calls) == yields, (req.tests, calls)
     finally:
         comm.close()
+
+
+def test_every_rank_takes_a_crowded_nodes_choice_if_one_rank_sees_it(
+    capped: tuple[World, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whether a node has more ranks than cores picks the algorithm (one-shot up to 1 MiB
+    there), and the algorithm is in every call's signature: the communicator agrees on it
+    when it is made. Here only the last rank sees its node crowded (its own affinity): every
+    rank's table says crowded, and a 512 KiB all-reduce runs (one-shot on one node, not the
+    rows' two-shot beyond 2 ranks) where it would raise a mismatch if the ranks disagreed."""
+    import collectives.channel as channel_module
+
+    world = capped[0]
+    p, lone = world.world_size, world.rank == world.world_size - 1
+    count = (512 << 10) // 4
+    x = np.full(count, world.rank + 1, np.float32)
+    total = np.float32(p * (p + 1) // 2)
+    for crowded in (True, False):
+        see = crowded and lone
+        monkeypatch.setattr(channel_module, "spin_seconds", lambda n, see=see: 0.0 if see else 1e-4)
+        comm = collectives.Communicator(world)
+        try:
+            assert comm.table.crowded == crowded
+            got = comm.all_reduce(x)
+            assert (got == total).all()
+            expected = "one_shot" if crowded or p <= 2 else "two_shot"
+            if world.num_nodes > 1:
+                expected = "hierarchical"
+            assert comm.stats.algorithms == {expected: 1}, (crowded, comm.stats.algorithms)
+        finally:
+            comm.close()

@@ -29,6 +29,19 @@ def test_algorithm_table() -> None:
     assert t.choose(8, 4, 2) == "hierarchical"
     assert t.choose(8, 1, 1) == "one_shot"
     assert AlgorithmTable(forced="two_shot").choose(8, 2, 1) == "two_shot"
+    # a crowded node (more ranks than cores): one-shot up to 1 MiB at every world size
+    crowded = AlgorithmTable(crowded=True)
+    for p in (3, 4, 8, 64):
+        assert crowded.choose(1 << 20, p, 1) == "one_shot"
+        assert crowded.choose((1 << 20) + 1, p, 1) == "two_shot"
+        assert t.choose(512 << 10, p, 1) == "two_shot"  # (not crowded: the rows)
+    assert crowded.choose(1 << 30, 2, 1) == "one_shot" and crowded.choose(8, 4, 2) == "hierarchical"
+    assert AlgorithmTable(crowded=True, forced="two_shot").choose(8, 4, 1) == "two_shot"
+    # a configured limit below the crowded one: the rows' (the Communicator sets both)
+    low = AlgorithmTable(
+        ((2, 4096), (1 << 30, 4096)), crowded=True, crowded_one_shot_max_nbytes=4096
+    )
+    assert low.choose(4096, 4, 1) == "one_shot" and low.choose(4097, 4, 1) == "two_shot"
     with pytest.raises(ValueError, match="parts must be >= 1"):
         shard_bounds(4, 0)
 
