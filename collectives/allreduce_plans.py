@@ -171,8 +171,10 @@ class TinyPlan(ReplayPlan):
 # accumulated wider (float16, bfloat16) only where the C replay reduces them (else TINY_NBYTES)
 NODE_PLAN_NBYTES = 1 << 20
 # In place on a SHMEMBuffer, larger than this: the call runs shard by shard; smaller, x is
-# staged (one copy costs less than the shards' extra wait)
-SHARE_MIN = TINY_NBYTES
+# staged (one copy costs less than the shards' extra round: float32, the two in one job,
+# staged / shards x MPI, 96 KiB-256 KiB: 2 ranks 1.23-1.45 / 1.10-1.22, 3 ranks 1.92-2.62 /
+# 0.81-1.75, 4 ranks 0.95-2.20 / 0.99-1.23; 512 KiB-1 MiB shards win: 1.08-1.97 / 0.88-1.61)
+SHARE_MIN = 256 << 10
 
 # Between nodes of one rank each, the cached plan sends every member's whole input to every
 # other (one round, the signature with the data: NodesPlan) up to this many bytes sent per

@@ -22,6 +22,7 @@ import pytest
 import collectives
 import shmem
 from collectives.allreduce import replay_status
+from collectives.allreduce_plans import SHARE_MIN
 from collectives.schedule import shard_of
 from shmem import SUPPORTED_DTYPES, World, as_dtype
 from shmem.errors import (
@@ -252,7 +253,7 @@ def test_large_in_place_shares_the_work_and_matches_every_form(
     and with ranks mixing the forms in one call (in place, numpy, a symmetric ``out=``: the
     ones not in place follow the shards too), an odd count (unequal shards), every
     algorithm the table or a user picks, and again on new data (nothing stale)."""
-    count = (80 << 10) + 7  # past the cached plans' 64 KiB in every dtype
+    count = SHARE_MIN // np.dtype(SUPPORTED_DTYPES[name]).itemsize + 7  # (any dtype: shards)
     for trial in range(2):
         x = make_input(name, op, count, seed=7 * world.rank + trial)
         want = comm.all_reduce(x, op=op)  # the reference: a numpy input, staged
@@ -1383,7 +1384,7 @@ def test_small_family_across_nodes_from_a_cached_plan(kind: str) -> None:
 def test_in_place_shares_the_work_from_the_cached_plans(
     plain: tuple[World, Any], name: str, op: str
 ) -> None:
-    """In place above 64 KiB runs shard by shard from the cached plans too (the C replay
+    """In place above SHARE_MIN runs shard by shard from the cached plans too (the C replay
     hands such a call to Python: a SRC word with SHARES set is never one it expects):
     bitwise the numpy form's result call after call (the general path makes the plan, the
     fast path and its memo replay it), with every rank in place, with the forms mixed in
@@ -1391,7 +1392,7 @@ def test_in_place_shares_the_work_from_the_cached_plans(
     nothing."""
     world, comm = plain
     isz = np.dtype(SUPPORTED_DTYPES[name]).itemsize
-    for count in ((96 << 10) // isz + 3, (1 << 20) // isz):  # above SHARE_MIN, to the plans'
+    for count in ((SHARE_MIN + (32 << 10)) // isz + 3, (1 << 20) // isz):  # to the plans'
         x = make_input(name, op, count, seed=world.rank + 5)
         want = comm.all_reduce(x, op=op)
         check_result(world, want, world.comm.allgather(x), op, name, world.num_nodes == 1)
