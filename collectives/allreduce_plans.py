@@ -36,6 +36,7 @@ __all__ = [
     "AcrossPlan",
     "NodesPlan",
     "TinyPlan",
+    "node_plan_limit",
     "own_view",
     "shard_plan",
     "tiny_plan",
@@ -168,7 +169,9 @@ class TinyPlan(ReplayPlan):
 # One node: a one-shot all-reduce up to this size runs from a cached TinyPlan (the C replay,
 # where it applies: 2 ranks, float32, at 128 KiB / 256 KiB / 1 MiB, 1.8-2.9 / 1.4-2.4 /
 # 2.4-2.8x MPI against 0.6-1.2 / 0.8-1.7 / 1.7-2.0x for the general path); the dtypes
-# accumulated wider (float16, bfloat16) only where the C replay reduces them (else TINY_NBYTES)
+# accumulated wider (float16, bfloat16) only where the C replay reduces them (else
+# TINY_NBYTES). A reduce-scatter too (float32, 2-4 ranks, 128 KiB-1 MiB, the two in one
+# job: numpy input 0.47-1.25 -> 0.53-3.09x MPI, symmetric 0.68-2.34 -> 2.89-7.07)
 NODE_PLAN_NBYTES = 1 << 20
 # In place on a SHMEMBuffer, larger than this: the call runs shard by shard; smaller, x is
 # staged (one copy costs less than the shards' extra round: float32, the two in one job,
@@ -194,15 +197,22 @@ def whole_gather_limit(ch: Channel) -> int:
     return TINY_NBYTES
 
 
+def node_plan_limit(dtype: np.dtype[Any], op: str, acc: np.dtype[Any]) -> int:
+    """The bytes up to which a one-node all-reduce or reduce-scatter runs from a cached
+    plan: :data:`NODE_PLAN_NBYTES`, but :data:`TINY_NBYTES` for a dtype accumulated wider
+    that the C replay does not reduce."""
+    if acc == dtype or c_reduce_codes(dtype, op, acc) is not None:
+        return NODE_PLAN_NBYTES
+    return TINY_NBYTES
+
+
 def tiny_plan(
     ch: Channel, count: int, dtype: np.dtype[Any], op: str, acc: np.dtype[Any]
 ) -> TinyPlan | NodesPlan | None:
     """The cached plan for this shape, or None when the call does not qualify (too large,
     debug checks on, nodes of different sizes): a :class:`TinyPlan` on one node, a
     :class:`NodesPlan` across nodes."""
-    limit = whole_gather_limit(ch)
-    if ch.num_nodes == 1 and (acc == dtype or c_reduce_codes(dtype, op, acc) is not None):
-        limit = NODE_PLAN_NBYTES  # (accumulated wider: where the C replay reduces it)
+    limit = node_plan_limit(dtype, op, acc) if ch.num_nodes == 1 else whole_gather_limit(ch)
     if count * dtype.itemsize > limit or ch.check_args:
         return None
     kind: type[TinyPlan] | type[NodesPlan] = TinyPlan
@@ -224,7 +234,8 @@ def shard_plan(
     :class:`TinyPlan` reducing only my ``shard`` of the inputs), or None where the call
     does not qualify (the general path)."""
     count, dtype = xin.count, xin.dtype
-    if count * dtype.itemsize > TINY_NBYTES or ch.check_args or ch.num_nodes > 1:
+    too_large = count * dtype.itemsize > node_plan_limit(dtype, op, acc)
+    if too_large or ch.check_args or ch.num_nodes > 1:
         return None
     key = ("reduce_scatter", count, dtype, op)
     return cast(

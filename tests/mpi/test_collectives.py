@@ -22,7 +22,8 @@ import pytest
 import collectives
 import shmem
 from collectives.allreduce import replay_status
-from collectives.allreduce_plans import SHARE_MIN
+from collectives.allreduce_plans import NODE_PLAN_NBYTES, SHARE_MIN
+from collectives.family import FAMILY_PLAN_NBYTES
 from collectives.schedule import shard_of
 from shmem import SUPPORTED_DTYPES, World, as_dtype
 from shmem.errors import (
@@ -778,6 +779,47 @@ def test_the_same_family_call_again_replays_from_the_memo(
         world.barrier()
         sym.close()
         sym_out.close()
+        comm.close()
+        world.finalize()
+
+
+@pytest.mark.parametrize("kind", ["broadcast", "all_gather", "reduce_scatter"])
+def test_the_family_replays_its_plans_up_to_their_limits(kind: str) -> None:
+    """A node-local call up to its kind's plan limit (``FAMILY_PLAN_NBYTES``; the
+    reduce-scatter's: ``NODE_PLAN_NBYTES``) runs from a cached plan, and just above it the
+    general path: exact results either way, in every form, on new data each call."""
+    world = shmem.init(heap_nbytes="96MiB", signal_timeout_s=20.0)
+    comm = collectives.Communicator(world)
+    p, r = world.world_size, world.rank
+    limit = FAMILY_PLAN_NBYTES.get(kind, NODE_PLAN_NBYTES)
+    try:
+        for nbytes, planned in ((limit, True), (limit + 4 * p, False)):
+            n = nbytes // 4 // p * p  # (equal shards: a symmetric out of one size)
+            lo, hi = shard_of(n, p, r)
+            total = {"all_gather": n * p, "reduce_scatter": hi - lo}.get(kind, n)
+            with world.zeros(n, "int32") as sym, world.zeros(total, "int32") as sym_out:
+                on = np.zeros(total, np.int32)
+                for i, form in enumerate(("numpy", "numpy_out", "sym", "sym_out", "in_place")):
+                    if form == "in_place" and kind != "broadcast":
+                        continue
+                    inputs = [(np.arange(n, dtype=np.int32) % 1000) * (q + 1) + i for q in range(p)]
+                    xn = inputs[r].copy()
+                    sym.local()[...] = inputs[r]
+                    x: Any = xn if form.startswith("numpy") else sym
+                    out: Any = {"numpy_out": on, "sym_out": sym_out, "in_place": sym}.get(form)
+                    if kind == "broadcast":
+                        got, want = comm.broadcast(x, root=p - 1, out=out), inputs[p - 1]
+                    elif kind == "all_gather":
+                        got, want = comm.all_gather(x, out=out), np.concatenate(inputs)
+                    else:
+                        got, want = comm.reduce_scatter(x, out=out), np.sum(inputs, axis=0)[lo:hi]
+                    assert np.array_equal(np.asarray(got).reshape(-1), want), (nbytes, form)
+            ch = comm.host_channel
+            if world.num_nodes == 1 and ch is not None:
+                mine = [k for k in ch.plans if isinstance(k, tuple) and k[:2] == (kind, n)]
+                assert bool(mine) == planned, (nbytes, list(ch.plans))
+    finally:
+        world.barrier()
         comm.close()
         world.finalize()
 
