@@ -215,12 +215,13 @@ def free_port(tries: int = 64) -> int:
         return int(s.getsockname()[1])
 
 
-def _ephemeral_range() -> tuple[int, int]:
-    """The kernel's ephemeral port range (Linux's default where it cannot be read)."""
+def _ephemeral_range(path: str = "/proc/sys/net/ipv4/ip_local_port_range") -> tuple[int, int]:
+    """The kernel's ephemeral port range; where it cannot be read (macOS, the BSDs), the
+    union of Linux's default (32768-60999) and IANA's (49152-65535: macOS's and Windows')."""
     with contextlib.suppress(OSError, ValueError):
-        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        low, high = Path(path).read_text().split()
         return int(low), int(high)
-    return 32768, 60999
+    return 32768, 65535
 
 
 def _first_host(hostfile: str | None) -> str | None:

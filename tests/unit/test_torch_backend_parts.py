@@ -148,6 +148,7 @@ def test_the_store_port_is_outside_the_kernels_ephemeral_range(
 
     low, high = cli._ephemeral_range()
     assert 1024 <= low <= high <= 65535
+    assert cli._ephemeral_range("/nonexistent") == (32768, 65535)  # (macOS: 49152-65535)
     ports = {cli.free_port() for _ in range(20)}
     assert all(not low <= p <= high and p >= 10000 for p in ports), ports
     monkeypatch.setattr(cli, "_ephemeral_range", lambda: (10000, 65534))  # leaves only 65535
