@@ -171,8 +171,12 @@ class TinyPlan(ReplayPlan):
 # 2.4-2.8x MPI against 0.6-1.2 / 0.8-1.7 / 1.7-2.0x for the general path); the dtypes
 # accumulated wider (float16, bfloat16) only where the C replay reduces them (else
 # TINY_NBYTES). A reduce-scatter too (float32, 2-4 ranks, 128 KiB-1 MiB, the two in one
-# job: numpy input 0.47-1.25 -> 0.53-3.09x MPI, symmetric 0.68-2.34 -> 2.89-7.07)
-NODE_PLAN_NBYTES = 1 << 20
+# job: numpy input 0.47-1.25 -> 0.53-3.09x MPI, symmetric 0.68-2.34 -> 2.89-7.07). At 2 MiB,
+# the plan against the general path in one job: the all-reduce at 2 ranks in place
+# 1.87-2.01 -> 2.64-2.76, numpy 1.23-1.33 -> 1.34-1.35, symmetric 2.22-2.50 -> 2.56-2.77;
+# the reduce-scatter at 2 and 4 ranks numpy 1.33-1.51 -> 1.72-2.07, symmetric 2.60-2.78 ->
+# 3.06-4.17. Beyond, the general path (at 16 MiB the plan's symmetric forms lost 1.5 -> 1.2)
+NODE_PLAN_NBYTES = 2 << 20
 # In place on a SHMEMBuffer, larger than this: the call runs shard by shard; smaller, x is
 # staged (one copy costs less than the shards' extra round: float32, the two in one job,
 # staged / shards x MPI, 96 KiB-256 KiB: 2 ranks 1.23-1.45 / 1.10-1.22, 3 ranks 1.92-2.62 /

@@ -106,7 +106,8 @@ class AlgorithmTable:
     # one job, the one-shot plan replayed in C against the two-shot path): one-shot wins in
     # place, numpy in, symmetric in at 128 KiB-512 KiB (0.7-1.3 -> 1.1-4.0x MPI) and every form
     # but numpy in at 1 MiB (in place 1.07-2.29 -> 1.20-3.42, symmetric 1.5-2.9 -> 2.1-7.9;
-    # numpy in 0.99-1.89 -> 0.88-2.33); beyond 1 MiB there is no one-shot plan
+    # numpy in 0.99-1.89 -> 0.88-2.33); at 2 MiB (the plan's limit) mixed: 4 ranks in place
+    # 1.96 -> 2.56, numpy in 1.63 -> 1.30, symmetric 2.0 -> 1.7-1.8
     crowded_one_shot_max_nbytes: int = 1 << 20
 
     def choose(self, nbytes: int, world_size: int, num_nodes: int) -> str:
