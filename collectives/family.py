@@ -15,7 +15,7 @@ from shmem import SHMEMBuffer
 
 from .channel import Channel, Flag
 from .operand import Array, Operand
-from .replay import TINY_NBYTES, ReplayPlan, cached_plan
+from .replay import ReplayPlan, cached_plan
 
 __all__ = ["FAMILY_PLAN_NBYTES", "FamilyPlan", "family_plan"]
 
@@ -93,15 +93,16 @@ class FamilyPlan(ReplayPlan):
 # 2-4 ranks, the plan (C replay) against the general path in one job, MPI / ours: broadcast
 # at 128 KiB-1 MiB, numpy 0.14-0.93 -> 0.19-1.72, symmetric 0.34-1.64 -> 1.69-3.98;
 # all_gather at 128-512 KiB numpy 0.57-0.94 -> 0.72-1.30, symmetric 0.81-2.85 -> 1.05-4.04,
-# but at 1 MiB symmetric 1.30-3.57 -> 0.99-1.74 (numpy 0.58-0.94 -> 0.53-0.92)
-FAMILY_PLAN_NBYTES = {"broadcast": 1 << 20, "all_gather": 512 << 10}
+# at 1 MiB numpy `out=` 0.64-1.02 -> 0.84-1.34, symmetric 0.98-1.25 -> 1.42-2.05 (one job of
+# five had the plan slower there: 1.30-3.57 -> 0.99-1.74)
+FAMILY_PLAN_NBYTES = 1 << 20
 
 
 def family_plan(ch: Channel, kind: str, xin: Operand, root: int = 0) -> FamilyPlan | None:
     """The cached plan of a node-local ``kind`` call of this shape (made on first use), or
     None where the call does not qualify (larger than :data:`FAMILY_PLAN_NBYTES`, debug
     checks on, several nodes: the general path)."""
-    too_large = xin.count * xin.dtype.itemsize > FAMILY_PLAN_NBYTES.get(kind, TINY_NBYTES)
+    too_large = xin.count * xin.dtype.itemsize > FAMILY_PLAN_NBYTES
     if too_large or ch.check_args or ch.num_nodes > 1:
         return None
     key = (kind, xin.count, xin.dtype, root)

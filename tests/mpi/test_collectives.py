@@ -791,7 +791,7 @@ def test_the_family_replays_its_plans_up_to_their_limits(kind: str) -> None:
     world = shmem.init(heap_nbytes="96MiB", signal_timeout_s=20.0)
     comm = collectives.Communicator(world)
     p, r = world.world_size, world.rank
-    limit = FAMILY_PLAN_NBYTES.get(kind, NODE_PLAN_NBYTES)
+    limit = NODE_PLAN_NBYTES if kind == "reduce_scatter" else FAMILY_PLAN_NBYTES
     try:
         for nbytes, planned in ((limit, True), (limit + 4 * p, False)):
             n = nbytes // 4 // p * p  # (equal shards: a symmetric out of one size)
