@@ -201,6 +201,7 @@ def free_port(tries: int = 64) -> int:
     where no such port binds in ``tries`` draws."""
     low, high = _ephemeral_range()
     pool = [p for p in range(10000, 65536) if not low <= p <= high]
+    pool = pool or [p for p in range(1024, 10000) if not low <= p <= high]  # (FreeBSD's range)
     draw = random.SystemRandom()
     for _ in range(tries if pool else 0):
         port = draw.choice(pool)
@@ -216,11 +217,21 @@ def free_port(tries: int = 64) -> int:
 
 
 def _ephemeral_range(path: str = "/proc/sys/net/ipv4/ip_local_port_range") -> tuple[int, int]:
-    """The kernel's ephemeral port range; where it cannot be read (macOS, the BSDs), the
-    union of Linux's default (32768-60999) and IANA's (49152-65535: macOS's and Windows')."""
+    """The kernel's ephemeral port range: Linux's ``path``, else the BSDs' and macOS's
+    ``net.inet.ip.portrange`` sysctls (FreeBSD's default 10000-65535, macOS's 49152-65535);
+    where neither can be read, the union of Linux's default (32768-60999) and IANA's
+    (49152-65535, Windows')."""
     with contextlib.suppress(OSError, ValueError):
         low, high = Path(path).read_text().split()
         return int(low), int(high)
+    with contextlib.suppress(OSError, ValueError, subprocess.SubprocessError):
+        names = ["net.inet.ip.portrange.first", "net.inet.ip.portrange.last"]
+        got = subprocess.run(
+            ["sysctl", "-n", *names], capture_output=True, text=True, timeout=5, check=True
+        ).stdout.split()
+        first, last = int(got[0]), int(got[1])
+        if 0 < first <= last <= 65535:
+            return first, last
     return 32768, 65535
 
 

@@ -3,6 +3,7 @@ reduce ops, the ordered progress queue, and the launcher's rendezvous variables.
 
 from __future__ import annotations
 
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -148,7 +149,18 @@ def test_the_store_port_is_outside_the_kernels_ephemeral_range(
 
     low, high = cli._ephemeral_range()
     assert 1024 <= low <= high <= 65535
-    assert cli._ephemeral_range("/nonexistent") == (32768, 65535)  # (macOS: 49152-65535)
+
+    # no /proc: the BSDs' and macOS's sysctls, else the union of Linux's and IANA's ranges
+    def sysctl(out: str) -> Any:
+        return lambda *a, **k: subprocess.CompletedProcess(a[0], 0, stdout=out, stderr="")
+
+    with monkeypatch.context() as m:
+        m.setattr(subprocess, "run", sysctl("10000\n65535\n"))  # FreeBSD's
+        assert cli._ephemeral_range("/nonexistent") == (10000, 65535)
+        m.setattr(subprocess, "run", sysctl("unknown oid\n"))
+        assert cli._ephemeral_range("/nonexistent") == (32768, 65535)
+        m.setattr(cli, "_ephemeral_range", lambda: (10000, 65535))
+        assert all(1024 <= cli.free_port() < 10000 for _ in range(5))  # (below FreeBSD's)
     ports = {cli.free_port() for _ in range(20)}
     assert all(not low <= p <= high and p >= 10000 for p in ports), ports
     monkeypatch.setattr(cli, "_ephemeral_range", lambda: (10000, 65534))  # leaves only 65535
