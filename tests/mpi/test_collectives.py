@@ -867,11 +867,10 @@ def test_small_low_precision_sums_replay_bitwise(
     monkeypatch: pytest.MonkeyPatch, op: str, name: str, n: int, engine: str
 ) -> None:
     """float16/bfloat16 sums and averages (and float32's) on one node replay from the cached
-    plan, in C where built (accumulated in float32, rounded once to nearest even; up to 1 MiB
-    there, in place
-    shard by shard beyond 64 KiB): every call the definition's bits, in every form (numpy
-    in, symmetric in, symmetric in place), a float16 sum that overflows (inf, numpy's
-    warning) among them; in Python alike without the extension (up to 64 KiB)."""
+    plan, in C where built (accumulated in float32, rounded once to nearest even; up to 2 MiB
+    there, in place shard by shard beyond 256 KiB): every call the definition's bits, in
+    every form (numpy in, symmetric in, symmetric in place), a float16 sum that overflows
+    (inf, numpy's warning) among them; in Python alike without the extension (up to 64 KiB)."""
     use_engine(monkeypatch, engine)
     world = shmem.init(heap_nbytes="32MiB", signal_timeout_s=20.0)
     if world.num_nodes > 1:  # (there the order is each node's, then the nodes': the

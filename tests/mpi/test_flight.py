@@ -59,7 +59,7 @@ def test_every_call_is_recorded_once_with_the_same_numbers_on_every_rank(
         comm.all_gather(np.ones(3, np.int64))
         comm.broadcast(x, root=0)
         comm.all_to_all(x)
-        comm.all_reduce(np.ones(50_000, np.float64))  # too big for a cached plan
+        comm.all_reduce(np.ones(300_000, np.float64))  # too big for a cached plan (2 MiB)
         comm.barrier()
         calls = _mine(rec, comm.stream, start)
         got = [(r.op, r.seq, r.state, r.nbytes, r.dtype) for r in calls]
@@ -69,7 +69,7 @@ def test_every_call_is_recorded_once_with_the_same_numbers_on_every_rank(
             ("all_gather", 7, "done", 24, "int64"),
             ("broadcast", 8, "done", x.nbytes, "float32"),
             ("all_to_all", 9, "done", x.nbytes, "float32"),
-            ("all_reduce", 10, "done", 400_000, "float64"),
+            ("all_reduce", 10, "done", 2_400_000, "float64"),
             ("barrier", 11, "done", 0, ""),
         ]
         # (agreed: a rank that alone failed would leave the others waiting on its verdict)

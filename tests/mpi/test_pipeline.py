@@ -23,9 +23,28 @@ pytestmark = pytest.mark.mpi
 
 FAMILY = ("reduce_scatter", "all_gather", "broadcast", "all_to_all")
 SCRATCH = 256 << 10
-# bytes per input: a cached plan's (<= 64 KiB), the general node-local exchange's (above the
-# plans, within the scratch), beyond the scratch (one signed MPI exchange on one node)
+# bytes per input: a cached plan's (<= 64 KiB here: PLANS_UP_TO), the general node-local
+# exchange's (above the plans, within the scratch), beyond the scratch (one signed MPI
+# exchange on one node)
 SIZES = {"plan": 64, "exchange": 96 << 10, "beyond": 512 << 10}
+PLANS_UP_TO = 64 << 10
+
+
+@pytest.fixture(autouse=True)
+def small_plans(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The family's cached plans only up to :data:`PLANS_UP_TO` (their limits exceed the
+    capped scratch), so that the "exchange" size runs the general node-local route."""
+    import collectives.family
+    import collectives.reduce_scatter
+    from collectives.allreduce_plans import shard_plan
+
+    def small_shard_plan(ch: Any, xin: Any, *args: Any) -> Any:
+        if xin.count * xin.dtype.itemsize > PLANS_UP_TO:
+            return None
+        return shard_plan(ch, xin, *args)
+
+    monkeypatch.setattr(collectives.family, "FAMILY_PLAN_NBYTES", PLANS_UP_TO)
+    monkeypatch.setattr(collectives.reduce_scatter, "shard_plan", small_shard_plan)
 
 
 @pytest.fixture(scope="module")
@@ -327,6 +346,8 @@ def test_a_broadcast_stages_only_the_roots_input(capped: tuple[World, Any], size
                 got = x if form == "numpy" else sym.local()
                 assert (got == np.arange(count) + 7 * root).all(), (root, form)
                 assert staged == 0 if r != root else staged <= x.nbytes, (root, form, staged)
+        planned = [k for k in ch.plans if isinstance(k, tuple) and k[:2] == ("broadcast", count)]
+        assert bool(planned) == (size == "plan"), list(ch.plans)  # (the route it names)
     finally:
         sym.close()
 
