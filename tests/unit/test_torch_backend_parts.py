@@ -3,9 +3,9 @@ reduce ops, the ordered progress queue, and the launcher's rendezvous variables.
 
 from __future__ import annotations
 
-import subprocess
 import threading
 import time
+import types
 from pathlib import Path
 from typing import Any
 
@@ -151,13 +151,13 @@ def test_the_store_port_is_outside_the_kernels_ephemeral_range(
     assert 1024 <= low <= high <= 65535
 
     # no /proc: the BSDs' and macOS's sysctls, else the union of Linux's and IANA's ranges
-    def sysctl(out: str) -> Any:
-        return lambda *a, **k: subprocess.CompletedProcess(a[0], 0, stdout=out, stderr="")
+    def sysctl(out: str) -> Any:  # (the tier starts no process: a stand-in's answer)
+        return lambda *a, **k: types.SimpleNamespace(returncode=0, stdout=out, stderr="")
 
     with monkeypatch.context() as m:
-        m.setattr(subprocess, "run", sysctl("10000\n65535\n"))  # FreeBSD's
+        m.setattr("launch.cli.subprocess.run", sysctl("10000\n65535\n"))  # FreeBSD's
         assert cli._ephemeral_range("/nonexistent") == (10000, 65535)
-        m.setattr(subprocess, "run", sysctl("unknown oid\n"))
+        m.setattr("launch.cli.subprocess.run", sysctl("unknown oid\n"))
         assert cli._ephemeral_range("/nonexistent") == (32768, 65535)
         m.setattr(cli, "_ephemeral_range", lambda: (10000, 65535))
         assert all(1024 <= cli.free_port() < 10000 for _ in range(5))  # (below FreeBSD's)
