@@ -224,7 +224,7 @@ def _ephemeral_range(path: str = "/proc/sys/net/ipv4/ip_local_port_range") -> tu
     with contextlib.suppress(OSError, ValueError):
         low, high = Path(path).read_text().split()
         return int(low), int(high)
-    with contextlib.suppress(OSError, ValueError, subprocess.SubprocessError):
+    with contextlib.suppress(OSError, ValueError, IndexError, subprocess.SubprocessError):
         names = ["net.inet.ip.portrange.first", "net.inet.ip.portrange.last"]
         got = subprocess.run(
             ["sysctl", "-n", *names], capture_output=True, text=True, timeout=5, check=True

@@ -159,6 +159,8 @@ def test_the_store_port_is_outside_the_kernels_ephemeral_range(
         assert cli._ephemeral_range("/nonexistent") == (10000, 65535)
         m.setattr("launch.cli.subprocess.run", sysctl("unknown oid\n"))
         assert cli._ephemeral_range("/nonexistent") == (32768, 65535)
+        m.setattr("launch.cli.subprocess.run", sysctl(""))  # (no answer at all)
+        assert cli._ephemeral_range("/nonexistent") == (32768, 65535)
         m.setattr(cli, "_ephemeral_range", lambda: (10000, 65535))
         assert all(1024 <= cli.free_port() < 10000 for _ in range(5))  # (below FreeBSD's)
     ports = {cli.free_port() for _ in range(20)}
