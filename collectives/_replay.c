@@ -35,7 +35,8 @@
  * reduces only its shard [lo, lo + n) of every input (mode 0 with a shard).
  *
  * A broadcast copies the root's input (mode 1; the root's own in-place result needs no
- * copy), an all-gather concatenates every input in rank order (mode 2); both count bytes.
+ * copy; beyond one chunk the root stages its input chunk by chunk after READY, counting the
+ * chunks in its PROG word, and its readers copy each as it lands), an all-gather concatenates every input in rank order (mode 2); both count bytes.
  * A small zero-copy input may be given as its address instead: it is staged like a numpy
  * input (a copy costs less than waiting for every peer's DONE).
  *
@@ -336,6 +337,8 @@ typedef struct {
     char *stage;        /* where a numpy input is copied */
     int64_t stage_word; /* SRC for a staged input: the stage's offset and the call's tag */
     Py_ssize_t ready, done, src; /* flag word indices */
+    Py_ssize_t prog;   /* M_COPY_ONE beyond one chunk: the root's staged chunks (-1: none) */
+    Py_ssize_t chunk;  /* the bytes of one (0: no chunks) */
     int type, op;
     int mode;          /* how the inputs combine into out (M_*) */
     Py_ssize_t root;   /* M_COPY_ONE: the rank-order index of the input copied */
@@ -385,19 +388,19 @@ static int64_t *flag_words(PyObject *keep, PyObject *obj, Py_ssize_t nwords, con
 }
 
 /* Replay(mine, peers, words, stage, stage_word, ready, done, src, type, op, count, spin_ns,
- *        mode=0, root=0, lo=0, n=-1) */
+ *        mode=0, root=0, lo=0, n=-1, prog=-1, chunk=0) */
 static PyObject *Replay_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     PyObject *mine, *peers, *words, *stage;
     long long stage_word, spin_ns;
-    Py_ssize_t ready, done, src, count, root = 0, lo = 0, n = -1;
+    Py_ssize_t ready, done, src, count, root = 0, lo = 0, n = -1, prog = -1, chunk = 0;
     int ctype, op, mode = M_REDUCE;
     static char *kwlist[] = {"mine", "peers", "words", "stage", "stage_word", "ready",
                              "done", "src", "type", "op", "count", "spin_ns", "mode", "root",
-                             "lo", "n", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO!O!OLnnniinL|innn", kwlist, &mine,
+                             "lo", "n", "prog", "chunk", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO!O!OLnnniinL|innnnn", kwlist, &mine,
                                      &PyTuple_Type, &peers, &PyTuple_Type, &words, &stage,
                                      &stage_word, &ready, &done, &src, &ctype, &op, &count,
-                                     &spin_ns, &mode, &root, &lo, &n))
+                                     &spin_ns, &mode, &root, &lo, &n, &prog, &chunk))
         return NULL;
     if (n < 0)
         n = count - lo;
@@ -406,16 +409,19 @@ static PyObject *Replay_new(PyTypeObject *type, PyObject *args, PyObject *kwds) 
         count < 0 || ready < 0 || done < 0 || src < 0 ||
         spin_ns < 0 || mode < 0 || mode >= M_COUNT || root < 0 ||
         root >= PyTuple_GET_SIZE(words) || lo < 0 || n < 0 || lo + n > count ||
-        (mode != M_REDUCE && (lo != 0 || n != count))) {
+        (mode != M_REDUCE && (lo != 0 || n != count)) || chunk < 0 ||
+        (chunk > 0) != (prog >= 0) || (chunk > 0 && mode != M_COPY_ONE)) {
         PyErr_SetString(PyExc_ValueError,
-                        "Replay: a type, op, count, mode, root, shard or index out of range");
+                        "Replay: a type, op, count, mode, root, shard, chunk or index out of "
+                        "range");
         return NULL;
     }
     Replay *self = (Replay *)type->tp_alloc(type, 0);
     if (self == NULL)
         return NULL;
     Py_ssize_t nwords = (ready > done ? ready : done);
-    nwords = (nwords > src ? nwords : src) + 1;
+    nwords = (nwords > src ? nwords : src);
+    nwords = (nwords > prog ? nwords : prog) + 1;
     self->type = ctype;
     self->op = op;
     self->count = count;
@@ -425,6 +431,9 @@ static PyObject *Replay_new(PyTypeObject *type, PyObject *args, PyObject *kwds) 
     self->ready = ready;
     self->done = done;
     self->src = src;
+    self->prog = prog;
+    /* chunks only where there are two or more */
+    self->chunk = chunk > 0 && count * type_size[ctype] > chunk ? chunk : 0;
     self->stage_word = stage_word;
     self->spin_ns = spin_ns;
     self->npeers = PyTuple_GET_SIZE(peers);
@@ -564,14 +573,30 @@ static int replay_once(Replay *self, int64_t s, PyObject *xobj, int64_t shm_word
     /* whether peers read my input: not a broadcast's non-root's (it stages nothing and
      * awaits no DONE) */
     int read = self->mode != M_COPY_ONE || self->words[self->root] == self->mine;
-    if (have_x) {
-        if (read)
-            memcpy(self->stage, xsrc, (size_t)self->nbytes);
+    Py_ssize_t chunk = self->chunk, nchunks = chunk ? (self->nbytes + chunk - 1) / chunk : 0;
+    if (have_x && read && chunk && self->spin_ns > 0) {
+        /* a broadcast's root stages chunk by chunk after READY, counting them in PROG
+         * (reset first): its readers copy each chunk as it lands (the copies overlap) */
         self->mine[self->src] = self->stage_word;
+        __atomic_store_n(self->mine + self->prog, 0, __ATOMIC_RELAXED);
+        store_release(self->mine + self->ready, s);
+        for (Py_ssize_t c = 0; c < nchunks; c++) {
+            Py_ssize_t at = c * chunk, len = self->nbytes - at < chunk ? self->nbytes - at : chunk;
+            memcpy(self->stage + at, xsrc + at, (size_t)len);
+            store_release(self->mine + self->prog, c + 1);
+        }
     } else {
-        self->mine[self->src] = shm_word;
+        if (have_x) {
+            if (read)
+                memcpy(self->stage, xsrc, (size_t)self->nbytes);
+            self->mine[self->src] = self->stage_word;
+        } else {
+            self->mine[self->src] = shm_word;
+        }
+        if (read && chunk) /* (a zero-copy input, a crowded node: all of it, before READY) */
+            __atomic_store_n(self->mine + self->prog, nchunks, __ATOMIC_RELAXED);
+        store_release(self->mine + self->ready, s);
     }
-    store_release(self->mine + self->ready, s);
     code = AFTER_READY;
     if (!spin_all(self->peers, self->npeers, self->ready, s, self->spin_ns))
         goto end;
@@ -579,8 +604,25 @@ static int replay_once(Replay *self, int64_t s, PyObject *xobj, int64_t shm_word
         if (__atomic_load_n(self->words[r] + self->src, __ATOMIC_RELAXED) != self->expected[r])
             goto end; /* a new input, or a mismatch: Python compares and reports */
     if (self->mode == M_COPY_ONE) {
-        if (out != self->inputs[self->root])
-            memcpy(out, self->inputs[self->root], (size_t)self->nbytes);
+        const char *from = self->inputs[self->root];
+        if (chunk && out != from && !read) {
+            /* each chunk once the root's PROG counts it (the Python replay waits for the
+             * rest and copies it all, should the root be slower than the spin) */
+            for (Py_ssize_t at = 0; at < self->nbytes;) {
+                int64_t have = load_acquire(self->words[self->root] + self->prog);
+                Py_ssize_t upto = have <= 0 ? 0 : (have >= nchunks ? self->nbytes : have * chunk);
+                if (upto <= at) {
+                    if (!spin_all(self->words + self->root, 1, self->prog, at / chunk + 1,
+                                  self->spin_ns))
+                        goto end;
+                    continue;
+                }
+                memcpy(out + at, from + at, (size_t)(upto - at));
+                at = upto;
+            }
+        } else if (out != from) {
+            memcpy(out, from, (size_t)self->nbytes);
+        }
     } else if (self->mode == M_CONCAT) {
         for (Py_ssize_t r = 0; r < self->nranks; r++)
             memcpy(out + r * self->nbytes, self->inputs[r], (size_t)self->nbytes);

@@ -4,7 +4,8 @@ Synchronisation on a node is pull-style: every rank owns a small array of int64 
 symmetric heap and raises them to the call's sequence number at fixed points (``READY``: my
 input is readable; ``SHARD``: my reduced shard is in my scratch; ``DONE``: I have finished
 reading peers' memory for this call). Peers poll those flags through zero-copy peer views,
-with a deadline. Sequence numbers only grow, so flags are never reset.
+with a deadline. Sequence numbers only grow, so flags are never reset (but ``PROG``: a
+count within one call, reset before that call's ``READY``).
 
 Scratch reuse rule: before a rank writes its scratch for call ``s`` it waits until every
 node-local peer has posted ``DONE >= s - 1`` (they finished reading it). A rank whose input is
@@ -57,7 +58,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-NUM_FLAGS = 10
+NUM_FLAGS = 11
 MAX_PLANS = 64  # cached shapes per communicator (Channel.max_plans; least recently made go)
 _INLINE_TESTS = 32  # request tests an MPI exchange makes before its deadline loop
 BOARD_GRACE_S = 0.05  # an MPI exchange still pending this long reads the other nodes' board
@@ -80,6 +81,8 @@ class Flag(enum.IntEnum):
     INLINE = 7  # a cached plan's input of up to 8 bytes, in the cache line of READY
     XSEQ = 8  # the board: the call (sequence number) whose MPI exchange between nodes
     XSIG = 9  # this rank waits on (XSEQ), and its signature (XSIG): read by other nodes
+    PROG = 10  # a cached broadcast's root: the chunks of its input staged so far in this
+    # call (collectives.family.STAGE_CHUNK each; 0 before READY, counted after it)
 
 
 _READY = int(Flag.READY)
@@ -267,7 +270,7 @@ class Channel:
         self.heap.fence()
         if self.my_flags[Flag.ABORT] >= 0:  # (a mismatch, once known, stays the reason)
             self.my_flags[Flag.ABORT] = -max(self.seq, 1) if mismatch else max(self.seq, 1)
-        for flag in (Flag.READY, Flag.SHARD, Flag.DONE):
+        for flag in (Flag.READY, Flag.SHARD, Flag.DONE, Flag.PROG):
             self.my_flags[flag] = -1
 
     def post(self, flag: int, value: int) -> None:

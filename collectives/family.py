@@ -15,9 +15,16 @@ from shmem import SHMEMBuffer
 
 from .channel import Channel, Flag
 from .operand import Array, Operand
-from .replay import ReplayPlan, cached_plan
+from .replay import ReplayPlan, cached_plan, spin_flag
 
-__all__ = ["FAMILY_PLAN_NBYTES", "FamilyPlan", "family_plan"]
+__all__ = ["FAMILY_PLAN_NBYTES", "STAGE_CHUNK", "FamilyPlan", "family_plan"]
+
+PROG = int(Flag.PROG)
+# A broadcast's root stages its input in chunks of this many bytes after READY (in C, with
+# the spin on: a core per rank), its readers copying each as it lands, instead of staging
+# all of it before READY: the two copies overlap. 2 ranks, 1 MiB, numpy input: see the
+# docs/benchmarks.md "ninth pass"
+STAGE_CHUNK = 64 << 10
 
 
 class FamilyPlan(ReplayPlan):
@@ -27,7 +34,10 @@ class FamilyPlan(ReplayPlan):
     every node-local rank's ``READY`` (a broadcast's non-roots too, as on the pipeline's
     node-local route: every rank checks every other rank's call at once), copies the root's
     input (broadcast) or every input in rank order (all_gather), raises ``DONE`` and, for a
-    zero-copy input, waits for the peers' ``DONE``. Made by the first such call
+    zero-copy input, waits for the peers' ``DONE``. A broadcast beyond one
+    :data:`STAGE_CHUNK`: its root's ``PROG`` counts the chunks of its input it has staged
+    (all of them before ``READY`` here; in the C replay, with a core per rank, chunk by chunk
+    after ``READY``), and a reader copies only what it counts. Made by the first such call
     (:func:`family_plan`); the Communicator replays it with no other work."""
 
     def __init__(
@@ -42,7 +52,9 @@ class FamilyPlan(ReplayPlan):
         self.root_index = self.order.index(root) if kind == "broadcast" else 0
         mode = "copy_one" if kind == "broadcast" else "concat"
         self.reads_mine = kind != "broadcast" or ch.rank == root
-        self.make_fast(ch, mode, root=self.root_index)
+        chunk = STAGE_CHUNK if kind == "broadcast" and self.nbytes > STAGE_CHUNK else 0
+        self.chunks = -(-self.nbytes // chunk) if chunk else 0
+        self.make_fast(ch, mode, root=self.root_index, chunk=chunk)
 
     def hazard(self, ch: Channel, shm: SHMEMBuffer | None, dst: Array) -> bool:
         if self.algorithm != "broadcast":
@@ -67,6 +79,8 @@ class FamilyPlan(ReplayPlan):
         aside: Array | None = None  # the result, when dst overlaps an input still being read
         if self.algorithm == "broadcast":
             src = inputs[self.root_index]
+            if self.chunks and not self.reads_mine:  # the root's input, all of it
+                self.await_root(ch)
             if not np.may_share_memory(dst, src):
                 np.copyto(dst, src)
             elif dst.ctypes.data != src.ctypes.data or dst.nbytes != src.nbytes:
@@ -87,6 +101,14 @@ class FamilyPlan(ReplayPlan):
             self.await_done(ch, s)
         if aside is not None:
             np.copyto(dst, aside)
+
+    def await_root(self, ch: Channel) -> None:
+        """Wait until the root's ``PROG`` counts every chunk of its input (the C replay's
+        root stages them after ``READY``)."""
+        root = cast(int, self.extra)
+        f = ch.peer_flags[root]
+        if f[PROG] < self.chunks and not spin_flag(f, PROG, self.chunks):
+            ch.wait_peers(PROG, self.chunks, self.where, peers=[root], check=False)
 
 
 # The bytes (an input's) up to which a node-local call runs from its cached plan: float32,

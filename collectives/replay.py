@@ -32,10 +32,12 @@ __all__ = [
     "cached_plan",
     "replay_status",
     "round_up",
+    "spin_flag",
 ]
 
-DONE, READY, SRC, SIG = Flag.DONE, Flag.READY, Flag.SRC, Flag.SIG
+DONE, READY, SRC, SIG, PROG = Flag.DONE, Flag.READY, Flag.SRC, Flag.SIG, Flag.PROG
 _DONE, _READY, _SIG0, _SRC = int(DONE), int(READY), int(SIG), int(SRC)  # the hot path's
+_PROG = int(PROG)
 _SRC_WORD = operator.itemgetter(_SRC)
 _SPIN = 64  # flag loads a replay makes itself before the bounded wait (a few microseconds)
 
@@ -70,7 +72,7 @@ def replay_status() -> str:
     return _C_REPLAY_WHY
 
 
-def _spin(flags: memoryview, flag: int, value: int) -> bool:
+def spin_flag(flags: memoryview, flag: int, value: int) -> bool:
     """Whether a peer's ``flag`` reaches ``value`` within a short inline spin: the common
     case, where the peers are a moment behind, costs no deadline, clock or closure."""
     for _ in range(_SPIN):  # noqa: SIM110 - a generator in any() costs more per load
@@ -170,6 +172,10 @@ class ReplayPlan:
         # whether peers read my input (not a broadcast's non-root's: it stages nothing,
         # awaits no DONE, and its x in place is no hazard)
         self.reads_mine = True
+        # a broadcast beyond one chunk (collectives.family.STAGE_CHUNK): how many; its root
+        # counts them in PROG (the C replay chunk by chunk after READY, this one all before
+        # it), its readers copy what PROG counts
+        self.chunks = 0
 
     def close(self) -> None:
         """Release what the plan holds beyond memory (the C replay's addresses); a plan
@@ -204,7 +210,7 @@ class ReplayPlan:
         (``shares``: ``shm`` in place, :data:`collectives.channel.SHARES` set)."""
         prev = s - 1
         for f in self.flags:
-            if f[_DONE] < prev and not _spin(f, _DONE, prev):
+            if f[_DONE] < prev and not spin_flag(f, _DONE, prev):
                 ch.wait_peers(DONE, prev, self.where)
                 break
         if ch.sig_seq == prev:  # the previous call was not a tiny one: was it the same?
@@ -222,6 +228,8 @@ class ReplayPlan:
             mine[SRC] = shared_word(self.shm_src(shm))
         else:
             mine[SRC] = self.shm_src(shm)
+        if self.chunks and self.reads_mine:
+            mine[_PROG] = self.chunks  # all of it, before READY
         if self.fence_needed:  # release (Channel.post, inlined)
             ch.world.heap.fence()
         mine[_READY] = s
@@ -237,7 +245,7 @@ class ReplayPlan:
         """Wait for the peers' ``READY`` of call ``s``; every rank's input, in rank order
         (checked against the plan's SRC words: a mismatch raises on every rank)."""
         for f in self.flags:
-            if f[_READY] < s and not _spin(f, _READY, s):
+            if f[_READY] < s and not spin_flag(f, _READY, s):
                 ch.wait_peers(READY, s, self.where, check=False)
                 break
         else:
@@ -263,10 +271,12 @@ class ReplayPlan:
         root: int = 0,
         lo: int = 0,
         n: int = -1,
+        chunk: int = 0,
     ) -> None:
         """The C replay of this plan, where the extension is built. ``mode`` "reduce":
         ``ctype``/``op`` over the elements ``[lo, lo + n)`` of each input (default all);
-        "copy_one": rank-order input ``root``; "concat": every input (these two copy bytes)."""
+        "copy_one": rank-order input ``root`` (beyond one ``chunk`` of bytes, its root's
+        ``PROG`` followed: :attr:`chunks`); "concat": every input (these two copy bytes)."""
         if _c_replay is None:
             return
         count = self.count
@@ -289,6 +299,8 @@ class ReplayPlan:
             root,
             lo,
             n,
+            _PROG if chunk else -1,
+            chunk,
         )
         rec = self.flight
         if rec.capacity:  # the C replay records its calls itself
@@ -450,7 +462,7 @@ class ReplayPlan:
     def await_done(self, ch: Channel, s: int) -> None:
         """Wait for the peers' ``DONE`` of call ``s`` (they have read my input)."""
         for f in self.flags:
-            if f[_DONE] < s and not _spin(f, _DONE, s):
+            if f[_DONE] < s and not spin_flag(f, _DONE, s):
                 ch.wait_peers(DONE, s, self.where)
                 break
 
