@@ -87,6 +87,24 @@ def test_family(tmp_path: Path) -> None:
     assert all(positive(r["ratio"]) for r in records), records
 
 
+def test_family_fresh(tmp_path: Path) -> None:
+    """``--fresh``: every input rewritten before each call; the rewrite's own time and the
+    ratio without it in each record."""
+    records = run(
+        [
+            *("family.py", "--fresh", "--min-bytes", "4KiB", "--max-bytes", "4KiB"),
+            *("--blocks", "1", "--collectives", "broadcast,all_gather"),
+        ],
+        tmp_path / "out.jsonl",
+    )
+    assert {(r["collective"], r["input"]) for r in records} == {
+        (c, i) for c in ("broadcast", "all_gather") for i in ("symmetric", "numpy")
+    }
+    for r in records:
+        assert positive(r["fresh_us"]) and r["fresh_us"] < r["mpi"]["median_us"], r
+        assert positive(r["net_ratio"]) and positive(r["ratio"]), r
+
+
 def test_flight_recorder(tmp_path: Path) -> None:
     records = run(["flight_recorder.py", "--blocks", "2", "--iters", "20"], tmp_path / "out.jsonl")
     assert [(r["op"], r["nbytes"]) for r in records] == [
