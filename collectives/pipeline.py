@@ -88,6 +88,9 @@ class Call:
         self.where = f"Communicator.{self.kind}"
         self.extra = extra
         self.readers: list[int] | None = None  # the ranks the node-local route reads (all)
+        # the elements [a, b) of my input no peer reads on the node-local route (my shard of a
+        # reduce-scatter): a numpy input's are not staged, combine reads them where they are
+        self.unread = (0, 0)
 
     def out_count(self, n: int) -> int:
         """The output's element count for an input of ``n``."""
@@ -196,7 +199,8 @@ class General:
 
 def _on_node(ch: Channel, s: int, call: Call, xin: Operand, dst: Array) -> None:
     """The node-local exchange of call ``s``: publish my input (only where a peer reads it:
-    a broadcast's non-roots stage nothing), wait for every local rank's ``READY`` (and
+    a broadcast's non-roots stage nothing, a reduce-scatter's numpy input all but my shard,
+    which combine reads from my array: ``Call.unread``), wait for every local rank's ``READY`` (and
     signature: a rank in another call, such as a broadcast's other root, is found by every
     rank in this call, not only by the readers), combine the readers' inputs, raise ``DONE``;
     for a zero-copy input that peers read, wait for their ``DONE`` (they have read it), the
@@ -205,7 +209,11 @@ def _on_node(ch: Channel, s: int, call: Call, xin: Operand, dst: Array) -> None:
     staged = xin.shmem is None
     readers = ch.local_peers if call.readers is None else call.readers
     read = ch.rank in readers  # whether peers read my input
-    ch.publish(s, xin, xin.count * xin.dtype.itemsize, 0, None if read else 0)
+    a, b = call.unread if staged else (0, 0)  # (a numpy input's stay where they are,
+    if b > a and np.may_share_memory(dst, xin.array):  # unless the result overwrites them)
+        a = b = 0
+    nbytes = xin.count * xin.dtype.itemsize
+    ch.publish(s, xin, nbytes, 0, None if read else 0, unread=(a, b))
     ch.wait_peers(Flag.READY, s, where)
     aside = (
         read
@@ -214,7 +222,10 @@ def _on_node(ch: Channel, s: int, call: Call, xin: Operand, dst: Array) -> None:
         and not call.kept(xin, dst)
     )
     target: Array = np.empty_like(dst) if aside else dst
-    inputs: list[Array] = [ch.peer_input(r, xin.count, xin.dtype) for r in readers]
+    inputs: list[Array] = [
+        xin.array if r == ch.rank and b > a else ch.peer_input(r, xin.count, xin.dtype)
+        for r in readers
+    ]
     call.combine(readers, inputs, target)
     ch.post(Flag.DONE, s)
     if read and not staged:  # the caller owns x again once every peer has read it

@@ -45,7 +45,7 @@ class ReduceScatter(pipeline.Call):
     def validate(self, xin: Operand) -> None:
         check_op(self.given_op, xin.dtype, self.where)
         self.acc = accumulate_dtype(xin.dtype, self.float32_accumulate)
-        self.shard = shard_of(xin.count, self.size, self.rank)
+        self.shard = self.unread = shard_of(xin.count, self.size, self.rank)
 
     def route(self, ch: Channel, xin: Operand) -> str:
         if ch.num_nodes > 1 and (len(ch.local_peers) == 1 or not ch.uniform_nodes):

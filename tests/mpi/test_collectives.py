@@ -217,6 +217,37 @@ def test_two_shot_stages_only_what_peers_read_of_a_numpy_input(
             assert y.tobytes() == x.tobytes(), form  # the input is left as it was
 
 
+@pytest.mark.parametrize("name", ["float32", "bfloat16", "int64"])
+def test_a_large_reduce_scatter_stages_only_what_peers_read_of_a_numpy_input(
+    world: World, comm: Any, name: str
+) -> None:
+    """Beyond its cached plan the node-local reduce-scatter of a numpy input stages every
+    element but my shard (I reduce it from my array): the one-shot all-reduce's bits of my
+    shard, the input left as it was; an ``out`` that is a view of the input itself stages
+    it all (the result overwrites my shard while peers' shards are read)."""
+    if world.num_nodes > 1:
+        pytest.skip("one node's exchange")
+    p, r = world.world_size, world.rank
+    count = NODE_PLAN_NBYTES // 2 + 3 * p + 1  # past the plan in every dtype here
+    a, b = shard_of(count, p, r)
+    for i in range(3):  # new data each call
+        x = make_input(name, "sum", count, seed=world.rank * 10 + i)
+        want = np.asarray(comm.all_reduce(x, algorithm="one_shot"))[a:b]
+        y = x.copy()
+        staged = comm.stats.staged_bytes
+        got = np.full(b - a, 7, x.dtype)
+        comm.reduce_scatter(y, out=got)
+        assert got.tobytes() == want.tobytes(), i
+        assert comm.stats.staged_bytes - staged == (count - (b - a)) * x.itemsize, i
+        assert y.tobytes() == x.tobytes(), i  # the input is left as it was
+    y = x.copy()
+    staged = comm.stats.staged_bytes
+    view = y[a:b]  # out overlaps my input: every element is staged
+    comm.reduce_scatter(y, out=view)
+    assert view.tobytes() == want.tobytes()
+    assert comm.stats.staged_bytes - staged == count * x.itemsize
+
+
 @pytest.mark.parametrize("name", ["float32", "bfloat16", "int32", "float64"])
 def test_large_count_numpy_and_symmetric(world: World, comm: Any, name: str) -> None:
     count = 1 << 20
