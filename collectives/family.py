@@ -17,7 +17,13 @@ from .channel import Channel, Flag
 from .operand import Array, Operand
 from .replay import ReplayPlan, cached_plan, spin_flag
 
-__all__ = ["FAMILY_PLAN_NBYTES", "STAGE_CHUNK", "FamilyPlan", "family_plan"]
+__all__ = [
+    "BROADCAST_PLAN_NBYTES",
+    "FAMILY_PLAN_NBYTES",
+    "STAGE_CHUNK",
+    "FamilyPlan",
+    "family_plan",
+]
 
 PROG = int(Flag.PROG)
 # A broadcast's root stages its input in chunks of this many bytes after READY (in C, with
@@ -118,13 +124,22 @@ class FamilyPlan(ReplayPlan):
 # at 1 MiB numpy `out=` 0.64-1.02 -> 0.84-1.34, symmetric 0.98-1.25 -> 1.42-2.05 (one job of
 # five had the plan slower there: 1.30-3.57 -> 0.99-1.74)
 FAMILY_PLAN_NBYTES = 1 << 20
+# A broadcast's: its plan stages a numpy input in chunks its readers follow, and replays a
+# symmetric one with no Python. Plan against general path, 2 and 4 ranks, one job each, a
+# fresh numpy input / a symmetric one, MPI / ours: 2 MiB 0.58-0.88 -> 0.78-0.98 /
+# 1.71-3.53 -> 2.88-5.09, 4 MiB 0.51-0.78 -> 0.75-0.91 / 1.47-3.2 -> 2.05-4.0, 8 and 16 MiB
+# 0.44-0.82 -> 0.41-0.86 / 0.65-2.04 -> 0.75-2.66 (the general path stages into the same
+# scratch: the plan needs no more of it)
+BROADCAST_PLAN_NBYTES = 16 << 20
 
 
 def family_plan(ch: Channel, kind: str, xin: Operand, root: int = 0) -> FamilyPlan | None:
     """The cached plan of a node-local ``kind`` call of this shape (made on first use), or
-    None where the call does not qualify (larger than :data:`FAMILY_PLAN_NBYTES`, debug
-    checks on, several nodes: the general path)."""
-    too_large = xin.count * xin.dtype.itemsize > FAMILY_PLAN_NBYTES
+    None where the call does not qualify (larger than :data:`FAMILY_PLAN_NBYTES`, a
+    broadcast :data:`BROADCAST_PLAN_NBYTES`, debug checks on, several nodes: the general
+    path)."""
+    limit = BROADCAST_PLAN_NBYTES if kind == "broadcast" else FAMILY_PLAN_NBYTES
+    too_large = xin.count * xin.dtype.itemsize > limit
     if too_large or ch.check_args or ch.num_nodes > 1:
         return None
     key = (kind, xin.count, xin.dtype, root)

@@ -23,7 +23,7 @@ import collectives
 import shmem
 from collectives.allreduce import replay_status
 from collectives.allreduce_plans import NODE_PLAN_NBYTES, SHARE_MIN
-from collectives.family import FAMILY_PLAN_NBYTES
+from collectives.family import BROADCAST_PLAN_NBYTES, FAMILY_PLAN_NBYTES
 from collectives.schedule import shard_of
 from shmem import SUPPORTED_DTYPES, World, as_dtype
 from shmem.errors import (
@@ -817,12 +817,14 @@ def test_the_same_family_call_again_replays_from_the_memo(
 @pytest.mark.parametrize("kind", ["broadcast", "all_gather", "reduce_scatter"])
 def test_the_family_replays_its_plans_up_to_their_limits(kind: str) -> None:
     """A node-local call up to its kind's plan limit (``FAMILY_PLAN_NBYTES``; the
-    reduce-scatter's: ``NODE_PLAN_NBYTES``) runs from a cached plan, and just above it the
-    general path: exact results either way, in every form, on new data each call."""
+    reduce-scatter's: ``NODE_PLAN_NBYTES``, the broadcast's ``BROADCAST_PLAN_NBYTES``) runs
+    from a cached plan, and just above it the general path: exact results either way, in
+    every form, on new data each call."""
     world = shmem.init(heap_nbytes="96MiB", signal_timeout_s=20.0)
     comm = collectives.Communicator(world)
     p, r = world.world_size, world.rank
-    limit = NODE_PLAN_NBYTES if kind == "reduce_scatter" else FAMILY_PLAN_NBYTES
+    limits = {"reduce_scatter": NODE_PLAN_NBYTES, "broadcast": BROADCAST_PLAN_NBYTES}
+    limit = limits.get(kind, FAMILY_PLAN_NBYTES)
     try:
         for nbytes, planned in ((limit, True), (limit + 4 * p, False)):
             n = nbytes // 4 // p * p  # (equal shards: a symmetric out of one size)

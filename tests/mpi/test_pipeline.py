@@ -44,6 +44,7 @@ def small_plans(monkeypatch: pytest.MonkeyPatch) -> None:
         return shard_plan(ch, xin, *args)
 
     monkeypatch.setattr(collectives.family, "FAMILY_PLAN_NBYTES", PLANS_UP_TO)
+    monkeypatch.setattr(collectives.family, "BROADCAST_PLAN_NBYTES", PLANS_UP_TO)
     monkeypatch.setattr(collectives.reduce_scatter, "shard_plan", small_shard_plan)
 
 
