@@ -122,8 +122,11 @@ class FamilyPlan(ReplayPlan):
 # at 128 KiB-1 MiB, numpy 0.14-0.93 -> 0.19-1.72, symmetric 0.34-1.64 -> 1.69-3.98;
 # all_gather at 128-512 KiB numpy 0.57-0.94 -> 0.72-1.30, symmetric 0.81-2.85 -> 1.05-4.04,
 # at 1 MiB numpy `out=` 0.64-1.02 -> 0.84-1.34, symmetric 0.98-1.25 -> 1.42-2.05 (one job of
-# five had the plan slower there: 1.30-3.57 -> 0.99-1.74)
-FAMILY_PLAN_NBYTES = 1 << 20
+# five had the plan slower there: 1.30-3.57 -> 0.99-1.74); at 2 and 4 MiB (2-4 ranks, four
+# jobs, fresh or unchanged numpy input / symmetric) 0.55-1.05 -> 0.60-1.21 / 1.08-1.64 ->
+# 1.21-1.96; at 8 MiB no better (0.83-0.98 -> 0.92-0.96 / 1.38-1.6 -> 1.34-1.79). The
+# all-gather's (a broadcast has its own)
+FAMILY_PLAN_NBYTES = 4 << 20
 # A broadcast's: its plan stages a numpy input in chunks its readers follow, and replays a
 # symmetric one with no Python. Plan against general path, 2 and 4 ranks, one job each, a
 # fresh numpy input / a symmetric one, MPI / ours: 2 MiB 0.58-0.88 -> 0.78-0.98 /
