@@ -115,6 +115,8 @@ class FamilyPlan(ReplayPlan):
         f = ch.peer_flags[root]
         if f[PROG] < self.chunks and not spin_flag(f, PROG, self.chunks):
             ch.wait_peers(PROG, self.chunks, self.where, peers=[root], check=False)
+        elif self.fence_needed:  # acquire: the stage's loads after PROG's (wait_peers' own)
+            ch.world.heap.fence()
 
 
 # The bytes (an input's) up to which a node-local call runs from its cached plan: float32,

@@ -17,14 +17,16 @@ import collectives
 import shmem
 from collectives.channel import Flag
 from collectives.family import STAGE_CHUNK
+from shmem.errors import PeerFailedError
 
 pytestmark = pytest.mark.mpi
 
 N = (3 * STAGE_CHUNK + 40) // 4  # int32: four chunks, the last one short
 
 
-def slow_publish(plan: Any) -> Any:
-    """A root's publish that raises READY first and stages its chunks 20 ms apart."""
+def slow_publish(plan: Any, fail_after: int = -1) -> Any:
+    """A root's publish that raises READY first and stages its chunks 20 ms apart (and
+    raises after ``fail_after`` of them, where given)."""
 
     def publish(ch: Any, s: int, x: Any, shm: Any, shares: bool = False) -> None:
         ch.wait_peers(Flag.DONE, s - 1, plan.where)
@@ -36,6 +38,8 @@ def slow_publish(plan: Any) -> Any:
         mine[Flag.READY] = s
         src = x if shm is None else shm.local().reshape(-1)
         for c in range(plan.chunks):
+            if c == fail_after:
+                raise RuntimeError("the root failed while staging")
             time.sleep(0.02)
             plan.stage[c * k : (c + 1) * k] = src[c * k : (c + 1) * k]
             mine[Flag.PROG] = c + 1
@@ -70,6 +74,39 @@ def test_every_reader_gets_the_chunks_of_this_call(python: str) -> None:
                 assert np.array_equal(got, want), (python, i, r)
         if planned and ch is not None and ch.plans:
             assert ("broadcast", N, np.dtype(np.int32), root) in ch.plans
+    finally:
+        world.barrier()
+        comm.close()
+        world.finalize()
+
+
+def test_a_root_that_fails_while_staging_stops_every_reader() -> None:
+    """The root raised READY and staged one chunk, then failed: it retracts its flags
+    (``PROG`` too) and raises ``ABORT``, so every reader stops with ``PeerFailedError``
+    within the deadline instead of waiting for chunks that never come."""
+    world = shmem.init(heap_nbytes="32MiB", signal_timeout_s=20.0)
+    comm = collectives.Communicator(world)
+    p, r = world.world_size, world.rank
+    root = p - 1
+    try:
+        out = np.zeros(N, np.int32)
+        comm.broadcast(np.zeros(N, np.int32), root=root, out=out)  # makes the plan
+        ch = comm.host_channel
+        if world.num_nodes > 1 or ch is None or p == 1:
+            pytest.skip("a node-local broadcast with readers")
+        plan = ch.plans[("broadcast", N, np.dtype(np.int32), root)]
+        x = np.arange(N, dtype=np.int32)
+        if r == root:
+            plan.fast = None
+            plan.publish = slow_publish(plan, fail_after=1)
+            with pytest.raises(RuntimeError, match="failed while staging"):
+                comm.broadcast(x, root=root, out=out)
+        else:
+            t0 = time.monotonic()
+            with pytest.raises(PeerFailedError):
+                comm.broadcast(np.zeros(N, np.int32), root=root, out=out)
+            assert time.monotonic() - t0 < 10.0
+            assert ch.my_flags[Flag.DONE] < ch.seq  # no reader completed the call
     finally:
         world.barrier()
         comm.close()

@@ -233,6 +233,7 @@ def test_a_large_reduce_scatter_stages_only_what_peers_read_of_a_numpy_input(
     for i in range(3):  # new data each call
         x = make_input(name, "sum", count, seed=world.rank * 10 + i)
         want = np.asarray(comm.all_reduce(x, algorithm="one_shot"))[a:b]
+        comm.all_reduce(np.full_like(x, 3), algorithm="one_shot")  # (my stage: not my data)
         y = x.copy()
         staged = comm.stats.staged_bytes
         got = np.full(b - a, 7, x.dtype)

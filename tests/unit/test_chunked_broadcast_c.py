@@ -86,7 +86,9 @@ def test_a_reader_copies_only_the_chunks_the_roots_prog_counts() -> None:
 
 
 def test_the_root_counts_every_chunk_it_staged() -> None:
-    for spin_ns in (2000, 0):  # (0: a crowded node's root stages it all before READY)
+    # (0: a crowded node's root stages it all before READY; the order of its stores is not
+    # visible from one thread, so both must end in the same state)
+    for spin_ns in (2000, 0):
         ranks = Ranks(root=0, spin_ns=spin_ns)
         data = np.random.default_rng(1).integers(0, 256, NBYTES, dtype=np.uint8)
         out = np.zeros(NBYTES, np.uint8)
