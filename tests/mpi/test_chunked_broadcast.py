@@ -8,6 +8,8 @@ call on every rank, every call."""
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -47,15 +49,27 @@ def slow_publish(plan: Any, fail_after: int = -1) -> Any:
     return publish
 
 
-@pytest.mark.parametrize("python", ["slow_root", "root", "readers"])
-def test_every_reader_gets_the_chunks_of_this_call(python: str) -> None:
+@contextmanager
+def planned_broadcast() -> Iterator[tuple[Any, Any, int, np.ndarray[Any, Any]]]:
+    """(world, communicator, root, out) after a first broadcast of N int32 from the last
+    rank (which makes the plan); the world finalized after."""
     world = shmem.init(heap_nbytes="32MiB", signal_timeout_s=20.0)
     comm = collectives.Communicator(world)
-    p, r = world.world_size, world.rank
-    root = p - 1
+    root = world.world_size - 1
     try:
         out = np.zeros(N, np.int32)
-        comm.broadcast(np.zeros(N, np.int32), root=root, out=out)  # makes the plan
+        comm.broadcast(np.zeros(N, np.int32), root=root, out=out)
+        yield world, comm, root, out
+    finally:
+        world.barrier()
+        comm.close()
+        world.finalize()
+
+
+@pytest.mark.parametrize("python", ["slow_root", "root", "readers"])
+def test_every_reader_gets_the_chunks_of_this_call(python: str) -> None:
+    with planned_broadcast() as (world, comm, root, out):
+        r = world.rank
         ch = comm.host_channel
         planned = world.num_nodes == 1 and ch is not None
         if planned and ch is not None:
@@ -74,25 +88,16 @@ def test_every_reader_gets_the_chunks_of_this_call(python: str) -> None:
                 assert np.array_equal(got, want), (python, i, r)
         if planned and ch is not None and ch.plans:
             assert ("broadcast", N, np.dtype(np.int32), root) in ch.plans
-    finally:
-        world.barrier()
-        comm.close()
-        world.finalize()
 
 
 def test_a_root_that_fails_while_staging_stops_every_reader() -> None:
     """The root raised READY and staged one chunk, then failed: it retracts its flags
     (``PROG`` too) and raises ``ABORT``, so every reader stops with ``PeerFailedError``
     within the deadline instead of waiting for chunks that never come."""
-    world = shmem.init(heap_nbytes="32MiB", signal_timeout_s=20.0)
-    comm = collectives.Communicator(world)
-    p, r = world.world_size, world.rank
-    root = p - 1
-    try:
-        out = np.zeros(N, np.int32)
-        comm.broadcast(np.zeros(N, np.int32), root=root, out=out)  # makes the plan
+    with planned_broadcast() as (world, comm, root, out):
+        r = world.rank
         ch = comm.host_channel
-        if world.num_nodes > 1 or ch is None or p == 1:
+        if world.num_nodes > 1 or ch is None or world.world_size == 1:
             pytest.skip("a node-local broadcast with readers")
         plan = ch.plans[("broadcast", N, np.dtype(np.int32), root)]
         x = np.arange(N, dtype=np.int32)
@@ -107,7 +112,3 @@ def test_a_root_that_fails_while_staging_stops_every_reader() -> None:
                 comm.broadcast(np.zeros(N, np.int32), root=root, out=out)
             assert time.monotonic() - t0 < 10.0
             assert ch.my_flags[Flag.DONE] < ch.seq  # no reader completed the call
-    finally:
-        world.barrier()
-        comm.close()
-        world.finalize()
