@@ -334,6 +334,7 @@ typedef struct {
     Py_ssize_t npeers;
     int64_t **words;    /* every rank's flag words, in rank order (the SRC words) */
     Py_ssize_t nranks;
+    Py_ssize_t me;      /* my index in words (mine) */
     char *stage;        /* where a numpy input is copied */
     int64_t stage_word; /* SRC for a staged input: the stage's offset and the call's tag */
     Py_ssize_t ready, done, src; /* flag word indices */
@@ -465,6 +466,14 @@ static PyObject *Replay_new(PyTypeObject *type, PyObject *args, PyObject *kwds) 
         if ((self->words[i] =
                  flag_words(self->keep, PyTuple_GET_ITEM(words, i), nwords, "words", i)) == NULL)
             goto fail;
+    self->me = -1;
+    for (Py_ssize_t i = 0; i < self->nranks; i++)
+        if (self->words[i] == self->mine)
+            self->me = i;
+    if (self->me < 0) {
+        PyErr_SetString(PyExc_ValueError, "Replay: mine is none of words");
+        goto fail;
+    }
     if (PyList_Append(self->keep, stage) < 0 ||
         (self->stage = address_of(stage, 1, self->nbytes, "stage", -1)) == NULL)
         goto fail;
@@ -512,6 +521,53 @@ static PyObject *Replay_set_inputs(Replay *self, PyObject *const *args, Py_ssize
     }
     Py_XSETREF(self->input_objs, keep);
     Py_RETURN_NONE;
+}
+
+/* the elements [at, at + m) of every input reduced into out's part for them (out holds
+ * the elements [lo, lo + n); own: my input's own memory, read instead of my stage, or
+ * NULL): 0 where numpy must compute them (the Python replay reduces the whole call again) */
+static int reduce_part(Replay *self, char *out, const char *own, Py_ssize_t at, Py_ssize_t m) {
+    Py_ssize_t size = type_size[self->type], nin = self->nranks;
+    char *o = out + (at - self->lo) * size;
+    for (Py_ssize_t r = 0; r < nin; r++)
+        self->shards[r] = self->inputs[r] + at * size;
+    if (own != NULL)
+        self->shards[self->me] = (char *)own + at * size;
+    if (self->type >= T_F16) { /* widened and rounded, even from one rank: as numpy */
+        feclearexcept(FE_ALL_EXCEPT); /* (the float32 operations' flags, as below) */
+        return reduce_wide(self->type, self->op, o, self->shards, nin, m, nin) &&
+               !fetestexcept(FE_INVALID | FE_OVERFLOW | FE_UNDERFLOW | FE_DIVBYZERO);
+    }
+    if (nin == 1 && self->op != OP_AVG) {
+        memcpy(o, self->shards[0], (size_t)(m * size)); /* overlaps no input */
+        return 1;
+    }
+    if (!is_float(self->type)) {
+        reduce(self->type, self->op, o, self->shards, nin, m);
+        return 1;
+    }
+    /* floats: a result numpy would flag (overflow, an invalid operation, underflow: np.seterr
+     * decides whether it warns or raises) or a NaN (which NaN an operation keeps when several
+     * meet is the compiler's choice, not numpy's) is numpy's to compute: READY stays raised
+     * and the Python replay reduces again, so every rank gets numpy's bits and numpy's error
+     * handling */
+    feclearexcept(FE_ALL_EXCEPT);
+    if (nin == 1) /* an average of one: the input over 1, as numpy */
+        memcpy(o, self->shards[0], (size_t)(m * size));
+    else
+        reduce(self->type, self->op, o, self->shards, nin, m);
+    if (self->op == OP_AVG)
+        divide(self->type, o, m, nin);
+    return !fetestexcept(FE_INVALID | FE_OVERFLOW | FE_UNDERFLOW | FE_DIVBYZERO) &&
+           !any_nan(self->type, o, m);
+}
+
+/* whether every rank published the SRC word this replay's inputs belong to */
+static int sources_match(Replay *self) {
+    for (Py_ssize_t r = 0; r < self->nranks; r++)
+        if (__atomic_load_n(self->words[r] + self->src, __ATOMIC_RELAXED) != self->expected[r])
+            return 0; /* a new input, or a mismatch: Python compares and reports */
+    return 1;
 }
 
 /* run(s, x, shm_word, out, record=False) -> 0, 1, 2 or 3 (see the module's docstring) */
@@ -598,12 +654,17 @@ static int replay_once(Replay *self, int64_t s, PyObject *xobj, int64_t shm_word
         store_release(self->mine + self->ready, s);
     }
     code = AFTER_READY;
-    if (!spin_all(self->peers, self->npeers, self->ready, s, self->spin_ns))
+    /* my own input is read from x rather than from my stage, which my peers are reading
+     * meanwhile: the stage's lines, fresh in my cache, move to a reader's and back again
+     * if I read them too (2 ranks, 1 MiB: docs/benchmarks.md, "tenth pass"); in place, my
+     * stage (out is x) */
+    const char *own = have_x && (out >= xsrc + self->nbytes || xsrc >= out + self->out_bytes)
+                          ? xsrc
+                          : NULL;
+    if (!spin_all(self->peers, self->npeers, self->ready, s, self->spin_ns) ||
+        !sources_match(self)) {
         goto end;
-    for (Py_ssize_t r = 0; r < self->nranks; r++)
-        if (__atomic_load_n(self->words[r] + self->src, __ATOMIC_RELAXED) != self->expected[r])
-            goto end; /* a new input, or a mismatch: Python compares and reports */
-    if (self->mode == M_COPY_ONE) {
+    } else if (self->mode == M_COPY_ONE) {
         const char *from = self->inputs[self->root];
         if (chunk && out != from && !read) {
             /* each chunk once the root's PROG counts it (the Python replay waits for the
@@ -625,39 +686,10 @@ static int replay_once(Replay *self, int64_t s, PyObject *xobj, int64_t shm_word
         }
     } else if (self->mode == M_CONCAT) {
         for (Py_ssize_t r = 0; r < self->nranks; r++)
-            memcpy(out + r * self->nbytes, self->inputs[r], (size_t)self->nbytes);
-    } else {
-        /* the elements [lo, lo + n) of every input (all of them but for a reduce-scatter) */
-        Py_ssize_t skip = self->lo * type_size[self->type];
-        for (Py_ssize_t r = 0; r < self->nranks; r++)
-            self->shards[r] = self->inputs[r] + skip;
-        if (self->type >= T_F16) { /* widened and rounded, even from one rank: as numpy */
-            feclearexcept(FE_ALL_EXCEPT); /* (the float32 operations' flags, as below) */
-            if (!reduce_wide(self->type, self->op, out, self->shards, self->nranks, self->n,
-                             self->nranks) ||
-                fetestexcept(FE_INVALID | FE_OVERFLOW | FE_UNDERFLOW | FE_DIVBYZERO))
-                goto end;
-        } else if (self->nranks == 1 && self->op != OP_AVG) {
-            memcpy(out, self->shards[0], (size_t)self->out_bytes); /* overlaps no input */
-        } else if (!is_float(self->type)) {
-            reduce(self->type, self->op, out, self->shards, self->nranks, self->n);
-        } else {
-            /* floats: a result numpy would flag (overflow, an invalid operation, underflow:
-             * np.seterr decides whether it warns or raises) or a NaN (which NaN an
-             * operation keeps when several meet is the compiler's choice, not numpy's) is
-             * numpy's to compute: READY stays raised and the Python replay reduces again,
-             * so every rank gets numpy's bits and numpy's error handling */
-            feclearexcept(FE_ALL_EXCEPT);
-            if (self->nranks == 1) /* an average of one: the input over 1, as numpy */
-                memcpy(out, self->shards[0], (size_t)self->out_bytes);
-            else
-                reduce(self->type, self->op, out, self->shards, self->nranks, self->n);
-            if (self->op == OP_AVG)
-                divide(self->type, out, self->n, self->nranks);
-            if (fetestexcept(FE_INVALID | FE_OVERFLOW | FE_UNDERFLOW | FE_DIVBYZERO) ||
-                any_nan(self->type, out, self->n))
-                goto end;
-        }
+            memcpy(out + r * self->nbytes, r == self->me && own ? own : self->inputs[r],
+                   (size_t)self->nbytes);
+    } else if (!reduce_part(self, out, own, self->lo, self->n)) {
+        goto end;
     }
     store_release(self->mine + self->done, s);
     code = AFTER_DONE;

@@ -1,0 +1,89 @@
+"""The C replay (``collectives._replay``) reads a rank's own input from its x, not from the
+stage its peers are reading meanwhile, except where out overlaps x: then from the stage,
+which holds x as it was when the call began. On flag words and buffers laid out in this
+process as three ranks would publish them; the replaying rank is rank-order index ``me``."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+import numpy as np
+import pytest
+
+from collectives import replay
+from collectives.channel import Flag
+
+if replay.replay_status() != "C":
+    pytest.skip(replay.replay_status(), allow_module_level=True)
+Replay: Any = importlib.import_module("collectives._replay").Replay
+
+READY, DONE, SRC = int(Flag.READY), int(Flag.DONE), int(Flag.SRC)
+WORDS = [111, 222, 333]  # each rank's SRC word for this plan
+N = 1001  # int32 elements of one input
+I32, U8 = 4, 6  # the C replay's codes (collectives.replay._C_TYPES)
+
+
+def replay_at(me: int, mode: int) -> tuple[Any, list[np.ndarray[Any, Any]], np.ndarray[Any, Any]]:
+    """(replay, the peers' inputs by rank order (None at me), my stage): every peer READY
+    for call 1 and done with call 0; ``mode`` 0 an int32 sum, 2 an all-gather (bytes)."""
+    flags = [np.zeros(16, np.int64) for _ in range(3)]
+    stage = np.zeros(N, np.int32)
+    ctype, count = (I32, N) if mode == 0 else (U8, 4 * N)
+    rep = Replay(
+        flags[me], tuple(f for r, f in enumerate(flags) if r != me), tuple(flags),
+        stage, WORDS[me], READY, DONE, SRC, ctype, 0, count, 2000, mode,
+    )  # fmt: skip
+    rng = np.random.default_rng(me)
+    inputs = [rng.integers(-1000, 1000, N, dtype=np.int32) for _ in range(3)]
+    inputs[me] = stage
+    rep.set_inputs(WORDS, inputs if mode == 0 else [a.view(np.uint8) for a in inputs])
+    for r, f in enumerate(flags):
+        if r != me:
+            f[READY], f[DONE], f[SRC] = 1, 0, WORDS[r]
+    return rep, inputs, stage
+
+
+@pytest.mark.parametrize("me", [0, 1, 2])
+@pytest.mark.parametrize("where", ["apart", "in_place", "shifted_back", "shifted_on"])
+def test_a_reduction_reads_my_input_as_it_was_when_out_overlaps_it(me: int, where: str) -> None:
+    rep, inputs, stage = replay_at(me, mode=0)
+    x0 = np.arange(N, dtype=np.int32) * 3 - 500
+    buf = np.zeros(N + 1, np.int32)
+    # shifted_back: out starts one element after x, so each result overwrites the element
+    # of x read next (a read of x itself would see results); shifted_on: the other way
+    x, out = {
+        "apart": (buf[:N], np.zeros(N, np.int32)),
+        "in_place": (buf[:N], buf[:N]),
+        "shifted_back": (buf[:N], buf[1:]),
+        "shifted_on": (buf[1:], buf[:N]),
+    }[where]
+    x[...] = x0
+    want = sum((x0 if r == me else inputs[r]).astype(np.int64) for r in range(3))
+    assert rep.run(1, x, 0, out) == 0
+    assert np.array_equal(out, want.astype(np.int32)), (me, where)
+    assert np.array_equal(stage, x0)  # staged for the peers, whatever out is
+
+
+@pytest.mark.parametrize("me", [0, 1, 2])
+@pytest.mark.parametrize("block", [0, 1, 2])
+def test_an_all_gather_copies_my_input_as_it_was_when_out_overlaps_it(me: int, block: int) -> None:
+    """x is rank-order block ``block`` of out: blocks before mine are written before mine
+    is copied, so a copy from x itself would copy a peer's input."""
+    rep, inputs, stage = replay_at(me, mode=2)
+    out = np.zeros(3 * N, np.int32)
+    x = out[block * N : (block + 1) * N]
+    x[...] = np.arange(N, dtype=np.int32) + 7
+    want = np.concatenate([x.copy() if r == me else inputs[r] for r in range(3)])
+    assert rep.run(1, x.view(np.uint8), 0, out.view(np.uint8)) == 0
+    assert np.array_equal(out, want), (me, block)
+    assert np.array_equal(stage, np.arange(N, dtype=np.int32) + 7)
+
+
+def test_mine_must_be_one_of_the_words() -> None:
+    flags = [np.zeros(16, np.int64) for _ in range(3)]
+    with pytest.raises(ValueError, match="mine is none of words"):
+        Replay(
+            flags[0], (flags[1],), (flags[1], flags[2]), np.zeros(N, np.int32), 1,
+            READY, DONE, SRC, I32, 0, N, 2000,
+        )  # fmt: skip
