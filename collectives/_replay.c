@@ -656,8 +656,8 @@ static int replay_once(Replay *self, int64_t s, PyObject *xobj, int64_t shm_word
     code = AFTER_READY;
     /* my own input is read from x rather than from my stage, which my peers are reading
      * meanwhile: the stage's lines, fresh in my cache, move to a reader's and back again
-     * if I read them too (2 ranks, 1 MiB: docs/benchmarks.md, "tenth pass"); in place, my
-     * stage (out is x) */
+     * if I read them too (2 ranks, 1 MiB: docs/benchmarks.md, "tenth pass"); where out
+     * overlaps x, from my stage (a broadcast's root in place copies nothing) */
     const char *own = have_x && (out >= xsrc + self->nbytes || xsrc >= out + self->out_bytes)
                           ? xsrc
                           : NULL;
@@ -665,7 +665,7 @@ static int replay_once(Replay *self, int64_t s, PyObject *xobj, int64_t shm_word
         !sources_match(self)) {
         goto end;
     } else if (self->mode == M_COPY_ONE) {
-        const char *from = self->inputs[self->root];
+        const char *from = read && own ? own : self->inputs[self->root]; /* (root: x) */
         if (chunk && out != from && !read) {
             /* each chunk once the root's PROG counts it (the Python replay waits for the
              * rest and copies it all, should the root be slower than the spin) */

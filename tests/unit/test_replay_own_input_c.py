@@ -25,14 +25,15 @@ I32, U8 = 4, 6  # the C replay's codes (collectives.replay._C_TYPES)
 
 
 def replay_at(me: int, mode: int) -> tuple[Any, list[np.ndarray[Any, Any]], np.ndarray[Any, Any]]:
-    """(replay, the peers' inputs by rank order (None at me), my stage): every peer READY
-    for call 1 and done with call 0; ``mode`` 0 an int32 sum, 2 an all-gather (bytes)."""
+    """(replay, every rank's input in rank order (my stage at me), my stage): every peer
+    READY for call 1 and done with call 0; ``mode`` 0 an int32 sum, 1 a broadcast from me,
+    2 an all-gather (these two in bytes)."""
     flags = [np.zeros(16, np.int64) for _ in range(3)]
     stage = np.zeros(N, np.int32)
     ctype, count = (I32, N) if mode == 0 else (U8, 4 * N)
     rep = Replay(
         flags[me], tuple(f for r, f in enumerate(flags) if r != me), tuple(flags),
-        stage, WORDS[me], READY, DONE, SRC, ctype, 0, count, 2000, mode,
+        stage, WORDS[me], READY, DONE, SRC, ctype, 0, count, 2000, mode, me,
     )  # fmt: skip
     rng = np.random.default_rng(me)
     inputs = [rng.integers(-1000, 1000, N, dtype=np.int32) for _ in range(3)]
@@ -78,6 +79,22 @@ def test_an_all_gather_copies_my_input_as_it_was_when_out_overlaps_it(me: int, b
     assert rep.run(1, x.view(np.uint8), 0, out.view(np.uint8)) == 0
     assert np.array_equal(out, want), (me, block)
     assert np.array_equal(stage, np.arange(N, dtype=np.int32) + 7)
+
+
+@pytest.mark.parametrize("where", ["apart", "shifted_back", "shifted_on"])
+def test_a_broadcast_root_copies_its_input_as_it_was_when_out_overlaps_it(where: str) -> None:
+    rep, _, stage = replay_at(1, mode=1)
+    x0 = np.arange(N, dtype=np.int32) * 5 + 1
+    buf = np.zeros(N + 1, np.int32)
+    x, out = {
+        "apart": (buf[:N], np.zeros(N, np.int32)),
+        "shifted_back": (buf[:N], buf[1:]),
+        "shifted_on": (buf[1:], buf[:N]),
+    }[where]
+    x[...] = x0
+    assert rep.run(1, x.view(np.uint8), 0, out.view(np.uint8)) == 0
+    assert np.array_equal(out, x0), where
+    assert np.array_equal(stage, x0)
 
 
 def test_mine_must_be_one_of_the_words() -> None:
