@@ -104,3 +104,70 @@ def test_mine_must_be_one_of_the_words() -> None:
             flags[0], (flags[1],), (flags[1], flags[2]), np.zeros(N, np.int32), 1,
             READY, DONE, SRC, I32, 0, N, 2000,
         )  # fmt: skip
+
+
+F32 = 0  # the C replay's float32 code
+
+
+def reduce_replay(
+    me: int, count: int, dtype: Any, lo: int = 0, n: int = -1
+) -> tuple[Any, list[np.ndarray[Any, Any]], np.ndarray[Any, Any]]:
+    """A sum of ``count`` elements of ``dtype`` (int32 or float32) over the elements
+    ``[lo, lo + n)``, replayed by rank-order index ``me``: (replay, every rank's input
+    (my stage at me), my stage), the peers READY for call 1."""
+    flags = [np.zeros(16, np.int64) for _ in range(3)]
+    stage = np.zeros(count, dtype)
+    rep = Replay(
+        flags[me], tuple(f for r, f in enumerate(flags) if r != me), tuple(flags),
+        stage, WORDS[me], READY, DONE, SRC, I32 if dtype == np.int32 else F32, 0, count,
+        2000, 0, 0, lo, n,
+    )  # fmt: skip
+    rng = np.random.default_rng(count + me)
+    inputs = [rng.integers(-1000, 1000, count).astype(dtype) for _ in range(3)]
+    inputs[me] = stage
+    rep.set_inputs(WORDS, inputs)
+    for r, f in enumerate(flags):
+        if r != me:
+            f[READY], f[DONE], f[SRC] = 1, 0, WORDS[r]
+    return rep, inputs, stage
+
+
+@pytest.mark.parametrize("me", [0, 1, 2])
+@pytest.mark.parametrize("count", [1, 1001, 1024, 5000, 8192, 8193, 20000])
+def test_in_place_every_block_reads_my_input_as_it_was(me: int, count: int) -> None:
+    """Exactly in place: up to 32 KiB block by block through an accumulator (one block of
+    1024 int32 or several, the last one short), beyond it from the stage."""
+    rep, inputs, stage = reduce_replay(me, count, np.int32)
+    x = np.arange(count, dtype=np.int32) * 7 - 3
+    x0 = x.copy()
+    want = sum((x0 if r == me else inputs[r]).astype(np.int64) for r in range(3))
+    assert rep.run(1, x, 0, x) == 0
+    assert np.array_equal(x, want.astype(np.int32)), (me, count)
+    assert np.array_equal(stage, x0)
+
+
+@pytest.mark.parametrize("me", [0, 2])
+def test_a_shard_in_place_reads_my_input_as_it_was(me: int) -> None:
+    """A reduce-scatter's shard into my own x's shard: the elements [lo, lo + n) only."""
+    count, lo, n = 3000, 1000, 1500
+    rep, inputs, stage = reduce_replay(me, count, np.int32, lo, n)
+    x = np.arange(count, dtype=np.int32) - 1234
+    x0 = x.copy()
+    assert rep.run(1, x, 0, x[lo : lo + n]) == 0
+    want = sum((x0 if r == me else inputs[r]).astype(np.int64) for r in range(3))
+    assert np.array_equal(x[lo : lo + n], want[lo : lo + n].astype(np.int32))
+    assert np.array_equal(x[:lo], x0[:lo]) and np.array_equal(x[lo + n :], x0[lo + n :])
+    assert np.array_equal(stage, x0)
+
+
+def test_in_place_a_nan_in_a_late_block_is_handed_back_with_my_stage_whole() -> None:
+    """numpy's case met in the fourth block: answer 2 (READY raised, no DONE), and the stage
+    (what the Python replay reduces again, x being partly written) holds x as it was."""
+    count = 6000  # float32: blocks of 1024
+    rep, inputs, stage = reduce_replay(1, count, np.float32)
+    inputs[2][3500] = np.nan
+    x = np.linspace(-1.0, 1.0, count, dtype=np.float32)
+    x0 = x.copy()
+    assert rep.run(1, x, 0, x) == 2
+    assert np.array_equal(stage, x0)
+    assert rep.answers() == (0, 0, 1, 0)
