@@ -24,6 +24,12 @@ N = 1001  # int32 elements of one input
 I32, U8 = 4, 6  # the C replay's codes (collectives.replay._C_TYPES)
 
 
+def rank_sum(xs: list[np.ndarray[Any, Any]]) -> np.ndarray[Any, Any]:
+    """The rank-order sum in int64 (no wrap-around to mind)."""
+    total: np.ndarray[Any, Any] = np.stack([a.astype(np.int64) for a in xs]).sum(axis=0)
+    return total
+
+
 def replay_at(me: int, mode: int) -> tuple[Any, list[np.ndarray[Any, Any]], np.ndarray[Any, Any]]:
     """(replay, every rank's input in rank order (my stage at me), my stage): every peer
     READY for call 1 and done with call 0; ``mode`` 0 an int32 sum, 1 a broadcast from me,
@@ -60,7 +66,7 @@ def test_a_reduction_reads_my_input_as_it_was_when_out_overlaps_it(me: int, wher
         "shifted_on": (buf[1:], buf[:N]),
     }[where]
     x[...] = x0
-    want = sum((x0 if r == me else inputs[r]).astype(np.int64) for r in range(3))
+    want = rank_sum([x0 if r == me else inputs[r] for r in range(3)])
     assert rep.run(1, x, 0, out) == 0
     assert np.array_equal(out, want.astype(np.int32)), (me, where)
     assert np.array_equal(stage, x0)  # staged for the peers, whatever out is
@@ -140,7 +146,7 @@ def test_in_place_every_block_reads_my_input_as_it_was(me: int, count: int) -> N
     rep, inputs, stage = reduce_replay(me, count, np.int32)
     x = np.arange(count, dtype=np.int32) * 7 - 3
     x0 = x.copy()
-    want = sum((x0 if r == me else inputs[r]).astype(np.int64) for r in range(3))
+    want = rank_sum([x0 if r == me else inputs[r] for r in range(3)])
     assert rep.run(1, x, 0, x) == 0
     assert np.array_equal(x, want.astype(np.int32)), (me, count)
     assert np.array_equal(stage, x0)
@@ -154,7 +160,7 @@ def test_a_shard_in_place_reads_my_input_as_it_was(me: int) -> None:
     x = np.arange(count, dtype=np.int32) - 1234
     x0 = x.copy()
     assert rep.run(1, x, 0, x[lo : lo + n]) == 0
-    want = sum((x0 if r == me else inputs[r]).astype(np.int64) for r in range(3))
+    want = rank_sum([x0 if r == me else inputs[r] for r in range(3)])
     assert np.array_equal(x[lo : lo + n], want[lo : lo + n].astype(np.int32))
     assert np.array_equal(x[:lo], x0[:lo]) and np.array_equal(x[lo + n :], x0[lo + n :])
     assert np.array_equal(stage, x0)
