@@ -36,9 +36,12 @@
  *
  * A broadcast copies the root's input (mode 1; the root's own in-place result needs no
  * copy; beyond one chunk the root stages its input chunk by chunk after READY, counting the
- * chunks in its PROG word, and its readers copy each as it lands), an all-gather concatenates every input in rank order (mode 2); both count bytes.
+ * chunks in its PROG word, and its readers copy each as it lands), an all-gather
+ * concatenates every input in rank order (mode 2); both count bytes.
  * A small zero-copy input may be given as its address instead: it is staged like a numpy
- * input (a copy costs less than waiting for every peer's DONE).
+ * input (a copy costs less than waiting for every peer's DONE). A staged rank reads its own
+ * input from x, not from the stage its readers are pulling into their caches, wherever out
+ * leaves x intact (and a small all-reduce exactly in place, block by block).
  *
  * The flight recorder (shmem.flight): given a ring with flight(), a run records its call
  * there as Python would (a pending record once it starts waiting, made done when it
