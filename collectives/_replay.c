@@ -56,6 +56,9 @@
 #include <string.h>
 #include <sched.h>
 #include <time.h>
+#if defined(__x86_64__)
+#include <emmintrin.h> /* SSE2: the streaming stores of stream_copy */
+#endif
 
 #include "flight_ring.h" /* shmem/flight/: the flight recorder's ring */
 
@@ -1145,7 +1148,70 @@ done:
     return PyBool_FromLong(ok);
 }
 
+/* stream_copy(dst, src): copy the bytes of src (C-contiguous) into dst (C-contiguous,
+ * writable, as long) with non-temporal stores where the CPU has them (x86-64), the GIL
+ * released: a large stage a peer is about to read goes to memory instead of filling this
+ * core's cache with lines the peer must then pull across (the caller's threshold:
+ * collectives.ops.STREAM_MIN) */
+static void copy_streaming(char *d, const char *src, size_t n) {
+#if defined(__x86_64__)
+    size_t head = (size_t)(-(uintptr_t)d & 15);
+    if (head > n)
+        head = n;
+    memcpy(d, src, head);
+    d += head, src += head, n -= head;
+    for (; n >= 64; n -= 64, d += 64, src += 64) {
+        __m128i a = _mm_loadu_si128((const __m128i *)src);
+        __m128i b = _mm_loadu_si128((const __m128i *)(src + 16));
+        __m128i c = _mm_loadu_si128((const __m128i *)(src + 32));
+        __m128i e = _mm_loadu_si128((const __m128i *)(src + 48));
+        _mm_stream_si128((__m128i *)d, a);
+        _mm_stream_si128((__m128i *)(d + 16), b);
+        _mm_stream_si128((__m128i *)(d + 32), c);
+        _mm_stream_si128((__m128i *)(d + 48), e);
+    }
+    memcpy(d, src, n);
+    _mm_sfence(); /* the streaming stores before any later store (the caller's READY) */
+#else
+    memcpy(d, src, n);
+#endif
+}
+
+static PyObject *module_stream_copy(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "stream_copy(dst, src): two buffers");
+        return NULL;
+    }
+    Py_buffer dv, sv;
+    if (PyObject_GetBuffer(args[0], &dv, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0)
+        return NULL;
+    if (PyObject_GetBuffer(args[1], &sv, PyBUF_C_CONTIGUOUS) < 0) {
+        PyBuffer_Release(&dv);
+        return NULL;
+    }
+    PyObject *res = NULL;
+    if (dv.len != sv.len) {
+        PyErr_Format(PyExc_ValueError, "stream_copy: dst has %zd bytes, src %zd", dv.len,
+                     sv.len);
+    } else if ((char *)dv.buf < (char *)sv.buf + sv.len &&
+               (char *)sv.buf < (char *)dv.buf + dv.len) {
+        PyErr_SetString(PyExc_ValueError, "stream_copy: dst and src overlap");
+    } else {
+        Py_BEGIN_ALLOW_THREADS
+        copy_streaming((char *)dv.buf, (const char *)sv.buf, (size_t)dv.len);
+        Py_END_ALLOW_THREADS
+        res = Py_NewRef(Py_None);
+    }
+    PyBuffer_Release(&sv);
+    PyBuffer_Release(&dv);
+    return res;
+}
+
 static PyMethodDef module_methods[] = {
+    {"stream_copy", (PyCFunction)(void (*)(void))module_stream_copy, METH_FASTCALL,
+     "stream_copy(dst, src): src's bytes into dst (as long, neither overlapping the other) "
+     "with non-temporal stores, the GIL released."},
     {"reduce_wide", (PyCFunction)(void (*)(void))module_reduce_wide, METH_FASTCALL,
      "reduce_wide(out, inputs, type, op, count) -> bool: float16/bfloat16 in float32"},
     {NULL, NULL, 0, NULL},

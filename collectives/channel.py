@@ -41,6 +41,7 @@ from shmem.errors import (
 from shmem.signals import poll_until, spin_seconds
 
 from .operand import Operand
+from .ops import stage_copy
 from .schedule import AlgorithmTable
 from .signature import describe
 from .stats import CommStats
@@ -558,10 +559,10 @@ class Channel:
                 self.stage_views[key] = mine
             a, b = unread
             if b > a:
-                np.copyto(mine[:a], xin.array[lo : lo + a])
-                np.copyto(mine[b:], xin.array[lo + b : hi])
+                stage_copy(mine[:a], xin.array[lo : lo + a])
+                stage_copy(mine[b:], xin.array[lo + b : hi])
             else:
-                np.copyto(mine, xin.array[lo:hi])
+                stage_copy(mine, xin.array[lo:hi])
             self.stats.staged_bytes += (hi - lo - (b - a)) * isz
             offset = self.scratch_buf.offset
         else:

@@ -418,3 +418,39 @@ def test_every_rank_takes_a_crowded_nodes_choice_if_one_rank_sees_it(
             assert comm.stats.algorithms == {expected: 1}, (crowded, comm.stats.algorithms)
         finally:
             comm.close()
+
+
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("kind", ("all_reduce", *FAMILY))
+def test_a_stage_written_with_streaming_stores_gives_the_same_results(
+    capped: tuple[World, Any], kind: str, form: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A numpy input staged with streaming stores (``collectives.ops.STREAM_MIN``, from
+    16 MiB; here from 0 bytes, every stage of the general node-local route, the all-reduce's
+    plans off) gives the same results, and the stages went through ``stream_copy``."""
+    import collectives.allreduce_plans
+    import collectives.ops
+
+    real = collectives.ops._c_stream_copy
+    if real is None:
+        pytest.skip("the C extension is not built")
+    streamed: list[int] = []
+
+    def spy(dst: Any, src: Any) -> None:
+        streamed.append(dst.nbytes)
+        real(dst, src)
+
+    monkeypatch.setattr(collectives.ops, "STREAM_MIN", 0)
+    monkeypatch.setattr(collectives.ops, "_c_stream_copy", spy)
+    monkeypatch.setattr(collectives.allreduce_plans, "NODE_PLAN_NBYTES", PLANS_UP_TO)
+    world, comm = capped
+    p = world.world_size
+    count = SIZES["exchange"] // 4 // p * p
+    for salt in range(2):
+        got = _call(world, comm, kind, form, count, salt)
+        want = _expected(kind, p, world.rank, count, salt)
+        assert got.tobytes() == want.tobytes(), (kind, form, salt)
+    on_node = world.num_nodes == 1 and p > 1
+    read = kind != "broadcast" or world.rank == 0  # (a broadcast's non-root stages nothing)
+    if on_node and read and form in ("numpy", "out_numpy"):
+        assert streamed, (kind, form)
