@@ -70,6 +70,10 @@ enum { OP_SUM, OP_PROD, OP_MIN, OP_MAX, OP_BAND, OP_BOR, OP_BXOR, OP_AVG, OP_COU
 enum { DONE_ALL = 0, UNTOUCHED = 1, AFTER_READY = 2, AFTER_DONE = 3 };
 enum { M_REDUCE, M_COPY_ONE, M_CONCAT, M_COUNT }; /* all_reduce, broadcast, all_gather */
 
+#define STREAM_STAGE_MIN 4096 /* (stage_way) */
+#define EXPLORE_CALLS 16
+#define EXPLORE_EVERY 1024
+
 static const int type_size[T_COUNT] = {4, 8, 1, 2, 4, 8, 1, 2, 4, 8, 2, 2};
 
 static inline int is_float(int type) { return type <= T_F64 || type >= T_F16; }
@@ -366,6 +370,10 @@ typedef struct {
     int64_t *counter; /* its stream's */
     FlightRecord proto;
     long long slot; /* the record the last run began (-1: none) */
+    /* how a staged input is written (stage_way): 0 memcpy, 1 streaming stores; the calls
+     * of each way timed while exploring (their total ns and count), and the first call */
+    int streamed;
+    int64_t way_ns[2][EXPLORE_CALLS / 2], way_calls[2], first_s;
 } Replay;
 
 static void Replay_release(Replay *self) {
@@ -448,6 +456,7 @@ static PyObject *Replay_new(PyTypeObject *type, PyObject *args, PyObject *kwds) 
     self->lo = lo;
     self->n = n;
     self->slot = -1;
+    self->first_s = -1;
     self->out_bytes = mode == M_CONCAT ? self->nbytes * self->nranks
                                         : (mode == M_REDUCE ? n * type_size[ctype] : self->nbytes);
     self->keep = PyList_New(0);
@@ -593,6 +602,47 @@ static int sources_match(Replay *self) {
     return 1;
 }
 
+/* How a rank writes a staged input. Streaming stores send the stage to memory instead of
+ * through this core's cache: where two cores share no cache (this VM's slow mode, ranks on
+ * different dies), a line another core has just written is slower to fetch than memory,
+ * and they win 2-4x; where they share one (the fast mode) a peer fetches the line from it,
+ * and memcpy wins up to 2x (docs/benchmarks.md, "tenth pass"). The stage holds the same bytes
+ * either way, so each rank chooses alone: it times its calls both ways, alternating by call
+ * parity (in step on every rank), for its first EXPLORE_CALLS calls and again for the first
+ * EXPLORE_CALLS of every EXPLORE_EVERY, and keeps the way of the faster median. Stages of less
+ * than STREAM_STAGE_MIN bytes (a few lines, or the inline word in my flags' line) are
+ * always copied. */
+static void copy_streaming(char *d, const char *src, size_t n);
+
+/* the lower median of the n (<= EXPLORE_CALLS / 2) times in t, sorted in place */
+static int64_t median_ns(int64_t *t, int64_t n) {
+    for (int64_t i = 1; i < n; i++)
+        for (int64_t j = i; j > 0 && t[j - 1] > t[j]; j--) {
+            int64_t v = t[j];
+            t[j] = t[j - 1];
+            t[j - 1] = v;
+        }
+    return t[(n - 1) / 2];
+}
+
+/* the way call s writes its stage (1: streaming stores), and whether it is timed */
+static int stage_way(Replay *self, int64_t s, int *timed) {
+    *timed = 0;
+    if (self->nbytes < STREAM_STAGE_MIN)
+        return 0;
+    if (self->first_s < 0)
+        self->first_s = s;
+    if (s - self->first_s < EXPLORE_CALLS || s % EXPLORE_EVERY < EXPLORE_CALLS) {
+        *timed = 1;
+        return (int)(s & 1);
+    }
+    if (self->way_calls[0] > 0 && self->way_calls[1] > 0) /* a window ended: the faster */
+        self->streamed = median_ns(self->way_ns[1], self->way_calls[1]) <
+                         median_ns(self->way_ns[0], self->way_calls[0]);
+    self->way_calls[0] = self->way_calls[1] = 0;
+    return self->streamed;
+}
+
 /* run(s, x, shm_word, out, record=False) -> 0, 1, 2 or 3 (see the module's docstring) */
 /* one run of call s (Replay.run's arguments, parsed): the answer, or -1 with an error set */
 static int replay_once(Replay *self, int64_t s, PyObject *xobj, int64_t shm_word,
@@ -633,7 +683,8 @@ static int replay_once(Replay *self, int64_t s, PyObject *xobj, int64_t shm_word
         return UNTOUCHED;
     }
     char *out = (char *)ov.buf;
-    int code = UNTOUCHED;
+    int code = UNTOUCHED, way = 0, timed = 0;
+    int64_t t0 = 0;
     if (ov.len != self->out_bytes)
         goto end;
     for (Py_ssize_t r = 0; r < self->nranks; r++) {
@@ -666,8 +717,14 @@ static int replay_once(Replay *self, int64_t s, PyObject *xobj, int64_t shm_word
         }
     } else {
         if (have_x) {
-            if (read)
-                memcpy(self->stage, xsrc, (size_t)self->nbytes);
+            if (read) {
+                way = stage_way(self, s, &timed);
+                t0 = timed ? now_ns() : 0;
+                if (way)
+                    copy_streaming(self->stage, xsrc, (size_t)self->nbytes);
+                else
+                    memcpy(self->stage, xsrc, (size_t)self->nbytes);
+            }
             self->mine[self->src] = self->stage_word;
         } else {
             self->mine[self->src] = shm_word;
@@ -726,6 +783,8 @@ static int replay_once(Replay *self, int64_t s, PyObject *xobj, int64_t shm_word
     if (!have_x && read && !spin_all(self->peers, self->npeers, self->done, s, self->spin_ns))
         goto end; /* the peers still read my SHMEMBuffer */
     code = DONE_ALL;
+    if (timed && self->way_calls[way] < EXPLORE_CALLS / 2)
+        self->way_ns[way][self->way_calls[way]++] = now_ns() - t0;
     flight_end(&self->ring, self->slot, 0);
 end:
     PyBuffer_Release(&ov);
@@ -803,7 +862,16 @@ static PyObject *Replay_answers(Replay *self, PyObject *unused) {
                          self->answers[3]);
 }
 
+static PyObject *Replay_staging(Replay *self, PyObject *unused) {
+    (void)unused;
+    return Py_BuildValue("(iLL)", self->streamed, (long long)self->way_calls[0],
+                         (long long)self->way_calls[1]);
+}
+
 static PyMethodDef Replay_methods[] = {
+    {"staging", (PyCFunction)Replay_staging, METH_NOARGS,
+     "staging() -> (streamed, calls, streamed_calls): whether a staged input is written with "
+     "streaming stores now, and the calls timed each way since the last choice."},
     {"answers", (PyCFunction)Replay_answers, METH_NOARGS,
      "answers() -> (done, untouched, after_ready, after_done): how many runs gave each."},
     {"run", (PyCFunction)(void (*)(void))Replay_run, METH_FASTCALL,

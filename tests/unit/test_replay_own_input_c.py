@@ -177,3 +177,44 @@ def test_in_place_a_nan_in_a_late_block_is_handed_back_with_my_stage_whole() -> 
     assert rep.run(1, x, 0, x) == 2
     assert np.array_equal(stage, x0)
     assert rep.answers() == (0, 0, 1, 0)
+
+
+def alone(count: int) -> tuple[Any, np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+    """An int32 sum replayed by a rank alone on its node: (replay, my flags, my stage)."""
+    flags = np.zeros(16, np.int64)
+    stage = np.zeros(count, np.int32)
+    rep = Replay(
+        flags, (), (flags,), stage, WORDS[0], READY, DONE, SRC, I32, 0, count, 2000
+    )  # fmt: skip
+    rep.set_inputs(WORDS[:1], [stage])
+    return rep, flags, stage
+
+
+def test_a_stage_is_written_both_ways_in_turn_then_the_faster_way() -> None:
+    """Each way of writing a staged input (memcpy, streaming stores) is timed on alternate
+    calls of the plan's first 16 and of the first 16 of every 1024 (call parity: in step on
+    every rank); in between the faster is kept. The stage is right every call either way."""
+    rep, flags, stage = alone(4096)  # 16 KiB
+    rng = np.random.default_rng(0)
+    for s in range(1, 1040):
+        x = rng.integers(-(1 << 30), 1 << 30, 4096, dtype=np.int32)
+        out = np.zeros(4096, np.int32)
+        assert rep.run(s, x, 0, out) == 0
+        assert np.array_equal(stage, x) and np.array_equal(out, x), s
+        streamed, copied, streams = rep.staging()
+        if s <= 16:  # the first window: 8 calls each way so far at most
+            assert (copied, streams) == (s // 2, (s + 1) // 2), s
+        elif s < 1024:
+            assert (copied, streams) == (0, 0) and streamed in (0, 1), s
+        else:  # the window of calls 1024-1039
+            assert (copied, streams) == ((s - 1024) // 2 + 1, (s - 1023) // 2), s
+    assert flags[DONE] == 1039
+
+
+def test_a_small_stage_is_always_copied() -> None:
+    rep, _, stage = alone(1000)  # 4000 bytes: below 4 KiB
+    for s in range(1, 20):
+        x = np.full(1000, s, np.int32)
+        assert rep.run(s, x, 0, np.zeros(1000, np.int32)) == 0
+        assert (stage == s).all()
+        assert rep.staging() == (0, 0, 0)
