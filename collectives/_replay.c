@@ -73,6 +73,9 @@ enum { M_REDUCE, M_COPY_ONE, M_CONCAT, M_COUNT }; /* all_reduce, broadcast, all_
 #define STREAM_STAGE_MIN 4096 /* (stage_way) */
 #define EXPLORE_CALLS 16
 #define EXPLORE_EVERY 1024
+#define SETTLE_CALLS 2 /* the runs after a change of way that are not timed */
+#define STREAM_MARGIN_NUM 17 /* streaming is kept where its median is below 17/20 of */
+#define STREAM_MARGIN_DEN 20 /* memcpy's */
 
 static const int type_size[T_COUNT] = {4, 8, 1, 2, 4, 8, 1, 2, 4, 8, 2, 2};
 
@@ -373,7 +376,7 @@ typedef struct {
     /* how a staged input is written (stage_way): 0 memcpy, 1 streaming stores; the calls
      * of each way timed while exploring (their total ns and count), and the first call */
     int streamed;
-    int64_t way_ns[2][EXPLORE_CALLS / 2], way_calls[2], first_s;
+    int64_t way_ns[2][EXPLORE_CALLS / 2], way_calls[2], staged_runs;
 } Replay;
 
 static void Replay_release(Replay *self) {
@@ -456,7 +459,6 @@ static PyObject *Replay_new(PyTypeObject *type, PyObject *args, PyObject *kwds) 
     self->lo = lo;
     self->n = n;
     self->slot = -1;
-    self->first_s = -1;
     self->out_bytes = mode == M_CONCAT ? self->nbytes * self->nranks
                                         : (mode == M_REDUCE ? n * type_size[ctype] : self->nbytes);
     self->keep = PyList_New(0);
@@ -607,9 +609,11 @@ static int sources_match(Replay *self) {
  * different dies), a line another core has just written is slower to fetch than memory,
  * and they win 2-4x; where they share one (the fast mode) a peer fetches the line from it,
  * and memcpy wins up to 2x (docs/benchmarks.md, "tenth pass"). The stage holds the same bytes
- * either way, so each rank chooses alone: it times its calls both ways, alternating by call
- * parity (in step on every rank), for its first EXPLORE_CALLS calls and again for the first
- * EXPLORE_CALLS of every EXPLORE_EVERY, and keeps the way of the faster median. Stages of less
+ * either way, so each rank chooses alone: it times its staged runs of this plan both ways,
+ * half of its first EXPLORE_CALLS runs each (in step on ranks that run the same calls), and
+ * again in the first EXPLORE_CALLS of every EXPLORE_EVERY, leaving out the first
+ * SETTLE_CALLS after a change of way (the lines the other way left behind cost the next
+ * run: alternating run by run misled it), and streams where its median is clearly lower. Stages of less
  * than STREAM_STAGE_MIN bytes (a few lines, or the inline word in my flags' line) are
  * always copied. */
 static void copy_streaming(char *d, const char *src, size_t n);
@@ -625,20 +629,20 @@ static int64_t median_ns(int64_t *t, int64_t n) {
     return t[(n - 1) / 2];
 }
 
-/* the way call s writes its stage (1: streaming stores), and whether it is timed */
-static int stage_way(Replay *self, int64_t s, int *timed) {
+/* the way this staged run writes its stage (1: streaming stores), and whether it is timed */
+static int stage_way(Replay *self, int *timed) {
     *timed = 0;
     if (self->nbytes < STREAM_STAGE_MIN)
         return 0;
-    if (self->first_s < 0)
-        self->first_s = s;
-    if (s - self->first_s < EXPLORE_CALLS || s % EXPLORE_EVERY < EXPLORE_CALLS) {
-        *timed = 1;
-        return (int)(s & 1);
+    int64_t k = self->staged_runs++ % EXPLORE_EVERY, half = EXPLORE_CALLS / 2;
+    if (k < EXPLORE_CALLS) { /* half the window each way, the first runs of each not timed */
+        *timed = k % half >= SETTLE_CALLS;
+        return k >= half;
     }
-    if (self->way_calls[0] > 0 && self->way_calls[1] > 0) /* a window ended: the faster */
-        self->streamed = median_ns(self->way_ns[1], self->way_calls[1]) <
-                         median_ns(self->way_ns[0], self->way_calls[0]);
+    if (self->way_calls[0] > 0 && self->way_calls[1] > 0) /* a window ended: streaming */
+        self->streamed = /* where clearly faster (memcpy the default) */
+            median_ns(self->way_ns[1], self->way_calls[1]) * STREAM_MARGIN_DEN <
+            median_ns(self->way_ns[0], self->way_calls[0]) * STREAM_MARGIN_NUM;
     self->way_calls[0] = self->way_calls[1] = 0;
     return self->streamed;
 }
@@ -718,7 +722,7 @@ static int replay_once(Replay *self, int64_t s, PyObject *xobj, int64_t shm_word
     } else {
         if (have_x) {
             if (read) {
-                way = stage_way(self, s, &timed);
+                way = stage_way(self, &timed);
                 t0 = timed ? now_ns() : 0;
                 if (way)
                     copy_streaming(self->stage, xsrc, (size_t)self->nbytes);
