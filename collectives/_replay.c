@@ -373,8 +373,9 @@ typedef struct {
     int64_t *counter; /* its stream's */
     FlightRecord proto;
     long long slot; /* the record the last run began (-1: none) */
-    /* how a staged input is written (stage_way): 0 memcpy, 1 streaming stores; the calls
-     * of each way timed while exploring (their total ns and count), and the first call */
+    /* how a staged input is written (stage_way): 0 memcpy, 1 streaming stores; the times
+     * (ns) of each way's timed runs in the current window and how many, and the staged
+     * runs so far */
     int streamed;
     int64_t way_ns[2][EXPLORE_CALLS / 2], way_calls[2], staged_runs;
 } Replay;
@@ -613,9 +614,9 @@ static int sources_match(Replay *self) {
  * half of its first EXPLORE_CALLS runs each (in step on ranks that run the same calls), and
  * again in the first EXPLORE_CALLS of every EXPLORE_EVERY, leaving out the first
  * SETTLE_CALLS after a change of way (the lines the other way left behind cost the next
- * run: alternating run by run misled it), and streams where its median is clearly lower. Stages of less
- * than STREAM_STAGE_MIN bytes (a few lines, or the inline word in my flags' line) are
- * always copied. */
+ * run: alternating run by run misled it), and streams where its median is clearly lower.
+ * Stages of less than STREAM_STAGE_MIN bytes (a few lines, or the inline word in my flags'
+ * line) are always copied. */
 static void copy_streaming(char *d, const char *src, size_t n);
 
 /* the lower median of the n (<= EXPLORE_CALLS / 2) times in t, sorted in place */
