@@ -74,6 +74,7 @@ enum { M_REDUCE, M_COPY_ONE, M_CONCAT, M_COUNT }; /* all_reduce, broadcast, all_
 #define EXPLORE_CALLS 16
 #define EXPLORE_EVERY 1024
 #define SETTLE_CALLS 2 /* the runs after a change of way that are not timed */
+#define RETRY_AFTER 64
 #define STREAM_MARGIN_NUM 17 /* streaming is kept where its median is below 17/20 of */
 #define STREAM_MARGIN_DEN 20 /* memcpy's */
 
@@ -644,6 +645,11 @@ static int stage_way(Replay *self, int *timed) {
         self->streamed = /* where clearly faster (memcpy the default) */
             median_ns(self->way_ns[1], self->way_calls[1]) * STREAM_MARGIN_DEN <
             median_ns(self->way_ns[0], self->way_calls[0]) * STREAM_MARGIN_NUM;
+    else if (k == EXPLORE_CALLS && self->staged_runs <= EXPLORE_EVERY)
+        /* the first window timed too few runs (a peer still starting, a broadcast's reader
+         * slower than the spin): the next one comes RETRY_AFTER runs later, not a whole
+         * period */
+        self->staged_runs = EXPLORE_EVERY - RETRY_AFTER;
     self->way_calls[0] = self->way_calls[1] = 0;
     return self->streamed;
 }
@@ -714,10 +720,15 @@ static int replay_once(Replay *self, int64_t s, PyObject *xobj, int64_t shm_word
          * (reset first): its readers copy each chunk as it lands (the copies overlap) */
         self->mine[self->src] = self->stage_word;
         __atomic_store_n(self->mine + self->prog, 0, __ATOMIC_RELAXED);
+        way = stage_way(self, &timed);
+        t0 = timed ? now_ns() : 0;
         store_release(self->mine + self->ready, s);
         for (Py_ssize_t c = 0; c < nchunks; c++) {
             Py_ssize_t at = c * chunk, len = self->nbytes - at < chunk ? self->nbytes - at : chunk;
-            memcpy(self->stage + at, xsrc + at, (size_t)len);
+            if (way) /* (each chunk's streaming stores fenced before its PROG) */
+                copy_streaming(self->stage + at, xsrc + at, (size_t)len);
+            else
+                memcpy(self->stage + at, xsrc + at, (size_t)len);
             store_release(self->mine + self->prog, c + 1);
         }
     } else {
@@ -788,6 +799,10 @@ static int replay_once(Replay *self, int64_t s, PyObject *xobj, int64_t shm_word
     if (!have_x && read && !spin_all(self->peers, self->npeers, self->done, s, self->spin_ns))
         goto end; /* the peers still read my SHMEMBuffer */
     code = DONE_ALL;
+    /* a broadcast's root times its stage until its readers are done: their copies are what
+     * the way changes (an all-reduce's or all-gather's every rank reads every stage) */
+    if (timed && self->mode == M_COPY_ONE && self->spin_ns > 0)
+        timed = spin_all(self->peers, self->npeers, self->done, s, self->spin_ns);
     if (timed && self->way_calls[way] < EXPLORE_CALLS / 2)
         self->way_ns[way][self->way_calls[way]++] = now_ns() - t0;
     flight_end(&self->ring, self->slot, 0);

@@ -230,3 +230,57 @@ def test_a_plan_called_every_other_call_still_times_both_ways() -> None:
         x = np.full(4096, i, np.int32)
         assert rep.run(2 * i, x, 0, np.zeros(4096, np.int32)) == 0
     assert rep.staging()[1:] == (6, 6)
+
+
+PROG = int(Flag.PROG)
+
+
+def broadcast_root(count: int) -> tuple[Any, np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+    """A broadcast of ``count`` int32 elements from me (index 0), staged in chunks of 16 KiB,
+    with one reader: (replay, the reader's flags, my stage)."""
+    mine, peer = np.zeros(16, np.int64), np.zeros(16, np.int64)
+    stage = np.zeros(count, np.int32)
+    rep = Replay(
+        mine, (peer,), (mine, peer), stage, WORDS[0], READY, DONE, SRC, U8, 0, 4 * count,
+        2000, 1, 0, prog=PROG, chunk=16 << 10,
+    )  # fmt: skip
+    rep.set_inputs(WORDS[:2], [stage.view(np.uint8), np.zeros(4 * count, np.uint8)])
+    peer[SRC] = WORDS[1]
+    return rep, peer, stage
+
+
+@pytest.mark.parametrize("count", [4096, 40000])  # one chunk, and three (the last short)
+def test_a_broadcast_root_times_both_ways_until_its_reader_is_done(count: int) -> None:
+    """A broadcast's root writes its stage both ways in turn (chunk by chunk beyond one),
+    and times each run until its reader's DONE: the reader's copy is what the way changes.
+    The stage is right every run either way."""
+    rep, peer, stage = broadcast_root(count)
+    rng = np.random.default_rng(1)
+    for s in range(1, 18):
+        peer[READY] = peer[DONE] = s  # (the reader's DONE already there: no wait)
+        x = rng.integers(-(1 << 30), 1 << 30, count, dtype=np.int32)
+        out = np.zeros(count, np.int32)
+        assert rep.run(s, x.view(np.uint8), 0, out.view(np.uint8)) == 0
+        assert np.array_equal(stage, x) and np.array_equal(out, x), s
+        if s == 16:
+            assert rep.staging()[1:] == (6, 6)
+    assert rep.staging()[1:] == (0, 0)  # a choice made
+
+
+def test_a_first_window_without_timings_is_tried_again_soon() -> None:
+    """Runs whose reader is not done within the spin are not timed (and still done: a
+    root's input is staged); a first window left without timings is followed by another
+    64 runs later, not a whole period."""
+    rep, peer, stage = broadcast_root(40000)
+    x = np.arange(40000, dtype=np.int32)
+    out = np.zeros(40000, np.int32)
+    for s in range(1, 98):
+        peer[READY] = s
+        peer[DONE] = s - 1 if s <= 17 else s  # a slow reader in the first window only
+        assert rep.run(s, x.view(np.uint8), 0, out.view(np.uint8)) == 0
+        assert np.array_equal(stage, x)
+        counts = rep.staging()[1:]
+        if s <= 81:
+            assert counts == (0, 0), s
+        elif s == 97:  # runs 82-97: the second window
+            assert counts == (6, 6)
