@@ -23,11 +23,18 @@ from shmem.errors import (
 )
 
 from . import signed
-from .allreduce_plans import SHARE_MIN, AcrossPlan, NodesPlan, tiny_plan, whole_gather_limit
-from .channel import Channel, Flag
+from .allreduce_plans import (
+    NODE_PLAN_NBYTES,
+    SHARE_MIN,
+    AcrossPlan,
+    NodesPlan,
+    tiny_plan,
+    whole_gather_limit,
+)
+from .channel import OFFSET_MASK, Channel, Flag
 from .cross import CROSS_RS_MIN_NBYTES, reduce_across
 from .operand import Array, Operand, prepare
-from .ops import ReduceOp, accumulate_dtype, check_op, reduce_into
+from .ops import STREAM_MIN, ReduceOp, accumulate_dtype, check_op, reduce_into
 from .replay import cached_plan, replay_status, round_up
 from .schedule import ALGORITHMS, Algorithm, shard_of
 from .shards import gather_shards, reduce_shards, results_of
@@ -56,10 +63,51 @@ def choose(ch: Channel, algorithm: Algorithm | str, nbytes: int, where: str) -> 
         )
     if algo != "hierarchical" and ch.num_nodes > 1:
         algo = "hierarchical"
+    elif algo == "one_shot" and algorithm == "auto" and staged_two_shot(ch, nbytes):
+        algo = "two_shot"
     if log.isEnabledFor(logging.DEBUG):
         log.debug("%s: %d bytes on %d ranks -> %s", where, nbytes, ch.world_size, algo)
     ch.stats.count(algo)
     return algo
+
+
+# Two ranks on one node, numpy inputs on both, above the cached plan (NODE_PLAN_NBYTES) and
+# below STREAM_MIN (from there one-shot's stage is written with streaming stores): one-shot
+# stages every byte on each rank and reduces all of them, two-shot stages half and reduces
+# half, one round more. 2 ranks, float32, the two in one job, one-shot -> two-shot x MPI:
+# 4 / 8 / 12 MiB 1.03-1.13 -> 1.23-1.38, 1.21-1.35 -> 1.36-1.64, 1.02 -> 1.18; an input new
+# every call 4 / 8 MiB 0.99 -> 1.07, 1.04 -> 1.16; 16 MiB 1.12-1.40 -> 1.16-1.31
+# (docs/benchmarks.md, "eleventh pass"). A symmetric input stays on one-shot (4 MiB 5.5 ->
+# 1.7: its peers read it where it is).
+STAGED_TWO_SHOT = (NODE_PLAN_NBYTES, STREAM_MIN)
+MAX_STAGED_SIZES = 64  # the sizes remembered (beyond, forgotten all at once)
+
+
+def staged_two_shot(ch: Channel, nbytes: int) -> bool:
+    """Whether an ``"auto"`` all-reduce of ``nbytes`` runs two-shot where the table says
+    one-shot: on a node of 2 ranks (not crowded), in :data:`STAGED_TWO_SHOT`, where every rank
+    staged its input in the last call of that size. Every rank decides from the same ``SRC``
+    words (:func:`remember_staged`), so all choose alike with nothing exchanged."""
+    low, high = STAGED_TWO_SHOT
+    return (
+        low < nbytes < high
+        and ch.world_size == 2
+        and ch.num_nodes == 1
+        and not ch.table.crowded
+        and ch.all_staged.get(nbytes, False)
+    )
+
+
+def remember_staged(ch: Channel, nbytes: int, words: list[int]) -> None:
+    """After ``READY``: whether every rank staged its input in this call of ``nbytes`` (its
+    ``SRC`` word my scratch's offset: the heap is symmetric), for :func:`staged_two_shot`."""
+    low, high = STAGED_TWO_SHOT
+    if not low < nbytes < high or ch.world_size != 2:
+        return
+    if nbytes not in ch.all_staged and len(ch.all_staged) >= MAX_STAGED_SIZES:
+        ch.all_staged.clear()
+    offset = ch.scratch_buf.offset
+    ch.all_staged[nbytes] = all(w >= 0 and w & OFFSET_MASK == offset for w in words)
 
 
 def all_reduce(
@@ -227,6 +275,7 @@ def _one_shot(
         ch.world.heap.fence()
         ch.check_ready(None, "all_reduce", s)
     inputs = plan.sources(ch)
+    remember_staged(ch, xin.count * xin.dtype.itemsize, plan.offsets)
     results = results_of(plan.offsets)
     if results is not None:  # a rank in place: every rank reduces its shard, once
         reduce_shards(
@@ -260,6 +309,7 @@ def _two_shot(
     words = [
         int(ch.my_flags[SRC] if r == ch.rank else ch.peer_flags[r][SRC]) for r in ch.local_peers
     ]
+    remember_staged(ch, xin.count * xin.dtype.itemsize, words)
     base = round_up((hi - lo) * xin.dtype.itemsize)
     reduce_shards(ch, s, inputs, dst, lo, base, op, acc, results_of(words))
 

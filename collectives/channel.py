@@ -204,6 +204,9 @@ class Channel:
         self.scratch_buf = world.zeros(max(cfg.scratch_nbytes, 64), "uint8")
         self.scratch_max = cfg.scratch_max_nbytes
         self.stage_views: dict[tuple[int, np.dtype[Any]], np.ndarray[Any, Any]] = {}
+        # by an all-reduce's size: whether every rank staged its input the last time (every
+        # rank reads the same SRC words: collectives.allreduce.staged_two_shot)
+        self.all_staged: dict[int, bool] = {}
         self.scratch_views: dict[int, np.ndarray[Any, Any]] = {}  # by rank (mine included)
         self.input_views: dict[tuple[int, int, int, np.dtype[Any]], np.ndarray[Any, Any]] = {}
         self.plans: OrderedDict[Hashable, Any] = OrderedDict()

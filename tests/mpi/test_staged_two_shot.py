@@ -1,0 +1,125 @@
+"""An ``"auto"`` all-reduce on a node of 2 ranks runs two-shot where every rank staged its
+numpy input the last time that size ran, between the cached plan and streaming stores
+(:data:`collectives.allreduce.STAGED_TWO_SHOT`); one-shot otherwise. Every rank decides from
+the same ``SRC`` words, so they agree with nothing exchanged (the CI config compares every
+call's signature, the algorithm in it), and the result is the same bits either way."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+import collectives
+from collectives.allreduce import STAGED_TWO_SHOT
+from shmem import World
+
+pytestmark = pytest.mark.mpi
+
+NBYTES = 4 << 20  # in the band
+COUNT = NBYTES // 4
+
+
+@pytest.fixture
+def comm(world: World) -> Any:
+    c = collectives.Communicator(world)
+    yield c
+    c.close()
+
+
+def _input(world: World, r: int, salt: int) -> np.ndarray[Any, Any]:
+    return np.random.default_rng(1000 * salt + r).standard_normal(COUNT).astype(np.float32)
+
+
+def _want(world: World, salt: int) -> np.ndarray[Any, Any]:
+    """The rank-order sum in float32, ((x0 + x1) + x2) ..."""
+    total = _input(world, 0, salt)
+    for r in range(1, world.world_size):
+        total = total + _input(world, r, salt)
+    return total
+
+
+def _check(world: World, out: np.ndarray[Any, Any], salt: int) -> None:
+    """The rank-order bits on one node (across nodes the sum is grouped by node)."""
+    if world.num_nodes == 1:
+        assert out.tobytes() == _want(world, salt).tobytes(), salt
+    else:
+        np.testing.assert_allclose(out, _want(world, salt), rtol=1e-5, atol=1e-5)
+
+
+def _two_ranks_one_node(world: World) -> bool:
+    return world.world_size == 2 and world.num_nodes == 1
+
+
+def _ran(comm: Any, call: Any) -> str:
+    """The one algorithm ``call`` counted in the stats."""
+    before = dict(comm.stats.algorithms or {})
+    call()
+    after = dict(comm.stats.algorithms or {})
+    ran = [k for k in after if after[k] != before.get(k, 0)]
+    assert len(ran) == 1 and after[ran[0]] - before.get(ran[0], 0) == 1, (before, after)
+    return str(ran[0])
+
+
+def test_numpy_inputs_run_two_shot_from_the_second_call(world: World, comm: Any) -> None:
+    assert STAGED_TWO_SHOT[0] < NBYTES < STAGED_TWO_SHOT[1]
+    table = comm.host_channel.table.choose(NBYTES, world.world_size, world.num_nodes)
+    for salt in range(3):
+        x = _input(world, world.rank, salt)
+        out = np.empty_like(x)
+        ran = _ran(comm, lambda x=x, out=out: comm.all_reduce(x, out=out))
+        if _two_ranks_one_node(world):
+            assert ran == ("one_shot" if salt == 0 else "two_shot"), salt
+        else:
+            assert ran == table, salt
+        _check(world, out, salt)
+    if _two_ranks_one_node(world):  # what the next call would run
+        assert comm.choose("auto", NBYTES, "test") == "two_shot"
+        assert comm.choose("one_shot", NBYTES, "test") == "one_shot"
+
+
+def test_a_symmetric_input_on_one_rank_brings_one_shot_back(world: World, comm: Any) -> None:
+    if not _two_ranks_one_node(world):
+        pytest.skip("2 ranks on one node")
+    sym = world.zeros(COUNT, np.float32)
+    try:
+        # numpy, numpy: two-shot; rank 1 symmetric: two-shot still (the last call's words),
+        # and one-shot after it; numpy again: one-shot, then two-shot
+        want = ["one_shot", "two_shot", "two_shot", "one_shot", "one_shot", "two_shot"]
+        for salt, algo in enumerate(want):
+            x = _input(world, world.rank, salt)
+            if salt in (2, 3) and world.rank == 1:
+                sym.local()[...] = x
+                arg: Any = sym
+            else:
+                arg = x
+            out = np.empty_like(x)
+            assert _ran(comm, lambda a=arg, o=out: comm.all_reduce(a, out=o)) == algo, salt
+            _check(world, out, salt)
+    finally:
+        sym.close()
+
+
+@pytest.mark.parametrize("nbytes", [STAGED_TWO_SHOT[1], STAGED_TWO_SHOT[1] + (4 << 20)])
+def test_outside_the_band_numpy_inputs_stay_on_the_table(
+    world: World, comm: Any, nbytes: int
+) -> None:
+    """From STREAM_MIN one-shot's stage streams: the table's choice stays (the scratch cap
+    of the CI config cuts these into pieces; the band counts the whole call)."""
+    table = comm.host_channel.table.choose(nbytes, world.world_size, world.num_nodes)
+    x = np.full(nbytes // 4, world.rank + 1, np.float32)
+    for _ in range(2):
+        out = np.empty_like(x)
+        comm.all_reduce(x, out=out)
+        assert (out == sum(range(1, world.world_size + 1))).all()
+        assert comm.choose("auto", nbytes, "test") == table
+
+
+def test_a_forced_one_shot_stays_one_shot(world: World, comm: Any) -> None:
+    x = _input(world, world.rank, 0)
+    for _ in range(3):
+        out = np.empty_like(x)
+        algo = "hierarchical" if world.num_nodes > 1 else "one_shot"
+        assert _ran(comm, lambda o=out: comm.all_reduce(x, out=o, algorithm="one_shot")) == algo
+        _check(world, out, 0)
