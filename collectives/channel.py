@@ -44,6 +44,7 @@ from .operand import Operand
 from .ops import stage_copy
 from .schedule import AlgorithmTable
 from .signature import describe
+from .stage_way import StageWays
 from .stats import CommStats
 
 __all__ = [
@@ -84,6 +85,9 @@ class Flag(enum.IntEnum):
     XSIG = 9  # this rank waits on (XSEQ), and its signature (XSIG): read by other nodes
     PROG = 10  # a cached broadcast's root: the chunks of its input staged so far in this
     # call (collectives.family.STAGE_CHUNK each; 0 before READY, counted after it)
+
+
+_DONE = int(Flag.DONE)  # (post's test, without the enum's attribute lookup)
 
 
 _READY = int(Flag.READY)
@@ -204,6 +208,7 @@ class Channel:
         self.scratch_buf = world.zeros(max(cfg.scratch_nbytes, 64), "uint8")
         self.scratch_max = cfg.scratch_max_nbytes
         self.stage_views: dict[tuple[int, np.dtype[Any]], np.ndarray[Any, Any]] = {}
+        self.stage_ways = StageWays()  # how each size of stage is written
         # by an all-reduce's size: whether every rank staged its input the last time (every
         # rank reads the same SRC words: collectives.allreduce.staged_two_shot)
         self.all_staged: dict[int, bool] = {}
@@ -281,6 +286,8 @@ class Channel:
         """Raise my ``flag`` to ``value`` (release: data written before it is visible)."""
         self.heap.fence()
         self.my_flags[flag] = value
+        if flag == _DONE and self.stage_ways.timing is not None:
+            self.stage_ways.done()  # (a timed stage: its call ends here)
 
     def wait_peers(
         self,
@@ -540,6 +547,7 @@ class Channel:
         hi: int | None = None,
         shares: bool = False,
         unread: tuple[int, int] = (0, 0),
+        timed: bool = True,
     ) -> None:
         """Make my input ``[lo, hi)`` readable by node-local peers and raise ``READY``.
 
@@ -548,7 +556,9 @@ class Channel:
         ``unread`` (``[a, b)`` of the piece) that no peer reads (my shard of a reduce-scatter:
         I reduce it from my own array). The heap offset goes into the ``SRC`` flag, so peers
         find it whatever kind of argument this rank passed. ``shares`` (a SHMEMBuffer in
-        place): my input is my result too, :data:`SHARES` says so.
+        place): my input is my result too, :data:`SHARES` says so. How the stage is written
+        is :attr:`stage_ways`' choice (``timed``: False where my ``DONE`` does not wait for
+        the readers' copies, a broadcast's root).
         """
         hi = xin.count if hi is None else hi
         isz = xin.dtype.itemsize
@@ -561,12 +571,14 @@ class Channel:
                 mine = self.scratch_buf.local()[: (hi - lo) * isz].view(xin.dtype)
                 self.stage_views[key] = mine
             a, b = unread
+            staged = (hi - lo - (b - a)) * isz
+            stream = self.stage_ways.way(staged, timed)
             if b > a:
-                stage_copy(mine[:a], xin.array[lo : lo + a])
-                stage_copy(mine[b:], xin.array[lo + b : hi])
+                stage_copy(mine[:a], xin.array[lo : lo + a], stream)
+                stage_copy(mine[b:], xin.array[lo + b : hi], stream)
             else:
-                stage_copy(mine, xin.array[lo:hi])
-            self.stats.staged_bytes += (hi - lo - (b - a)) * isz
+                stage_copy(mine, xin.array[lo:hi], stream)
+            self.stats.staged_bytes += staged
             offset = self.scratch_buf.offset
         else:
             offset = xin.shmem.offset + lo * isz

@@ -37,6 +37,7 @@ __all__ = [
     "int_avg",
     "reduce_into",
     "stage_copy",
+    "stream_copy_available",
     "ufunc_of",
     "widen",
 ]
@@ -199,12 +200,21 @@ _c_stream_copy: Any = getattr(_c_replay_module, "stream_copy", None)
 STREAM_MIN = 16 << 20
 
 
-def stage_copy(dst: np.ndarray[Any, Any], src: np.ndarray[Any, Any]) -> None:
+def stream_copy_available() -> bool:
+    """Whether :func:`stage_copy` can write with streaming stores (the C extension built)."""
+    return _c_stream_copy is not None
+
+
+def stage_copy(
+    dst: np.ndarray[Any, Any], src: np.ndarray[Any, Any], stream: bool | None = None
+) -> None:
     """``np.copyto(dst, src)`` of a numpy input into its stage (the same dtype and length),
-    with streaming stores from :data:`STREAM_MIN` bytes where both are contiguous and the
-    C extension is built."""
+    with streaming stores where ``stream`` (None: from :data:`STREAM_MIN` bytes), both are
+    contiguous and the C extension is built (:mod:`collectives.stage_way` chooses)."""
+    if stream is None:
+        stream = dst.nbytes >= STREAM_MIN
     if (
-        dst.nbytes >= STREAM_MIN
+        stream
         and _c_stream_copy is not None
         and src.flags.c_contiguous
         and dst.flags.c_contiguous

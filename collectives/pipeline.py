@@ -213,7 +213,7 @@ def _on_node(ch: Channel, s: int, call: Call, xin: Operand, dst: Array) -> None:
     if b > a and np.may_share_memory(dst, xin.array):  # unless the result overwrites them)
         a = b = 0
     nbytes = xin.count * xin.dtype.itemsize
-    ch.publish(s, xin, nbytes, 0, None if read else 0, unread=(a, b))
+    ch.publish(s, xin, nbytes, 0, None if read else 0, unread=(a, b), timed=call.readers is None)
     ch.wait_peers(Flag.READY, s, where)
     aside = (
         read
