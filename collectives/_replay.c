@@ -801,7 +801,7 @@ static int replay_once(Replay *self, int64_t s, PyObject *xobj, int64_t shm_word
     code = DONE_ALL;
     /* a broadcast's root times its stage until its readers are done: their copies are what
      * the way changes (an all-reduce's or all-gather's every rank reads every stage) */
-    if (timed && self->mode == M_COPY_ONE && self->spin_ns > 0)
+    if (timed && self->mode == M_COPY_ONE) /* (a crowded node: a few yields, spin_all) */
         timed = spin_all(self->peers, self->npeers, self->done, s, self->spin_ns);
     if (timed && self->way_calls[way] < EXPLORE_CALLS / 2)
         self->way_ns[way][self->way_calls[way]++] = now_ns() - t0;

@@ -36,7 +36,7 @@ from .cross import CROSS_RS_MIN_NBYTES, reduce_across
 from .operand import Array, Operand, prepare
 from .ops import STREAM_MIN, ReduceOp, accumulate_dtype, check_op, reduce_into
 from .replay import cached_plan, replay_status, round_up
-from .schedule import ALGORITHMS, Algorithm, shard_of
+from .schedule import ALGORITHMS, Algorithm, AlgorithmTable, shard_of
 from .shards import gather_shards, reduce_shards, results_of
 
 if TYPE_CHECKING:
@@ -86,11 +86,15 @@ MAX_STAGED_SIZES = 64  # the sizes remembered (beyond, forgotten all at once)
 def staged_two_shot(ch: Channel, nbytes: int) -> bool:
     """Whether an ``"auto"`` all-reduce of ``nbytes`` runs two-shot where the table says
     one-shot: on a node of 2 ranks (not crowded), in :data:`STAGED_TWO_SHOT`, where every rank
-    staged its input in the last call of that size. Every rank decides from the same ``SRC``
-    words (:func:`remember_staged`), so all choose alike with nothing exchanged."""
+    staged its input in the last call of that size, and the table is the measured one (no
+    ``[collectives] algorithm`` or ``one_shot_max_nbytes`` in the config). Every rank decides
+    from the same ``SRC`` words (:func:`remember_staged`), so all choose alike with nothing
+    exchanged."""
     low, high = STAGED_TWO_SHOT
     return (
         low < nbytes < high
+        and ch.table.forced == "auto"
+        and ch.table.rows == AlgorithmTable.rows
         and ch.world_size == 2
         and ch.num_nodes == 1
         and not ch.table.crowded
@@ -208,12 +212,14 @@ def _inputs(
     scratch_bytes: int,
     shares: bool = False,
     unread: tuple[int, int] = (0, 0),
+    timed: bool = True,
 ) -> list[np.ndarray[Any, Any]]:
     """Publish my piece ``[lo, hi)`` (``shares``: in place, :data:`channel.SHARES`;
-    ``unread``: the elements no peer reads, not staged), wait for every node-local rank's,
+    ``unread``: the elements no peer reads, not staged; ``timed``: whether the time to my
+    ``DONE`` is the node's own, :meth:`Channel.publish`), wait for every node-local rank's,
     and return them in local-rank (= rank) order, mine my own array where it was not all
     staged. Callers have waited ``DONE >= s - 1`` already."""
-    ch.publish(s, xin, scratch_bytes, lo, hi, shares, unread)
+    ch.publish(s, xin, scratch_bytes, lo, hi, shares, unread, timed)
     ch.wait_peers(READY, s, "all_reduce")
     inputs = [ch.peer_input(r, hi - lo, xin.dtype) for r in ch.local_peers]
     if xin.shmem is None and unread[1] > unread[0]:
@@ -369,7 +375,8 @@ def _hierarchical(
         return
     # intra-node reduce-scatter: my node's partial of shard `local_index` (no rounding yet)
     try:
-        inputs = _inputs(ch, xin, lo, hi, s, nbytes)
+        # (untimed: the exchange between nodes comes before my DONE)
+        inputs = _inputs(ch, xin, lo, hi, s, nbytes, timed=False)
     except (CollectiveMismatchError, PeerFailedError) as exc:
         abandon(exc)
         raise

@@ -12,8 +12,10 @@ import numpy as np
 import pytest
 
 import collectives
+import shmem
 from collectives.allreduce import STAGED_TWO_SHOT
 from shmem import World
+from tests.conftest import CI_CONFIG
 
 pytestmark = pytest.mark.mpi
 
@@ -28,24 +30,25 @@ def comm(world: World) -> Any:
     c.close()
 
 
-def _input(world: World, r: int, salt: int) -> np.ndarray[Any, Any]:
-    return np.random.default_rng(1000 * salt + r).standard_normal(COUNT).astype(np.float32)
+def _input(world: World, r: int, salt: int, count: int = COUNT) -> np.ndarray[Any, Any]:
+    return np.random.default_rng(1000 * salt + r).standard_normal(count).astype(np.float32)
 
 
-def _want(world: World, salt: int) -> np.ndarray[Any, Any]:
+def _want(world: World, salt: int, count: int = COUNT) -> np.ndarray[Any, Any]:
     """The rank-order sum in float32, ((x0 + x1) + x2) ..."""
-    total = _input(world, 0, salt)
+    total = _input(world, 0, salt, count)
     for r in range(1, world.world_size):
-        total = total + _input(world, r, salt)
+        total = total + _input(world, r, salt, count)
     return total
 
 
 def _check(world: World, out: np.ndarray[Any, Any], salt: int) -> None:
     """The rank-order bits on one node (across nodes the sum is grouped by node)."""
+    want = _want(world, salt, out.size)
     if world.num_nodes == 1:
-        assert out.tobytes() == _want(world, salt).tobytes(), salt
+        assert out.tobytes() == want.tobytes(), salt
     else:
-        np.testing.assert_allclose(out, _want(world, salt), rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
 
 
 def _two_ranks_one_node(world: World) -> bool:
@@ -62,11 +65,15 @@ def _ran(comm: Any, call: Any) -> str:
     return str(ran[0])
 
 
-def test_numpy_inputs_run_two_shot_from_the_second_call(world: World, comm: Any) -> None:
-    assert STAGED_TWO_SHOT[0] < NBYTES < STAGED_TWO_SHOT[1]
-    table = comm.host_channel.table.choose(NBYTES, world.world_size, world.num_nodes)
+# 12 MiB: in pieces (the CI config's 16 MiB scratch holds 8 MiB of stage and its shards)
+@pytest.mark.parametrize("nbytes", [NBYTES, 12 << 20], ids=["4MiB", "12MiB"])
+def test_numpy_inputs_run_two_shot_from_the_second_call(
+    world: World, comm: Any, nbytes: int
+) -> None:
+    assert STAGED_TWO_SHOT[0] < nbytes < STAGED_TWO_SHOT[1]
+    table = comm.host_channel.table.choose(nbytes, world.world_size, world.num_nodes)
     for salt in range(3):
-        x = _input(world, world.rank, salt)
+        x = _input(world, world.rank, salt, nbytes // 4)
         out = np.empty_like(x)
         ran = _ran(comm, lambda x=x, out=out: comm.all_reduce(x, out=out))
         if _two_ranks_one_node(world):
@@ -75,8 +82,8 @@ def test_numpy_inputs_run_two_shot_from_the_second_call(world: World, comm: Any)
             assert ran == table, salt
         _check(world, out, salt)
     if _two_ranks_one_node(world):  # what the next call would run
-        assert comm.choose("auto", NBYTES, "test") == "two_shot"
-        assert comm.choose("one_shot", NBYTES, "test") == "one_shot"
+        assert comm.choose("auto", nbytes, "test") == "two_shot"
+        assert comm.choose("one_shot", nbytes, "test") == "one_shot"
 
 
 def test_a_symmetric_input_on_one_rank_brings_one_shot_back(world: World, comm: Any) -> None:
@@ -123,3 +130,25 @@ def test_a_forced_one_shot_stays_one_shot(world: World, comm: Any) -> None:
         algo = "hierarchical" if world.num_nodes > 1 else "one_shot"
         assert _ran(comm, lambda o=out: comm.all_reduce(x, out=o, algorithm="one_shot")) == algo
         _check(world, out, 0)
+
+
+@pytest.mark.parametrize(
+    "setting",
+    [{"collectives_algorithm": "one_shot"}, {"collectives_one_shot_max_nbytes": "64MiB"}],
+    ids=["algorithm", "one_shot_max_nbytes"],
+)
+def test_a_table_from_the_config_is_kept(setting: dict[str, Any]) -> None:
+    """One-shot asked for in the config (every call, or up to a size) stays one-shot: only
+    the measured table gives way to two-shot."""
+    world = shmem.init(CI_CONFIG, **setting)
+    comm = collectives.Communicator(world)
+    try:
+        want = "hierarchical" if world.num_nodes > 1 else "one_shot"
+        for salt in range(3):
+            x = _input(world, world.rank, salt)
+            out = np.empty_like(x)
+            assert _ran(comm, lambda x=x, o=out: comm.all_reduce(x, out=o)) == want, salt
+            _check(world, out, salt)
+    finally:
+        comm.close()
+        world.finalize()

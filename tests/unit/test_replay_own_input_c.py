@@ -235,26 +235,32 @@ def test_a_plan_called_every_other_call_still_times_both_ways() -> None:
 PROG = int(Flag.PROG)
 
 
-def broadcast_root(count: int) -> tuple[Any, np.ndarray[Any, Any], np.ndarray[Any, Any]]:
-    """A broadcast of ``count`` int32 elements from me (index 0), staged in chunks of 16 KiB,
-    with one reader: (replay, the reader's flags, my stage)."""
+def broadcast_root(
+    count: int, spin_ns: int = 2000
+) -> tuple[Any, np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+    """A broadcast of ``count`` int32 elements from me (index 0), staged in chunks of 16 KiB
+    (``spin_ns`` 0: a crowded node's, all at once), with one reader: (replay, the reader's
+    flags, my stage)."""
     mine, peer = np.zeros(16, np.int64), np.zeros(16, np.int64)
     stage = np.zeros(count, np.int32)
     rep = Replay(
         mine, (peer,), (mine, peer), stage, WORDS[0], READY, DONE, SRC, U8, 0, 4 * count,
-        2000, 1, 0, prog=PROG, chunk=16 << 10,
+        spin_ns, 1, 0, prog=PROG, chunk=16 << 10,
     )  # fmt: skip
     rep.set_inputs(WORDS[:2], [stage.view(np.uint8), np.zeros(4 * count, np.uint8)])
     peer[SRC] = WORDS[1]
     return rep, peer, stage
 
 
-@pytest.mark.parametrize("count", [4096, 40000])  # one chunk, and three (the last short)
-def test_a_broadcast_root_times_both_ways_until_its_reader_is_done(count: int) -> None:
-    """A broadcast's root writes its stage both ways in turn (chunk by chunk beyond one),
-    and times each run until its reader's DONE: the reader's copy is what the way changes.
-    The stage is right every run either way."""
-    rep, peer, stage = broadcast_root(count)
+@pytest.mark.parametrize("spin_ns", [2000, 0])
+@pytest.mark.parametrize("count", [4096, 40000])  # one chunk, and ten (the last short)
+def test_a_broadcast_root_times_both_ways_until_its_reader_is_done(
+    count: int, spin_ns: int
+) -> None:
+    """A broadcast's root writes its stage both ways in turn (chunk by chunk beyond one, on
+    a node with a core per rank), and times each run until its reader's DONE: the reader's
+    copy is what the way changes. The stage is right every run either way."""
+    rep, peer, stage = broadcast_root(count, spin_ns)
     rng = np.random.default_rng(1)
     for s in range(1, 18):
         peer[READY] = peer[DONE] = s  # (the reader's DONE already there: no wait)
