@@ -75,18 +75,24 @@ def choose(ch: Channel, algorithm: Algorithm | str, nbytes: int, where: str) -> 
 # below STREAM_MIN (from there one-shot's stage is written with streaming stores): one-shot
 # stages every byte on each rank and reduces all of them, two-shot stages half and reduces
 # half, one round more. 2 ranks, float32, the two in one job, one-shot -> two-shot x MPI:
-# 4 / 8 / 12 MiB 1.03-1.13 -> 1.23-1.38, 1.21-1.35 -> 1.36-1.64, 1.02 -> 1.18; an input new
-# every call 4 / 8 MiB 0.99 -> 1.07, 1.04 -> 1.16; 16 MiB 1.12-1.40 -> 1.16-1.31
-# (docs/benchmarks.md, "eleventh pass"). A symmetric input stays on one-shot (4 MiB 5.5 ->
-# 1.7: its peers read it where it is).
+# 4 / 8 / 12 MiB 0.92-1.13 -> 1.13-1.38, 1.04-1.35 -> 1.20-1.64, 1.02-1.29 -> 1.18-1.41
+# (Open MPI 0.88 -> 1.08, 1.24 -> 1.36, 1.28 -> 1.39); an input new every call 4 / 8 MiB
+# 0.99 -> 1.07, 1.04 -> 1.16; 16 MiB 1.12-1.40 -> 1.16-1.31 (docs/benchmarks.md, "eleventh
+# pass": less where each has its own scratch). A symmetric input stays on one-shot (4 MiB
+# 5.5 -> 1.7: its peers read it where it is).
 STAGED_TWO_SHOT = (NODE_PLAN_NBYTES, STREAM_MIN)
+# the calls of a size in a row that every rank staged before two-shot: 2, so that a program
+# alternating numpy and symmetric inputs of one size keeps one-shot for both (with 1 every
+# numpy call would run one-shot and every symmetric one two-shot, the worst of each)
+STAGED_CALLS = 2
 MAX_STAGED_SIZES = 64  # the sizes remembered (beyond, forgotten all at once)
 
 
 def staged_two_shot(ch: Channel, nbytes: int) -> bool:
     """Whether an ``"auto"`` all-reduce of ``nbytes`` runs two-shot where the table says
     one-shot: on a node of 2 ranks (not crowded), in :data:`STAGED_TWO_SHOT`, where every rank
-    staged its input in the last call of that size, and the table is the measured one (no
+    staged its input in the last :data:`STAGED_CALLS` calls of that size, and the table is the
+    measured one (no
     ``[collectives] algorithm`` or ``one_shot_max_nbytes`` in the config). Every rank decides
     from the same ``SRC`` words (:func:`remember_staged`), so all choose alike with nothing
     exchanged."""
@@ -98,20 +104,22 @@ def staged_two_shot(ch: Channel, nbytes: int) -> bool:
         and ch.world_size == 2
         and ch.num_nodes == 1
         and not ch.table.crowded
-        and ch.all_staged.get(nbytes, False)
+        and ch.all_staged.get(nbytes, 0) >= STAGED_CALLS
     )
 
 
 def remember_staged(ch: Channel, nbytes: int, words: list[int]) -> None:
-    """After ``READY``: whether every rank staged its input in this call of ``nbytes`` (its
-    ``SRC`` word my scratch's offset: the heap is symmetric), for :func:`staged_two_shot`."""
+    """After ``READY``: count this call of ``nbytes`` if every rank staged its input (its
+    ``SRC`` word my scratch's offset: the heap is symmetric), else start again from 0, for
+    :func:`staged_two_shot`."""
     low, high = STAGED_TWO_SHOT
     if not low < nbytes < high or ch.world_size != 2:
         return
     if nbytes not in ch.all_staged and len(ch.all_staged) >= MAX_STAGED_SIZES:
         ch.all_staged.clear()
     offset = ch.scratch_buf.offset
-    ch.all_staged[nbytes] = all(w >= 0 and w & OFFSET_MASK == offset for w in words)
+    staged = all(w >= 0 and w & OFFSET_MASK == offset for w in words)
+    ch.all_staged[nbytes] = ch.all_staged.get(nbytes, 0) + 1 if staged else 0
 
 
 def all_reduce(
@@ -281,7 +289,8 @@ def _one_shot(
         ch.world.heap.fence()
         ch.check_ready(None, "all_reduce", s)
     inputs = plan.sources(ch)
-    remember_staged(ch, xin.count * xin.dtype.itemsize, plan.offsets)
+    if lo == 0:  # (a call's first piece: calls are counted, not pieces)
+        remember_staged(ch, xin.count * xin.dtype.itemsize, plan.offsets)
     results = results_of(plan.offsets)
     if results is not None:  # a rank in place: every rank reduces its shard, once
         reduce_shards(
@@ -315,7 +324,8 @@ def _two_shot(
     words = [
         int(ch.my_flags[SRC] if r == ch.rank else ch.peer_flags[r][SRC]) for r in ch.local_peers
     ]
-    remember_staged(ch, xin.count * xin.dtype.itemsize, words)
+    if lo == 0:  # (a call's first piece: calls are counted, not pieces)
+        remember_staged(ch, xin.count * xin.dtype.itemsize, words)
     base = round_up((hi - lo) * xin.dtype.itemsize)
     reduce_shards(ch, s, inputs, dst, lo, base, op, acc, results_of(words))
 

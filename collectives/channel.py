@@ -209,9 +209,9 @@ class Channel:
         self.scratch_max = cfg.scratch_max_nbytes
         self.stage_views: dict[tuple[int, np.dtype[Any]], np.ndarray[Any, Any]] = {}
         self.stage_ways = StageWays()  # how each size of stage is written
-        # by an all-reduce's size: whether every rank staged its input the last time (every
-        # rank reads the same SRC words: collectives.allreduce.staged_two_shot)
-        self.all_staged: dict[int, bool] = {}
+        # by an all-reduce's size: its last calls in a row where every rank staged its input
+        # (every rank reads the same SRC words: collectives.allreduce.staged_two_shot)
+        self.all_staged: dict[int, int] = {}
         self.scratch_views: dict[int, np.ndarray[Any, Any]] = {}  # by rank (mine included)
         self.input_views: dict[tuple[int, int, int, np.dtype[Any]], np.ndarray[Any, Any]] = {}
         self.plans: OrderedDict[Hashable, Any] = OrderedDict()
