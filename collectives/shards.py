@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from .channel import OFFSET_MASK, Channel, Flag
-from .ops import CHUNK_BYTES, reduce_into
+from .ops import CHUNK_BYTES, reduce_into, stage_copy
 from .schedule import shard_bounds, shard_of
 
 __all__ = ["gather_shards", "reduce_shards", "results_of"]
@@ -58,32 +58,38 @@ def reduce_shards(
         end = base + (b - a) * dtype.itemsize
         mine = ch.scratch(end)[base:end].view(dtype)
     sources = [inp[a:b] for inp in inputs]
+    # in place, my shard of x and the shards I copy into it are read by my peers next from
+    # where I wrote them: written with streaming stores where that is faster (each size
+    # timed both ways now and then: collectives.stage_way, to my DONE)
+    stream = in_place and ch.stage_ways.way(mine.nbytes, key="shards")
     # x in place: the expression ((s0 op s1) op s2) ... writes out before it reads s2 (out
     # being s0 or s1 is safe, elementwise)
-    if in_place and ch.local_index >= 2:
-        _reduce_over_a_source(mine, sources, op, acc, ch.world_size)
+    if stream or (in_place and ch.local_index >= 2):
+        _reduce_aside(mine, sources, op, acc, ch.world_size, stream)
     else:
         reduce_into(mine, sources, op, acc, avg_count=ch.world_size)
-    gather_shards(ch, s, dst, lo, count, base, dtype, results)
+    gather_shards(ch, s, dst, lo, count, base, dtype, results, stream)
 
 
-def _reduce_over_a_source(
+def _reduce_aside(
     out: np.ndarray[Any, Any],
     sources: list[np.ndarray[Any, Any]],
     op: str,
     acc: np.dtype[Any],
     avg_count: int,
+    stream: bool,
 ) -> None:
-    """:func:`ops.reduce_into` where ``out`` is one of the later ``sources`` (my shard of x
-    in place): each cache-sized chunk reduced aside first, since the rank-order expression
-    would overwrite that source before reading it; then copied (from the cache) into
-    ``out``."""
+    """:func:`ops.reduce_into` chunk by chunk through a cache-sized block, then copied (from
+    the cache) into ``out``, with streaming stores where ``stream``: where ``out`` is one of
+    the later ``sources`` (my shard of x in place, the rank-order expression would overwrite
+    that source before reading it), or is to be written to memory. Elementwise, so the same
+    bits."""
     step = max(1, CHUNK_BYTES // acc.itemsize)
     tmp = np.empty(min(step, out.shape[0]), out.dtype)
     for lo in range(0, out.shape[0], step):
         hi = min(lo + step, out.shape[0])
         reduce_into(tmp[: hi - lo], [x[lo:hi] for x in sources], op, acc, avg_count)
-        np.copyto(out[lo:hi], tmp[: hi - lo])
+        stage_copy(out[lo:hi], tmp[: hi - lo], stream)
 
 
 def gather_shards(
@@ -95,12 +101,13 @@ def gather_shards(
     base: int,
     dtype: np.dtype[Any],
     results: list[int] | None = None,
+    stream: bool = False,
 ) -> None:
     """Publish my reduced shard (``SHARD``), then copy every owner's shard, in order, from
     where it put it (``results``: :func:`results_of`'s heap offsets of the ranks in place;
     None or -1: its scratch at ``base``) into ``dst[lo:lo + count]`` (the all-gather half of
-    two-shot). Where my own result is on the heap, wait for every peer's ``DONE``: they copy
-    my shard from it."""
+    two-shot; ``stream``: with streaming stores). Where my own result is on the heap, wait
+    for every peer's ``DONE``: they copy my shard from it."""
     ch.post(SHARD, s)
     ch.wait_peers(SHARD, s, "all_reduce")  # every shard done: no one reads inputs any more
     bounds = shard_bounds(count, len(ch.local_peers))
@@ -113,7 +120,7 @@ def gather_shards(
             continue  # (reduced where it belongs)
         else:
             src = ch.peer_at(q, at + qa * isz, qb - qa, dtype)
-        np.copyto(dst[lo + qa : lo + qb], src)
+        stage_copy(dst[lo + qa : lo + qb], src, stream)
     ch.post(DONE, s)
     if results is not None and results[ch.local_index] >= 0:
         ch.wait_peers(DONE, s, "all_reduce")  # the caller owns its result again

@@ -13,7 +13,10 @@ is below :data:`STREAM_MARGIN` of memcpy's. A first window left without times (t
 raised) is followed by another :data:`RETRY_AFTER` calls later. Stages of less than
 :data:`ADAPT_MIN` bytes are always copied; from :data:`collectives.ops.STREAM_MIN` always
 streamed; a broadcast's root (whose readers' copies a time to its own ``DONE`` would not
-see) copies below that too. Each rank chooses for itself: nothing here is agreed.
+see) copies below that too. An in-place all-reduce's results (``key="shards"``: my reduced
+shard of x and the shards I copy into it, which my peers read next) are chosen the same
+way, apart, at every size from :data:`ADAPT_MIN` (``collectives.shards``). Each rank
+chooses for itself: nothing here is agreed.
 """
 
 from __future__ import annotations
@@ -57,24 +60,27 @@ class StageWays:
     """A channel's choice of how to write each size of stage (the module's rules)."""
 
     def __init__(self) -> None:
-        self.sizes: dict[int, _Size] = {}
+        self.sizes: dict[tuple[str, int], _Size] = {}  # by (key, nbytes)
         # the timed call in progress: (its size, its way, its start in ns), or None
         self.timing: tuple[_Size, int, int] | None = None
 
-    def way(self, nbytes: int, timed: bool = True) -> bool:
+    def way(self, nbytes: int, timed: bool = True, key: str = "") -> bool:
         """Whether a stage of ``nbytes`` is written with streaming stores in this call (and,
         in an exploring window, start timing it). ``timed``: False for a stage whose readers'
-        copies this rank's ``DONE`` does not wait for (a broadcast's root)."""
+        copies this rank's ``DONE`` does not wait for (a broadcast's root). ``key``: another
+        kind of write chosen apart (``"shards"``: an in-place all-reduce's results), timed
+        both ways at every size from :data:`ADAPT_MIN` (streaming never taken for granted)."""
         self.timing = None
-        if nbytes >= ops.STREAM_MIN:  # (read each call: a test may move it)
+        if not key and nbytes >= ops.STREAM_MIN:  # (read each call: a test may move it)
             return ops.stream_copy_available()
         if nbytes < ADAPT_MIN or not timed or not ops.stream_copy_available():
             return False
-        size = self.sizes.get(nbytes)
+        at = (key, nbytes)
+        size = self.sizes.get(at)
         if size is None:
             if len(self.sizes) >= MAX_SIZES:
                 self.sizes.clear()
-            size = self.sizes[nbytes] = _Size()
+            size = self.sizes[at] = _Size()
         k = size.runs % EXPLORE_EVERY
         size.runs += 1
         half = EXPLORE_CALLS // 2
@@ -102,10 +108,12 @@ class StageWays:
             if len(size.ns[way]) < EXPLORE_CALLS // 2:
                 size.ns[way].append(time.perf_counter_ns() - start)
 
-    def staging(self, nbytes: int) -> tuple[bool, int, int]:
-        """(streamed, calls, streamed_calls) for stages of ``nbytes``: the way chosen now and
-        the calls timed each way since the last choice (the C replay's ``staging()``)."""
-        size = self.sizes.get(nbytes)
+    def staging(self, nbytes: int, key: str = "") -> tuple[bool, int, int]:
+        """(streamed, calls, streamed_calls) for stages of ``nbytes`` (of ``key``): the way
+        chosen now and the calls timed each way since the last choice (the C replay's
+        ``staging()``)."""
+        size = self.sizes.get((key, nbytes))
         if size is None:
-            return (nbytes >= ops.STREAM_MIN and ops.stream_copy_available(), 0, 0)
+            streamed = not key and nbytes >= ops.STREAM_MIN and ops.stream_copy_available()
+            return (streamed, 0, 0)
         return (size.streamed, len(size.ns[0]), len(size.ns[1]))

@@ -306,6 +306,47 @@ def test_large_in_place_shares_the_work_and_matches_every_form(
                 assert got.tobytes() == want.tobytes(), (trial, form)
 
 
+@pytest.mark.parametrize(
+    ("name", "op"), [("float32", "sum"), ("bfloat16", "avg"), ("int64", "max")]
+)
+def test_large_in_place_with_streaming_stores_gives_the_same_bits(
+    world: World, comm: Any, name: str, op: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In place shard by shard, the results written with streaming stores (the way
+    ``collectives.stage_way`` may choose, forced here for every shard): the reduced shard
+    chunk by chunk through a block, the gathered shards copied with ``stream_copy``. The
+    bits are the numpy form's, an odd count (unequal shards) included."""
+    import collectives.ops
+    from collectives.stage_way import StageWays
+
+    real_copy = collectives.ops._c_stream_copy
+    if real_copy is None:
+        pytest.skip("the C extension is not built")
+    real_way = StageWays.way
+    streamed: list[int] = []
+
+    def spy(dst: Any, src: Any) -> None:
+        streamed.append(dst.nbytes)
+        real_copy(dst, src)
+
+    def way(self: StageWays, nbytes: int, timed: bool = True, key: str = "") -> bool:
+        return True if key == "shards" else real_way(self, nbytes, timed, key)
+
+    monkeypatch.setattr(collectives.ops, "_c_stream_copy", spy)
+    monkeypatch.setattr(StageWays, "way", way)
+    count = SHARE_MIN // np.dtype(SUPPORTED_DTYPES[name]).itemsize + 7
+    for trial in range(2):
+        x = make_input(name, op, count, seed=11 * world.rank + trial)
+        want = comm.all_reduce(x, op=op)  # staged: no shards
+        before = len(streamed)
+        with world.zeros(count, name) as sym:
+            sym.local()[...] = x
+            comm.all_reduce(sym, op=op, out=sym)
+            assert np.asarray(sym.local()).tobytes() == want.tobytes(), trial
+        if world.num_nodes == 1 and world.world_size > 1:
+            assert len(streamed) > before, trial  # my shard and the others' were streamed
+
+
 def test_in_place_in_pieces_beyond_scratch_capacity(world: World, comm: Any) -> None:
     """In place, larger than the scratch (ci.toml: 16 MiB): every piece a call of its own,
     each publishing where its part of x sits; exact (small integers)."""

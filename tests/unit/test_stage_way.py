@@ -106,3 +106,16 @@ def test_sizes_are_chosen_apart_and_forgotten_beyond_the_limit(clock: list[int])
     for k in range(stage_way.MAX_SIZES):
         ways.way(ADAPT_MIN + k)
     assert len(ways.sizes) <= stage_way.MAX_SIZES
+
+
+def test_a_keyed_write_is_timed_at_every_size(clock: list[int]) -> None:
+    """A kind of write chosen apart (an in-place all-reduce's shards) is explored from
+    ADAPT_MIN at every size, 16 MiB and more too (streaming never taken for granted), apart
+    from a stage of the same size."""
+    ways = StageWays()
+    big = ops.STREAM_MIN
+    seen = [ways.way(big, key="shards") for _ in range(EXPLORE_CALLS)]
+    assert seen == [False] * (EXPLORE_CALLS // 2) + [True] * (EXPLORE_CALLS // 2)
+    assert ways.way(big)  # a stage that large: streamed
+    assert ways.staging(big, "shards")[1:] == (0, 0)  # (nothing timed: no DONE came)
+    assert not ways.way(ADAPT_MIN - 1, key="shards")
