@@ -306,16 +306,19 @@ def test_large_in_place_shares_the_work_and_matches_every_form(
                 assert got.tobytes() == want.tobytes(), (trial, form)
 
 
+@pytest.mark.parametrize("where", ["plan", "general"])
 @pytest.mark.parametrize(
     ("name", "op"), [("float32", "sum"), ("bfloat16", "avg"), ("int64", "max")]
 )
 def test_large_in_place_with_streaming_stores_gives_the_same_bits(
-    world: World, comm: Any, name: str, op: str, monkeypatch: pytest.MonkeyPatch
+    world: World, comm: Any, name: str, op: str, where: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """In place shard by shard, the results written with streaming stores (the way
     ``collectives.stage_way`` may choose, forced here for every shard): the reduced shard
     chunk by chunk through a block, the gathered shards copied with ``stream_copy``. The
-    bits are the numpy form's, an odd count (unequal shards) included."""
+    bits are the numpy form's, an odd count (unequal shards) included, from the cached plan
+    (just above SHARE_MIN) and from the general route (above the plans, 3 MiB: several
+    chunks)."""
     import collectives.ops
     from collectives.stage_way import StageWays
 
@@ -334,7 +337,9 @@ def test_large_in_place_with_streaming_stores_gives_the_same_bits(
 
     monkeypatch.setattr(collectives.ops, "_c_stream_copy", spy)
     monkeypatch.setattr(StageWays, "way", way)
-    count = SHARE_MIN // np.dtype(SUPPORTED_DTYPES[name]).itemsize + 7
+    isz = np.dtype(SUPPORTED_DTYPES[name]).itemsize
+    count = (SHARE_MIN if where == "plan" else 3 << 20) // isz + 7
+    p = world.world_size
     for trial in range(2):
         x = make_input(name, op, count, seed=11 * world.rank + trial)
         want = comm.all_reduce(x, op=op)  # staged: no shards
@@ -343,8 +348,12 @@ def test_large_in_place_with_streaming_stores_gives_the_same_bits(
             sym.local()[...] = x
             comm.all_reduce(sym, op=op, out=sym)
             assert np.asarray(sym.local()).tobytes() == want.tobytes(), trial
-        if world.num_nodes == 1 and world.world_size > 1:
-            assert len(streamed) > before, trial  # my shard and the others' were streamed
+        if world.num_nodes == 1 and p > 1:  # my shard (chunk by chunk), then the p - 1 others
+            from collectives.schedule import shard_of
+
+            a, b = shard_of(count, p, world.local_rank)
+            chunks = -(-(b - a) * max(isz, 4) // collectives.ops.CHUNK_BYTES)  # (acc >= 4 B)
+            assert len(streamed) - before >= chunks + p - 1, trial
 
 
 def test_in_place_in_pieces_beyond_scratch_capacity(world: World, comm: Any) -> None:

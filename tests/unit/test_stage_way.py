@@ -114,8 +114,15 @@ def test_a_keyed_write_is_timed_at_every_size(clock: list[int]) -> None:
     from a stage of the same size."""
     ways = StageWays()
     big = ops.STREAM_MIN
-    seen = [ways.way(big, key="shards") for _ in range(EXPLORE_CALLS)]
+    seen = []
+    for _ in range(EXPLORE_CALLS):
+        seen.append(ways.way(big, key="shards"))
+        clock[0] += 1000 if seen[-1] else 500  # streaming slower here
+        ways.done()
     assert seen == [False] * (EXPLORE_CALLS // 2) + [True] * (EXPLORE_CALLS // 2)
-    assert ways.way(big)  # a stage that large: streamed
-    assert ways.staging(big, "shards")[1:] == (0, 0)  # (nothing timed: no DONE came)
+    timed = EXPLORE_CALLS // 2 - SETTLE_CALLS
+    assert ways.staging(big, "shards") == (False, timed, timed)
+    assert ways.way(big)  # a stage that large: streamed, and not from the keyed table
+    assert list(ways.sizes) == [("shards", big)]
+    assert not ways.way(big, key="shards")  # the window's end: memcpy, the faster
     assert not ways.way(ADAPT_MIN - 1, key="shards")
