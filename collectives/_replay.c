@@ -631,6 +631,14 @@ static int64_t median_ns(int64_t *t, int64_t n) {
     return t[(n - 1) / 2];
 }
 
+/* n bytes of my input into my stage, the way stage_way chose (1: streaming stores, fenced) */
+static inline void write_stage(int way, char *d, const char *src, size_t n) {
+    if (way)
+        copy_streaming(d, src, n);
+    else
+        memcpy(d, src, n);
+}
+
 /* the way this staged run writes its stage (1: streaming stores), and whether it is timed */
 static int stage_way(Replay *self, int *timed) {
     *timed = 0;
@@ -725,10 +733,8 @@ static int replay_once(Replay *self, int64_t s, PyObject *xobj, int64_t shm_word
         store_release(self->mine + self->ready, s);
         for (Py_ssize_t c = 0; c < nchunks; c++) {
             Py_ssize_t at = c * chunk, len = self->nbytes - at < chunk ? self->nbytes - at : chunk;
-            if (way) /* (each chunk's streaming stores fenced before its PROG) */
-                copy_streaming(self->stage + at, xsrc + at, (size_t)len);
-            else
-                memcpy(self->stage + at, xsrc + at, (size_t)len);
+            /* (each chunk's streaming stores fenced before its PROG) */
+            write_stage(way, self->stage + at, xsrc + at, (size_t)len);
             store_release(self->mine + self->prog, c + 1);
         }
     } else {
@@ -736,10 +742,7 @@ static int replay_once(Replay *self, int64_t s, PyObject *xobj, int64_t shm_word
             if (read) {
                 way = stage_way(self, &timed);
                 t0 = timed ? now_ns() : 0;
-                if (way)
-                    copy_streaming(self->stage, xsrc, (size_t)self->nbytes);
-                else
-                    memcpy(self->stage, xsrc, (size_t)self->nbytes);
+                write_stage(way, self->stage, xsrc, (size_t)self->nbytes);
             }
             self->mine[self->src] = self->stage_word;
         } else {

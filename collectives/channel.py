@@ -87,10 +87,8 @@ class Flag(enum.IntEnum):
     # call (collectives.family.STAGE_CHUNK each; 0 before READY, counted after it)
 
 
-_DONE = int(Flag.DONE)  # (post's test, without the enum's attribute lookup)
-
-
 _READY = int(Flag.READY)
+_DONE = int(Flag.DONE)  # (post's test, without the enum's attribute lookup)
 OFFSET_BITS = 40  # SRC: the heap offset in the low bits, a tag of the call's signature above
 OFFSET_MASK = (1 << OFFSET_BITS) - 1
 TAG_BITS = 0x7FFFFF << OFFSET_BITS  # the call's tag (source_tag) in the SRC word
