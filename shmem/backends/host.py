@@ -181,7 +181,6 @@ class HostHeap(HostAtomics):
         # may ask for any power of two up to it (shmem_align)
         self.max_alignment = max(self.alignment, mmap.PAGESIZE)
         self.timeout_s = timeout_s
-        self._comm = comm
         # remote atomics and signals that passed their deadline (mpi4py Requests, or
         # shmem._rmafast Pendings: both have Test and Wait)
         self._pending: list[Any] = []  # requests a deadline gave up on (progress tests them)
@@ -249,6 +248,16 @@ class HostHeap(HostAtomics):
                 stack.callback(self._rma_win.Free)
                 self._rma_win.Lock_all(MPI.MODE_NOCHECK)
                 stack.callback(self._rma_win.Unlock_all)
+            # the communicator whose MPI_Iprobe drives MPI's progress while this rank waits
+            # (progress(), the C spin and barrier): one no message is ever sent on. An
+            # Iprobe that finds a message waiting returns without progressing anything, on
+            # MPICH and Open MPI alike: probed on ``comm``, one message of the program's own
+            # left unreceived there stalled every signal to this rank, and a barrier after
+            # a user's exchange hung (tests/mpi/test_progress_comm.py)
+            self._progress_comm: MPI.Intracomm | None = None
+            if self._rma_win is not None:
+                self._progress_comm = comm.Dup()
+                stack.callback(self._progress_comm.Free)
             stack.pop_all()
         self._base_address = int(self._slab.ctypes.data)
         self._bases = [int(slab.ctypes.data) for slab in self._slabs]
@@ -346,16 +355,15 @@ class HostHeap(HostAtomics):
             peer = self._bases[lr] + word + 8 * k if lr >= 0 else 0
             rounds.append((peer, dst, slots + k, self._base_address + word + 8 * k))
             distance, k = distance * 2, k + 1
-        comm = self._comm if self._rma_win is not None else None
-        barrier = rma_accel.barrier(rounds, signaller, comm)
+        barrier = rma_accel.barrier(rounds, signaller, self._progress_comm)
         if barrier is not None:
             self._accel.add(barrier)  # cleared when the memory goes (close)
         return barrier
 
     def rma_spinner(self) -> Any:
-        if self._rma_win is None:
+        if self._progress_comm is None:
             return None
-        return rma_accel.spinner(self._comm)
+        return rma_accel.spinner(self._progress_comm)
 
     def complete_signals(self, timeout_s: float | None = None) -> None:
         pending = self._inflight
@@ -539,8 +547,8 @@ class HostHeap(HostAtomics):
             self._rma_win.Sync()
 
     def progress(self) -> None:
-        if self._rma_win is not None:
-            self._comm.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG)
+        if self._progress_comm is not None:
+            self._progress_comm.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG)
             if self._inflight is not None:
                 self._inflight()  # tests the signal in flight (forgotten once complete)
             if self._pending:
@@ -576,6 +584,9 @@ class HostHeap(HostAtomics):
                 self._rma_win.Unlock_all()
                 self._rma_win.Free()
             self._rma_win = None
+        if self._progress_comm is not None:
+            self._progress_comm.Free()
+            self._progress_comm = None
         self._shm_win.Unlock_all()
         self._shm_win.Free()
         _fill_holes(self._ranges)

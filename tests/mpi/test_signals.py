@@ -6,6 +6,7 @@ import time
 
 import numpy as np
 import pytest
+from mpi4py import MPI
 
 from shmem import World
 from shmem.errors import ArgumentError, SignalTimeoutError
@@ -165,4 +166,49 @@ def test_pad_slots_are_unsigned_64_bit_words_on_every_path(world: World) -> None
     world.barrier()
     for slot in (3, 4, 5):
         world.signal(world.rank, slot, 0)
+    world.barrier()
+
+
+def test_barrier_while_a_program_message_waits(world: World) -> None:
+    """A message of the program's own, on ``world.comm``, not yet received while its target
+    is in a barrier (then after a barrier, an exchange of the program's own, 50 times):
+    the barrier's waits still drive MPI's progress. An ``MPI_Iprobe`` on a communicator
+    where a message waits returns without progressing anything; probed on ``world.comm``,
+    the signals to a rank on another node stalled and the barrier hung
+    (``SHMEM_HEAP_NODE_SPLIT=rank``, MPICH and Open MPI)."""
+    comm, size, rank = world.comm, world.world_size, world.rank
+    right, left = (rank + 1) % size, (rank - 1) % size
+    sent = np.full(256, rank, np.int64)
+    got = np.empty_like(sent)
+    for _ in range(3):
+        req = comm.Isend(sent, dest=right, tag=77)  # received only after the barrier
+        world.barrier(timeout=20)
+        comm.Recv(got, source=left, tag=77)
+        req.Wait()
+        assert (got == left).all()
+    rows = np.empty((size, 256), np.int64)
+    for i in range(50):
+        world.barrier(timeout=20)
+        others = [k for k in range(size) if k != rank]
+        reqs = [comm.Irecv(rows[k], source=k, tag=78) for k in others]
+        reqs += [comm.Isend(sent + i, dest=k, tag=78) for k in others]
+        MPI.Request.Waitall(reqs)
+        assert all((rows[k] == k + i).all() for k in others)
+
+
+def test_signal_wait_while_a_program_message_waits(world: World) -> None:
+    """A signal to a rank waiting with a message of the program's own unreceived on
+    ``world.comm`` arrives (the wait's progress probes a communicator of its own)."""
+    comm, size, rank = world.comm, world.world_size, world.rank
+    right, left = (rank + 1) % size, (rank - 1) % size
+    base = world.signals.read(12)
+    world.barrier()
+    req = comm.Isend(np.full(8, rank, np.int64), dest=right, tag=79)
+    time.sleep(0.05)  # the message is there before the wait starts
+    world.signal(right, 12, 1, op="add")
+    world.wait_until(12, "ge", base + 1, timeout=20)
+    got = np.empty(8, np.int64)
+    comm.Recv(got, source=left, tag=79)
+    req.Wait()
+    assert (got == left).all()
     world.barrier()
