@@ -253,7 +253,7 @@ class HostHeap(HostAtomics):
             # Iprobe that finds a message waiting returns without progressing anything, on
             # MPICH and Open MPI alike: probed on ``comm``, one message of the program's own
             # left unreceived there stalled every signal to this rank, and a barrier after
-            # a user's exchange hung (tests/mpi/test_progress_comm.py)
+            # a user's exchange hung (tests/mpi/test_signals.py, "program_message")
             self._progress_comm: MPI.Intracomm | None = None
             if self._rma_win is not None:
                 self._progress_comm = comm.Dup()
