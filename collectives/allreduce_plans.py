@@ -10,15 +10,16 @@ makes them on a shape's first call, and the host engine's fast path replays them
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 import numpy as np
+from mpi4py import MPI
 
 from shmem import SHMEMBuffer
 from shmem.errors import CollectiveMismatchError, PeerFailedError
 
 from .channel import Channel, Flag
-from .cross import reduce_across
+from .cross import PeerReduce, peer_reduce_fits, reduce_across
 from .operand import Operand
 from .ops import canonical_padding, divide_by_count, int_avg, reduce_into, ufunc_of, widen
 from .replay import TINY_NBYTES, ReplayPlan, c_reduce_codes, cached_plan, round_up
@@ -26,11 +27,9 @@ from .shards import reduce_shards, results_of
 from .signature import collective_of
 from .signed import abandon_gather, abandoned, persistent_gather
 
-if TYPE_CHECKING:
-    from mpi4py import MPI
-
 __all__ = [
     "ALONE_GATHER_MAX_SENT",
+    "ALONE_GATHER_MAX_SENT_MANY",
     "NODE_PLAN_NBYTES",
     "SHARE_MIN",
     "AcrossPlan",
@@ -185,19 +184,24 @@ SHARE_MIN = 256 << 10
 
 # Between nodes of one rank each, the cached plan sends every member's whole input to every
 # other (one round, the signature with the data: NodesPlan) up to this many bytes sent per
-# member; beyond, the reduce-scatter + all-gather (two rounds, 2 (n - 1) / n of the vector:
-# AcrossPlan). 2 simulated nodes, mpi4py alone, at 64 KiB / 256 KiB / 1 MiB / 4 MiB: one
-# round 38 / 74 / 230 / 1496 us, two rounds 60 / 88 / 221 / 1266 us on MPICH; 79 / 131 /
-# 311 / 1433 us and 67 / 177 / 346 / 1352 us on Open MPI (tcp).
-ALONE_GATHER_MAX_SENT = 1 << 20
+# member; beyond, the reduce-scatter + all-gather (two rounds, 2 (n - 1) / n of the vector,
+# persistent requests: AcrossPlan). Simulated nodes on the 2-core VM, MPICH, numpy input, x
+# MPI_Allreduce, one round / two rounds, both in one job: 2 nodes 640 KiB 1.13 / 1.05,
+# 768 KiB 1.26 / 1.09, 1 MiB 0.83 / 1.11; 3 nodes 192 KiB 1.21 / 1.13, 256 KiB 1.01 / 1.04,
+# 384 KiB 1.15 / 1.43; 4 nodes 128 KiB 0.75 / 0.63, 160 KiB 0.83 / 0.87, 192 KiB 0.85 /
+# 0.99, 256 KiB 0.67 / 0.76. So 768 KiB sent at 2 nodes, 512 KiB from 3 on.
+ALONE_GATHER_MAX_SENT = 768 << 10
+ALONE_GATHER_MAX_SENT_MANY = 512 << 10
 
 
 def whole_gather_limit(ch: Channel) -> int:
     """The bytes up to which a small all-reduce runs from a cached plan that moves whole
     inputs (:class:`TinyPlan` on one node, :class:`NodesPlan` across nodes): more between
-    nodes of one rank each (:data:`ALONE_GATHER_MAX_SENT`), the same on every rank."""
+    nodes of one rank each (:data:`ALONE_GATHER_MAX_SENT`, from 3 nodes on
+    :data:`ALONE_GATHER_MAX_SENT_MANY`), the same on every rank."""
     if ch.num_nodes > 1 and ch.uniform_nodes and len(ch.local_peers) == 1:
-        return max(TINY_NBYTES, ALONE_GATHER_MAX_SENT // (ch.num_nodes - 1))
+        sent = ALONE_GATHER_MAX_SENT if ch.num_nodes == 2 else ALONE_GATHER_MAX_SENT_MANY
+        return max(TINY_NBYTES, sent // (ch.num_nodes - 1))
     return TINY_NBYTES
 
 
@@ -416,11 +420,41 @@ class AcrossPlan:
         self.closed = False
         self.shm: SHMEMBuffer | None = None  # the last symmetric input (the engine asks)
         self.shm_view: tuple[SHMEMBuffer, np.ndarray[Any, Any]] | None = None
+        members, isz = self.cross.Get_size(), dtype.itemsize
+        self.persistent = [peer_reduce_fits(members, hi - lo, isz) for lo, hi in pieces]
+        self.peers: list[PeerReduce | None] = [None] * len(pieces)
+        self.seen: list[tuple[int, int] | None] = [None] * len(pieces)
 
     def close(self) -> None:
         """Dropped from the cache: a reference kept elsewhere is looked up again."""
         self.closed = True
         self.auto = False
+        for peer in self.peers:
+            if peer is not None:
+                peer.close()
+        self.peers = [None] * len(self.pieces)
+
+    def _peer(
+        self, i: int, src: np.ndarray[Any, Any], dst: np.ndarray[Any, Any]
+    ) -> PeerReduce | None:
+        """Piece ``i``'s persistent exchange for these arrays, or None (its exchange is made
+        per call): made on the second call in a row with the same arrays, so a program
+        that passes new arrays every call makes its requests once a call, as before."""
+        peer = self.peers[i]
+        if peer is not None and peer.fits(src, dst):
+            return peer
+        if not self.persistent[i] or not (src.flags.c_contiguous and dst.flags.c_contiguous):
+            return None
+        key = (MPI.buffer(src).address, MPI.buffer(dst).address)
+        if self.seen[i] != key:
+            self.seen[i] = key
+            return None
+        if key[0] != key[1] and np.may_share_memory(src, dst):
+            return None  # (an out= overlapping the input elsewhere: the general exchange)
+        if peer is not None:
+            peer.close()  # (a busy one frees nothing: its requests stay pending)
+        peer = self.peers[i] = PeerReduce(self.cross, self.signature, src, dst)
+        return peer
 
     def run(
         self,
@@ -441,7 +475,12 @@ class AcrossPlan:
         def abandon(exc: BaseException) -> None:  # the other nodes wait: tell them, at once
             abandon_gather(ch, cross, 0, "all_reduce", exc)
 
-        for lo, hi in self.pieces:
+        for i, (lo, hi) in enumerate(self.pieces):
             s = ch.begin("all_reduce", abandon)
-            reduce_across(ch, cross, x[lo:hi], dst[lo:hi], op, acc, size, "all_reduce")
+            src, target = x[lo:hi], dst[lo:hi]
+            peer = self._peer(i, src, target)
+            if peer is not None:
+                peer.run(ch, src, target, op, acc, size, "all_reduce")
+            else:
+                reduce_across(ch, cross, src, target, op, acc, size, "all_reduce")
             ch.post(DONE, s)

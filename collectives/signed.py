@@ -59,6 +59,8 @@ __all__ = [
     "ABANDONED",
     "ABANDONED_MISMATCH",
     "P2P_MAX_MEMBERS",
+    "P2P_TRUNCATION_REPORTED",
+    "SIG_TAG",
     "SMALL_BLOCK",
     "AllOf",
     "P2PHost",
@@ -366,7 +368,12 @@ class AllOf:
         return bool(MPI.Request.Testall(self.reqs))
 
 
-def wait_all(host: SignedHost, reqs: list[MPI.Request], what: str, keep: object = None) -> None:
+def wait_all(
+    host: SignedHost,
+    reqs: list[MPI.Request] | list[MPI.Prequest],
+    what: str,
+    keep: object = None,
+) -> None:
     """``host.mpi_wait`` for several requests (the point-to-point messages of one exchange)."""
     if reqs:
         host.mpi_wait(AllOf(reqs), what, keep)  # type: ignore[arg-type]
@@ -384,7 +391,7 @@ def abandon_gather(
         gather_rows(host, comm, block, what, "member", False)
 
 
-_SIG_TAG = 0x5C0  # signed_p2p's signature messages
+SIG_TAG = 0x5C0  # signed_p2p's signature messages
 
 
 def signed_p2p(
@@ -413,7 +420,7 @@ def signed_p2p(
     # the signatures go to every member point to point too (8 bytes, a tag of their own: a
     # round trip where MPI's non-blocking all-gather of 8 bytes took several here)
     others = [k for k in range(n) if k != me]
-    sig_reqs = [comm.Irecv([rows[k], MPI.BYTE], source=k, tag=_SIG_TAG) for k in others]
+    sig_reqs = [comm.Irecv([rows[k], MPI.BYTE], source=k, tag=SIG_TAG) for k in others]
     reqs: list[MPI.Request] = []
     # the data moves with the signatures, where a truncated message is a clean error
     # (MPICH); elsewhere only once they agree (Open MPI corrupted its heap on a truncated
@@ -422,7 +429,7 @@ def signed_p2p(
     early = P2P_TRUNCATION_REPORTED
     if early:
         reqs.extend(comm.Irecv([buf, MPI.BYTE], source=k, tag=tag) for k, buf in recvs)
-    sig_reqs += [comm.Isend([block, MPI.BYTE], dest=k, tag=_SIG_TAG) for k in others]
+    sig_reqs += [comm.Isend([block, MPI.BYTE], dest=k, tag=SIG_TAG) for k in others]
 
     def post() -> None:
         if not early:

@@ -1,0 +1,132 @@
+"""The large all-reduce across nodes of one rank each on persistent requests (issue 44,
+point 2): :class:`collectives.cross.PeerReduce`, made by the cached
+:class:`~collectives.allreduce_plans.AcrossPlan` on the second call in a row with the same
+arrays. Every call still reads its input's current contents and gives the general path's
+result bit for bit, whatever the arrays do between calls (the same, alternating, new ones,
+in place, symmetric); and a peer in another call raises on every rank."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+import collectives
+import shmem
+from collectives.allreduce_plans import AcrossPlan, whole_gather_limit
+from collectives.cross import PeerReduce, peer_reduce_fits
+from shmem.errors import CollectiveMismatchError
+
+pytestmark = pytest.mark.mpi
+
+
+@pytest.fixture
+def across() -> Iterator[tuple[Any, Any, int]]:
+    """A World, its Communicator and a float32 count just above the one-round plan's limit
+    (so an AcrossPlan whose piece takes a PeerReduce), on nodes of one rank each."""
+    world = shmem.init(heap_nbytes="32MiB", signal_timeout_s=10.0)
+    comm = collectives.Communicator(world)
+    try:
+        ch = comm.host_channel
+        if ch is None or ch.num_nodes == 1 or len(ch.local_peers) != 1 or not ch.uniform_nodes:
+            pytest.skip("needs nodes of one rank each (SHMEM_HEAP_NODE_SPLIT=rank)")
+        count = whole_gather_limit(ch) // 4 + 1001  # (odd: pieces of different lengths)
+        if not peer_reduce_fits(world.world_size, count, 4):
+            pytest.skip("pieces beyond the point-to-point all-gather's (2 nodes)")
+        yield world, comm, count
+    finally:
+        comm._closed = True  # (a mismatch leaves it unusable on purpose)
+        world._abandon()
+        from mpi4py import MPI
+
+        MPI.COMM_WORLD.Barrier()
+
+
+def _data(rank: int, count: int, salt: int) -> np.ndarray[Any, Any]:
+    rng = np.random.default_rng(1000 * salt + rank)
+    return rng.standard_normal(count).astype(np.float32)
+
+
+def _want(p: int, count: int, salt: int) -> np.ndarray[Any, Any]:
+    """The sum in rank order, rounded to float32 at every step (the library's order)."""
+    acc = _data(0, count, salt)
+    for q in range(1, p):
+        acc = acc + _data(q, count, salt)
+    return acc
+
+
+def _plan(comm: Any, count: int) -> AcrossPlan:
+    plan = comm.host_channel.plans[(count, np.dtype(np.float32), "sum")]
+    assert isinstance(plan, AcrossPlan), plan
+    return plan
+
+
+def test_the_same_arrays_keep_their_requests(across: tuple[Any, Any, int]) -> None:
+    """numpy in, numpy ``out=``: the requests are made on the second call with the same
+    arrays (the first, the general path's, runs the new plan once) and started from then
+    on, every call with its input's new contents."""
+    world, comm, count = across
+    p, r = world.world_size, world.rank
+    x, out = np.empty(count, np.float32), np.empty(count, np.float32)
+    made = []
+    for salt in range(5):
+        x[...] = _data(r, count, salt)
+        comm.all_reduce(x, out=out)
+        assert out.tobytes() == _want(p, count, salt).tobytes(), salt
+        peer = _plan(comm, count).peers[0]
+        made.append(peer)
+    assert made[0] is None  # (the general path: it makes the plan and runs it once)
+    assert isinstance(made[1], PeerReduce) and all(m is made[1] for m in made[1:])
+    assert made[1].fits(x, out) and not made[1].busy
+
+
+@pytest.mark.parametrize("form", ["alternating", "new", "in_place", "symmetric", "sym_in_place"])
+def test_every_form_gives_the_general_paths_result(across: tuple[Any, Any, int], form: str) -> None:
+    """Arrays that change between calls never meet requests made for others: alternating
+    inputs, new arrays each call, in place (a copy of my piece before it is overwritten),
+    a symmetric input into a new array and in place on it."""
+    world, comm, count = across
+    p, r = world.world_size, world.rank
+    pair = [np.empty(count, np.float32) for _ in range(2)]
+    out = np.empty(count, np.float32)
+    sym = world.zeros(count, "float32")
+    try:
+        for salt in range(6):
+            data, want = _data(r, count, salt), _want(p, count, salt)
+            if form == "alternating":
+                x = pair[salt % 2]
+                x[...] = data
+                got = comm.all_reduce(x, out=out)
+            elif form == "new":
+                got = comm.all_reduce(data.copy())
+            elif form == "in_place":
+                pair[0][...] = data
+                got = comm.all_reduce(pair[0], out=pair[0])
+            elif form == "symmetric":
+                sym.local()[...] = data
+                got = comm.all_reduce(sym)
+            else:
+                sym.local()[...] = data
+                got = np.array(comm.all_reduce(sym, out=sym).local())
+            assert np.asarray(got).tobytes() == want.tobytes(), (form, salt)
+        peer = _plan(comm, count).peers[0]
+        if form in ("in_place", "sym_in_place"):
+            assert isinstance(peer, PeerReduce) and peer.in_place
+    finally:
+        sym.close()
+
+
+def test_a_peer_in_another_call_raises_everywhere(across: tuple[Any, Any, int]) -> None:
+    """Once every rank starts the persistent exchange, rank 0 in an all-reduce of another op
+    (the general path's exchange, another signature) meets the others' signatures: every
+    rank raises ``CollectiveMismatchError`` instead of reducing the other call's data."""
+    world, comm, count = across
+    r = world.rank
+    x, out = np.ones(count, np.float32), np.empty(count, np.float32)
+    for _ in range(3):
+        comm.all_reduce(x, out=out)
+    assert isinstance(_plan(comm, count).peers[0], PeerReduce)
+    with pytest.raises(CollectiveMismatchError, match="ranks called different collectives"):
+        comm.all_reduce(x, op="max" if r == 0 else "sum", out=out)
