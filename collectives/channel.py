@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import logging
+import os
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
@@ -63,6 +64,7 @@ log = logging.getLogger(__name__)
 NUM_FLAGS = 11
 MAX_PLANS = 64  # cached shapes per communicator (Channel.max_plans; least recently made go)
 _INLINE_TESTS = 32  # request tests an MPI exchange makes before its deadline loop
+_YIELDED_TESTS = 64  # ... and then with a yield before each, still without the clock
 BOARD_GRACE_S = 0.05  # an MPI exchange still pending this long reads the other nodes' board
 BOARD_MAX_INTERVAL_S = 1.0  # then again at doubling intervals up to this
 
@@ -407,6 +409,11 @@ class Channel:
         try:
             for _ in range(self.inline_tests):  # small exchanges end within microseconds:
                 if test():  # no clock, frame or closure for them (the loop costs ~0.3 us)
+                    done = True
+                    return
+            for _ in range(_YIELDED_TESTS):  # larger ones within a few peers' turns
+                os.sched_yield()
+                if test():
                     done = True
                     return
             done = self._poll(test, time.monotonic() + self.timeout_s, what)
