@@ -424,8 +424,7 @@ class AcrossPlan:
         self.closed = False
         self.shm: SHMEMBuffer | None = None  # the last symmetric input (the engine asks)
         self.shm_view: tuple[SHMEMBuffer, np.ndarray[Any, Any]] | None = None
-        members, isz = self.cross.Get_size(), dtype.itemsize
-        self.persistent = [peer_reduce_fits(members, hi - lo, isz) for lo, hi in pieces]
+        self.persistent = peer_reduce_fits(self.cross.Get_size(), self.nbytes)
         self.peers: list[PeerReduce | None] = [None] * len(pieces)
         self.seen: list[tuple[int, int] | None] = [None] * len(pieces)
 
@@ -447,7 +446,7 @@ class AcrossPlan:
         peer = self.peers[i]
         if peer is not None and peer.fits(src, dst):
             return peer
-        if not self.persistent[i] or not (src.flags.c_contiguous and dst.flags.c_contiguous):
+        if not self.persistent or not (src.flags.c_contiguous and dst.flags.c_contiguous):
             return None
         key = (MPI.buffer(src).address, MPI.buffer(dst).address)
         if self.seen[i] != key:

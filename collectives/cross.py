@@ -42,6 +42,7 @@ from .signed import (
 __all__ = [
     "CROSS_RS_MIN_NBYTES",
     "P2P_MAX_MEMBERS",
+    "PEER_REDUCE_MAX_NBYTES",
     "PeerReduce",
     "peer_reduce_fits",
     "reduce_across",
@@ -244,11 +245,16 @@ def all_to_all_across(
     )
 
 
-def peer_reduce_fits(members: int, count: int, itemsize: int) -> bool:
-    """Whether a vector of ``count`` elements reduced across ``members`` takes a
-    :class:`PeerReduce` (point-to-point pieces: :func:`reduce_across`'s small-piece path)."""
-    piece = -(-count // members) * itemsize
-    return 1 < members <= P2P_MAX_MEMBERS and piece <= GATHER_P2P_MAX_PIECE
+# A PeerReduce holds receive rows as large as the vector (each piece's, for the plan's life):
+# vectors up to this size take one. Persistent point to point against the general path's
+# Iallgatherv for large pieces, one job, x MPI_Allreduce: 4 simulated nodes 4 MiB 1.16-1.17
+# / 1.02, 16 MiB 1.50 / 1.42; 2 nodes 4 MiB 1.14 / 1.16, 16 MiB 1.30 / 1.32
+PEER_REDUCE_MAX_NBYTES = 16 << 20
+
+
+def peer_reduce_fits(members: int, nbytes: int) -> bool:
+    """Whether an all-reduce of ``nbytes`` across ``members`` takes :class:`PeerReduce`."""
+    return 1 < members <= P2P_MAX_MEMBERS and nbytes <= PEER_REDUCE_MAX_NBYTES
 
 
 def _at(addr: int, nbytes: int) -> list[Any]:
@@ -268,7 +274,7 @@ class PeerReduce:
     which must be at those addresses (:meth:`fits`), and keeps them alive only while a
     request is active. A call that does not complete leaves them busy (in ``host.pending``,
     with the arrays): the owner drops this exchange and never starts it again. For
-    ``P2P_MAX_MEMBERS`` members at most, pieces of up to ``GATHER_P2P_MAX_PIECE`` bytes."""
+    ``P2P_MAX_MEMBERS`` members at most (:func:`peer_reduce_fits`)."""
 
     def __init__(
         self,

@@ -33,8 +33,7 @@ def across() -> Iterator[tuple[Any, Any, int]]:
         if ch is None or ch.num_nodes == 1 or len(ch.local_peers) != 1 or not ch.uniform_nodes:
             pytest.skip("needs nodes of one rank each (SHMEM_HEAP_NODE_SPLIT=rank)")
         count = whole_gather_limit(ch) // 4 + 1001  # (odd: pieces of different lengths)
-        if not peer_reduce_fits(world.world_size, count, 4):
-            pytest.skip("pieces beyond the point-to-point all-gather's (2 nodes)")
+        assert peer_reduce_fits(world.world_size, 4 * count)
         yield world, comm, count
     finally:
         comm._closed = True  # (a mismatch leaves it unusable on purpose)
@@ -130,3 +129,32 @@ def test_a_peer_in_another_call_raises_everywhere(across: tuple[Any, Any, int]) 
     assert isinstance(_plan(comm, count).peers[0], PeerReduce)
     with pytest.raises(CollectiveMismatchError, match="ranks called different collectives"):
         comm.all_reduce(x, op="max" if r == 0 else "sum", out=out)
+
+
+def test_a_vector_in_several_pieces_keeps_one_exchange_a_piece() -> None:
+    """Beyond the scratch a large all-reduce runs piece by piece (the general path's pieces):
+    each piece keeps its own persistent exchange, each call gives the general path's sum."""
+    world = shmem.init(
+        heap_nbytes="32MiB",
+        signal_timeout_s=10.0,
+        collectives_scratch_nbytes="256KiB",
+        collectives_scratch_max_nbytes="256KiB",
+    )
+    comm = collectives.Communicator(world)
+    try:
+        ch = comm.host_channel
+        if ch is None or ch.num_nodes == 1 or len(ch.local_peers) != 1 or not ch.uniform_nodes:
+            pytest.skip("needs nodes of one rank each (SHMEM_HEAP_NODE_SPLIT=rank)")
+        p, r, count = world.world_size, world.rank, 1_000_003
+        x, out = np.empty(count, np.float32), np.empty(count, np.float32)
+        for salt in range(4):
+            x[...] = _data(r, count, salt)
+            comm.all_reduce(x, out=out)
+            assert out.tobytes() == _want(p, count, salt).tobytes(), salt
+        plan = _plan(comm, count)
+        assert len(plan.pieces) > 1, plan.pieces
+        assert all(isinstance(peer, PeerReduce) for peer in plan.peers), plan.peers
+        assert len({id(peer) for peer in plan.peers}) == len(plan.pieces)
+    finally:
+        comm.close()
+        world.finalize()
