@@ -425,27 +425,49 @@ class AcrossPlan:
         self.shm: SHMEMBuffer | None = None  # the last symmetric input (the engine asks)
         self.shm_view: tuple[SHMEMBuffer, np.ndarray[Any, Any]] | None = None
         self.persistent = peer_reduce_fits(self.cross.Get_size(), self.nbytes)
-        self.peers: list[PeerReduce | None] = [None] * len(pieces)
-        self.seen: list[tuple[int, int] | None] = [None] * len(pieces)
+        # per piece: its persistent exchanges (the last two pairs of arrays: a program that
+        # alternates two, as a new output each call does, keeps both) and the arrays of
+        # its last two calls
+        self.peers: list[list[PeerReduce]] = [[] for _ in pieces]
+        self.seen: list[list[tuple[int, int]]] = [[] for _ in pieces]
 
     def close(self) -> None:
         """Dropped from the cache: a reference kept elsewhere is looked up again."""
         self.closed = True
         self.auto = False
-        for peer in self.peers:
-            if peer is not None:
+        for peers in self.peers:
+            for peer in peers:
                 peer.close()
-        self.peers = [None] * len(self.pieces)
+        self.peers = [[] for _ in self.pieces]
 
     def _peer(
         self, i: int, src: np.ndarray[Any, Any], dst: np.ndarray[Any, Any]
     ) -> PeerReduce | None:
         """Piece ``i``'s persistent exchange for these arrays, or None (its exchange is made
-        per call): made on the second call in a row with the same arrays, so a program
-        that passes new arrays every call makes its requests once a call, as before."""
-        peer = self.peers[i]
-        if peer is not None and peer.fits(src, dst):
-            return peer
+        per call): made on a call with the same arrays as one of the last two calls, so a
+        program that passes new arrays every call makes its requests once a call, as
+        before. The exchanges of a piece share their receive rows (calls run one at a
+        time) unless one of them is busy (it may still write there)."""
+        peers = self.peers[i]
+        for peer in peers:
+            if peer.fits(src, dst):
+                return peer
+        if not self.persistent or not (src.flags.c_contiguous and dst.flags.c_contiguous):
+            return None
+        key = (MPI.buffer(src).address, MPI.buffer(dst).address)
+        seen = self.seen[i]
+        if key not in seen:
+            seen.append(key)
+            del seen[:-2]
+            return None
+        if key[0] != key[1] and np.may_share_memory(src, dst):
+            return None  # (an out= overlapping the input elsewhere: the general exchange)
+        rows = peers[0].rows if peers and not any(p.busy for p in peers) else None
+        if len(peers) == 2:
+            peers.pop(0).close()  # (a busy one frees nothing: its requests stay pending)
+        peer = PeerReduce(self.cross, self.signature, src, dst, rows)
+        peers.append(peer)
+        return peer
         if not self.persistent or not (src.flags.c_contiguous and dst.flags.c_contiguous):
             return None
         key = (MPI.buffer(src).address, MPI.buffer(dst).address)

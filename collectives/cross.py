@@ -41,9 +41,10 @@ from .signed import (
 
 __all__ = [
     "CROSS_RS_MIN_NBYTES",
+    "GATHER_P2P_MAX_NBYTES",
     "P2P_MAX_MEMBERS",
-    "PEER_REDUCE_MAX_NBYTES",
     "PeerReduce",
+    "gathers_p2p",
     "peer_reduce_fits",
     "reduce_across",
     "reduce_scatter_across",
@@ -59,10 +60,20 @@ CROSS_RS_MIN_NBYTES = 32 << 10
 # communicator, so a tag per collective is enough to keep them apart)
 _TAGS = {"reduce_scatter": 0x5C1, "all_gather": 0x5C2, "broadcast": 0x5C3, "all_to_all": 0x5C4}
 _GATHER_TAG = 0x5C5  # the all-reduce's reduced pieces, to every member
-# the reduced pieces go to every member point to point up to this size a piece, beyond it
-# through MPI's in-place Iallgatherv: at 2 simulated nodes on MPICH 128 KiB pieces took
-# 21-24 us point to point against 35-57 us, 2 MiB pieces 236 us against 114 us
-GATHER_P2P_MAX_PIECE = 256 << 10
+# the reduced pieces go to every member point to point for vectors up to this size, beyond
+# it through MPI's in-place Iallgatherv. One job, MPICH, simulated nodes, x MPI_Allreduce,
+# Iallgatherv / point to point: 2 nodes 4 MiB 1.22 / 1.43, 16 MiB 1.33 / 1.42; 3 nodes
+# 1 MiB 1.58 / 1.85, 16 MiB 1.87 / 2.22; 4 nodes 1 MiB 0.94 / 0.99, 16 MiB 1.32 / 1.36;
+# Open MPI (tcp) 2 nodes 4 MiB 0.96 / 1.04, 4 nodes 4 MiB 1.17 / 1.21. The rule reads the
+# vector's size, the same on every member (a member's own piece may be one element longer),
+# and PeerReduce's persistent messages are these, so members may take either.
+GATHER_P2P_MAX_NBYTES = 16 << 20
+
+
+def gathers_p2p(members: int, nbytes: int) -> bool:
+    """Whether :func:`reduce_across` of a vector of ``nbytes`` across ``members`` all-gathers
+    its reduced pieces point to point (else ``Iallgatherv``)."""
+    return members <= P2P_MAX_MEMBERS and nbytes <= GATHER_P2P_MAX_NBYTES
 
 
 class CrossHost(P2PHost, Protocol):
@@ -96,7 +107,7 @@ def reduce_across(
     a, b = bounds[me]
     reduce_scatter_across(ch, cross, src, target[a:b], op, acc, avg_count, what)
     # all-gather the reduced pieces, in place (the signatures agreed in the reduce-scatter)
-    if n <= P2P_MAX_MEMBERS and (b - a) * target.dtype.itemsize <= GATHER_P2P_MAX_PIECE:
+    if gathers_p2p(n, target.nbytes):
         reqs = [
             cross.Irecv([target[p:q], MPI.BYTE], source=k, tag=_GATHER_TAG)
             for k, (p, q) in enumerate(bounds)
@@ -245,16 +256,13 @@ def all_to_all_across(
     )
 
 
-# A PeerReduce holds receive rows as large as the vector (each piece's, for the plan's life):
-# vectors up to this size take one. Persistent point to point against the general path's
-# Iallgatherv for large pieces, one job, x MPI_Allreduce: 4 simulated nodes 4 MiB 1.16-1.17
-# / 1.02, 16 MiB 1.50 / 1.42; 2 nodes 4 MiB 1.14 / 1.16, 16 MiB 1.30 / 1.32
-PEER_REDUCE_MAX_NBYTES = 16 << 20
-
-
 def peer_reduce_fits(members: int, nbytes: int) -> bool:
-    """Whether an all-reduce of ``nbytes`` across ``members`` takes :class:`PeerReduce`."""
-    return 1 < members <= P2P_MAX_MEMBERS and nbytes <= PEER_REDUCE_MAX_NBYTES
+    """Whether an all-reduce of ``nbytes`` across ``members`` takes :class:`PeerReduce`: where
+    :func:`reduce_across` all-gathers point to point (a PeerReduce holds receive rows as large
+    as the vector, each piece's, for the plan's life: up to ``GATHER_P2P_MAX_NBYTES``).
+    Persistent against made per call, one job, 4 simulated nodes, x MPI_Allreduce: 4 MiB
+    1.16-1.17 / 1.02, 16 MiB 1.50 / 1.42."""
+    return members > 1 and gathers_p2p(members, nbytes)
 
 
 def _at(addr: int, nbytes: int) -> list[Any]:
@@ -282,6 +290,7 @@ class PeerReduce:
         signature: int,
         src: np.ndarray[Any, Any],
         target: np.ndarray[Any, Any],
+        rows: np.ndarray[Any, np.dtype[np.uint8]] | None = None,
     ) -> None:
         n, me = cross.Get_size(), cross.Get_rank()
         isz = src.dtype.itemsize
@@ -290,7 +299,8 @@ class PeerReduce:
         self.bounds = bounds = shard_bounds(src.shape[0], n)
         a, b = bounds[me]
         self.me, self.dtype = me, src.dtype
-        self.rows = np.empty((n, (b - a) * isz), np.uint8)
+        shape = (n, (b - a) * isz)  # (``rows``: another exchange's of this shape, idle)
+        self.rows = rows if rows is not None and rows.shape == shape else np.empty(shape, np.uint8)
         block = signed_block(0, signature)
         self.sigs = np.zeros((n, 8), np.uint8)
         self.sigs[me] = block

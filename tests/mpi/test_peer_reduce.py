@@ -16,7 +16,7 @@ import pytest
 import collectives
 import shmem
 from collectives.allreduce_plans import AcrossPlan, whole_gather_limit
-from collectives.cross import PeerReduce, peer_reduce_fits
+from collectives.cross import peer_reduce_fits
 from shmem.errors import CollectiveMismatchError
 
 pytestmark = pytest.mark.mpi
@@ -74,11 +74,10 @@ def test_the_same_arrays_keep_their_requests(across: tuple[Any, Any, int]) -> No
         x[...] = _data(r, count, salt)
         comm.all_reduce(x, out=out)
         assert out.tobytes() == _want(p, count, salt).tobytes(), salt
-        peer = _plan(comm, count).peers[0]
-        made.append(peer)
-    assert made[0] is None  # (the general path: it makes the plan and runs it once)
-    assert isinstance(made[1], PeerReduce) and all(m is made[1] for m in made[1:])
-    assert made[1].fits(x, out) and not made[1].busy
+        made.append(list(_plan(comm, count).peers[0]))
+    assert made[0] == []  # (the general path: it makes the plan and runs it once)
+    assert len(made[1]) == 1 and all(m == made[1] for m in made[1:])
+    assert made[1][0].fits(x, out) and not made[1][0].busy
 
 
 @pytest.mark.parametrize("form", ["alternating", "new", "in_place", "symmetric", "sym_in_place"])
@@ -110,9 +109,11 @@ def test_every_form_gives_the_general_paths_result(across: tuple[Any, Any, int],
                 sym.local()[...] = data
                 got = np.array(comm.all_reduce(sym, out=sym).local())
             assert np.asarray(got).tobytes() == want.tobytes(), (form, salt)
-        peer = _plan(comm, count).peers[0]
+        peers = _plan(comm, count).peers[0]
         if form in ("in_place", "sym_in_place"):
-            assert isinstance(peer, PeerReduce) and peer.in_place
+            assert len(peers) == 1 and peers[0].in_place
+        elif form == "alternating":  # (two inputs in turn: both kept, one set of rows)
+            assert len(peers) == 2 and peers[0].rows is peers[1].rows, peers
     finally:
         sym.close()
 
@@ -126,7 +127,7 @@ def test_a_peer_in_another_call_raises_everywhere(across: tuple[Any, Any, int]) 
     x, out = np.ones(count, np.float32), np.empty(count, np.float32)
     for _ in range(3):
         comm.all_reduce(x, out=out)
-    assert isinstance(_plan(comm, count).peers[0], PeerReduce)
+    assert len(_plan(comm, count).peers[0]) == 1
     with pytest.raises(CollectiveMismatchError, match="ranks called different collectives"):
         comm.all_reduce(x, op="max" if r == 0 else "sum", out=out)
 
@@ -153,8 +154,30 @@ def test_a_vector_in_several_pieces_keeps_one_exchange_a_piece() -> None:
             assert out.tobytes() == _want(p, count, salt).tobytes(), salt
         plan = _plan(comm, count)
         assert len(plan.pieces) > 1, plan.pieces
-        assert all(isinstance(peer, PeerReduce) for peer in plan.peers), plan.peers
-        assert len({id(peer) for peer in plan.peers}) == len(plan.pieces)
+        assert all(len(peers) == 1 for peers in plan.peers), plan.peers
+        assert len({id(peers[0]) for peers in plan.peers}) == len(plan.pieces)
     finally:
         comm.close()
         world.finalize()
+
+
+@pytest.mark.parametrize("count", [None, 1_048_579])
+def test_members_on_either_route_meet(across: tuple[Any, Any, int], count: int | None) -> None:
+    """Rank 0 passes the same arrays every call (its persistent exchange), the others new
+    ones (their exchange made per call): the two routes send the same messages, so they
+    meet, at a size whose pieces exceed 256 KiB too (once all-gathered by Iallgatherv
+    there, point to point here: a hang)."""
+    world, comm, fitted = across
+    p, r = world.world_size, world.rank
+    n = count or fitted
+    x, out = np.empty(n, np.float32), np.empty(n, np.float32)
+    kept = []  # (every array stays alive: no two calls see one address)
+    for salt in range(5):
+        if r == 0:
+            x[...] = _data(r, n, salt)
+            got = comm.all_reduce(x, out=out)
+        else:
+            kept += [_data(r, n, salt), np.empty(n, np.float32)]
+            got = comm.all_reduce(kept[-2], out=kept[-1])
+        assert got.tobytes() == _want(p, n, salt).tobytes(), salt
+    assert len(_plan(comm, n).peers[0]) == (1 if r == 0 else 0)
