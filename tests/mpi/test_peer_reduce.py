@@ -181,3 +181,15 @@ def test_members_on_either_route_meet(across: tuple[Any, Any, int], count: int |
             got = comm.all_reduce(kept[-2], out=kept[-1])
         assert got.tobytes() == _want(p, n, salt).tobytes(), salt
     assert len(_plan(comm, n).peers[0]) == (1 if r == 0 else 0)
+
+
+def test_pieces_one_element_apart_take_one_route(across: tuple[Any, Any, int]) -> None:
+    """Member 0's piece one element longer than the others', right at the 256 KiB that once
+    split the route (each member read its own piece: member 0 all-gathered by Iallgatherv,
+    the others point to point, and every member timed out): every route is the vector's."""
+    world, comm, _ = across
+    p, r = world.world_size, world.rank
+    n = p * 65536 + 1
+    for salt in range(3):
+        got = comm.all_reduce(_data(r, n, salt))
+        assert got.tobytes() == _want(p, n, salt).tobytes(), salt
