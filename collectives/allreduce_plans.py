@@ -468,18 +468,6 @@ class AcrossPlan:
         peer = PeerReduce(self.cross, self.signature, src, dst, rows)
         peers.append(peer)
         return peer
-        if not self.persistent or not (src.flags.c_contiguous and dst.flags.c_contiguous):
-            return None
-        key = (MPI.buffer(src).address, MPI.buffer(dst).address)
-        if self.seen[i] != key:
-            self.seen[i] = key
-            return None
-        if key[0] != key[1] and np.may_share_memory(src, dst):
-            return None  # (an out= overlapping the input elsewhere: the general exchange)
-        if peer is not None:
-            peer.close()  # (a busy one frees nothing: its requests stay pending)
-        peer = self.peers[i] = PeerReduce(self.cross, self.signature, src, dst)
-        return peer
 
     def run(
         self,
