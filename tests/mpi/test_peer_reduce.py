@@ -193,3 +193,36 @@ def test_pieces_one_element_apart_take_one_route(across: tuple[Any, Any, int]) -
     for salt in range(3):
         got = comm.all_reduce(_data(r, n, salt))
         assert got.tobytes() == _want(p, n, salt).tobytes(), salt
+
+
+def test_a_member_that_never_comes_times_out_and_the_exchange_is_never_started_again() -> None:
+    """Rank 0 skips a call the others make on their persistent exchange: they raise
+    ``SignalTimeoutError`` naming rank 0 at the deadline instead of hanging, the exchange
+    stays busy (its requests kept with their arrays, never started again), and the job
+    finalizes."""
+    import time
+
+    from shmem.errors import SignalTimeoutError
+
+    world = shmem.init(heap_nbytes="32MiB", signal_timeout_s=1.0)
+    comm = collectives.Communicator(world)
+    try:
+        ch = comm.host_channel
+        if ch is None or ch.num_nodes == 1 or len(ch.local_peers) != 1 or not ch.uniform_nodes:
+            pytest.skip("needs nodes of one rank each (SHMEM_HEAP_NODE_SPLIT=rank)")
+        n = whole_gather_limit(ch) // 4 + 1001
+        x, out = np.ones(n, np.float32), np.empty(n, np.float32)
+        for _ in range(3):
+            comm.all_reduce(x, out=out)
+        (peer,) = _plan(comm, n).peers[0]
+        if world.rank != 0:
+            start = time.monotonic()
+            with pytest.raises(SignalTimeoutError, match=r"rank\(s\) 0 never arrived"):
+                comm.all_reduce(x, out=out)
+            assert time.monotonic() - start < 5
+            assert peer.busy and not peer.fits(x, out)
+            assert any(keep[0] is peer for _, keep in ch.pending if isinstance(keep, tuple))
+        world.comm.Barrier()
+        comm._closed = True  # (broken on purpose: dropped)
+    finally:
+        world.finalize()
