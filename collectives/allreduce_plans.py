@@ -189,13 +189,14 @@ SHARE_MIN = 256 << 10
 # MPI_Allreduce, one round / two rounds, both in one job. MPICH: 2 nodes 640 KiB 1.13 /
 # 1.05, 768 KiB 1.26 / 1.09, 1 MiB 0.83 / 1.11; 3 nodes 192 KiB 1.21 / 1.13, 256 KiB 1.01 /
 # 1.04, 384 KiB 1.15 / 1.43; 4 nodes 128 KiB 0.75 / 0.63, 160 KiB 0.83 / 0.87, 192 KiB 0.85
-# / 0.99, 256 KiB 0.67 / 0.76: 768 KiB sent at 2 nodes, 512 KiB from 3 on. Open MPI (tcp)
-# keeps one round longer: 2 nodes (mpi4py alone) 1 MiB 311 / 346 us, 4 MiB 1433 / 1352 us;
-# 3 nodes 256 KiB 0.90 / 0.65, 512 KiB 0.92 / 0.83; 4 nodes 256 KiB 0.82 / 0.62, 384 KiB
-# 0.73 / 0.66, 512 KiB 0.68 / 0.68: 1 MiB at 2 nodes, 1.5 MiB from 3 on.
-_MPICH = MPI.get_vendor()[0] == "MPICH"
-ALONE_GATHER_MAX_SENT = 768 << 10 if _MPICH else 1 << 20
-ALONE_GATHER_MAX_SENT_MANY = 512 << 10 if _MPICH else 3 << 19
+# / 0.99, 256 KiB 0.67 / 0.76: 768 KiB sent at 2 nodes, 512 KiB from 3 on. Open MPI (tcp):
+# 2 nodes 512 KiB 1.13-1.20 / 0.89-0.90, 768 KiB 1.09-1.11 / 0.92-0.95, 1 MiB 0.71-1.01 /
+# 0.76-1.25 (5 jobs, mean 0.88 / 0.97: noisy, two rounds no worse), the same 768 KiB; from
+# 3 nodes one round goes on longer: 3 nodes 256 KiB 0.90 /
+# 0.65, 512 KiB 0.92 / 0.83; 4 nodes 256 KiB 0.82 / 0.62, 384 KiB 0.73 / 0.66, 512 KiB
+# 0.68 / 0.68: 1.5 MiB.
+ALONE_GATHER_MAX_SENT = 768 << 10
+ALONE_GATHER_MAX_SENT_MANY = 512 << 10 if MPI.get_vendor()[0] == "MPICH" else 3 << 19
 
 
 def whole_gather_limit(ch: Channel) -> int:
