@@ -33,9 +33,9 @@ from .signed import (
     SIG_TAG,
     P2PHost,
     compare,
-    mismatch,
     signed_block,
     signed_p2p,
+    truncated,
     wait_all,
 )
 
@@ -149,10 +149,6 @@ def reduce_scatter_across(
     isz = src.dtype.itemsize
     rows = ch.cross_rows(n, (b - a) * isz)
     u8 = _u8(src)
-    own = src[a:b]
-    if np.may_share_memory(target, src):  # in place: reduce_into writes before it reads mine
-        rows[me, : own.nbytes] = own.view(np.uint8)
-        own = rows[me].view(src.dtype)
     signed_p2p(
         ch,
         comm,
@@ -162,7 +158,28 @@ def reduce_scatter_across(
         recvs=[(k, rows[k]) for k in range(n) if k != me],
         keep=(src, rows),
     )
-    pieces = [own if k == me else rows[k].view(src.dtype) for k in range(n)]
+    in_place = np.may_share_memory(target, src)
+    _reduce_rows(rows, me, src[a:b], target, in_place, op, acc, avg_count)
+
+
+def _reduce_rows(
+    rows: np.ndarray[Any, np.dtype[np.uint8]],
+    me: int,
+    own: np.ndarray[Any, Any],
+    target: np.ndarray[Any, Any],
+    in_place: bool,
+    op: str,
+    acc: np.dtype[Any],
+    avg_count: int | None,
+) -> None:
+    """``target`` = the reduction, in member order, of the received ``rows`` with my own
+    piece ``own`` in row ``me``'s place (``reduce_into``'s rules). ``in_place``: ``target``
+    is ``own``'s memory, which reduce_into writes before it reads: ``own`` is copied into
+    row ``me`` first."""
+    if in_place:
+        rows[me, : own.nbytes] = own.view(np.uint8)
+        own = rows[me].view(own.dtype)
+    pieces = [own if k == me else rows[k].view(own.dtype) for k in range(rows.shape[0])]
     reduce_into(target, pieces, op, acc, avg_count=avg_count)
 
 
@@ -353,7 +370,7 @@ class PeerReduce:
         what: str,
     ) -> None:
         """:func:`reduce_across` of ``src`` into ``target`` (the arrays it was made for)."""
-        n, me = self.rows.shape[0], self.me
+        me = self.me
         a, b = self.bounds[me]
         keep = (self, src, target)  # (what an active request writes or reads)
         started: list[MPI.Prequest] = []
@@ -368,21 +385,15 @@ class PeerReduce:
                 MPI.Prequest.Startall(self._scatter)
                 started = self._first + self._scatter
             wait_all(host, self._scatter, what, keep)
-            own = src[a:b]
-            if self.in_place:  # reduce_into writes my piece before it reads it
-                self.rows[me, : own.nbytes] = own.view(np.uint8)
-                own = self.rows[me].view(self.dtype)
-            pieces = [own if k == me else self.rows[k].view(self.dtype) for k in range(n)]
-            reduce_into(target[a:b], pieces, op, acc, avg_count=avg_count)
+            own, mine = src[a:b], target[a:b]
+            _reduce_rows(self.rows, me, own, mine, self.in_place, op, acc, avg_count)
             if self._gather:
                 MPI.Prequest.Startall(self._gather)
                 started = started + self._gather
                 wait_all(host, self._gather, what, keep)
             self.busy = False
         except MPI.Exception as exc:
-            if exc.Get_error_class() != MPI.ERR_TRUNCATE:
-                raise
-            mismatch(host, what, "a message from another member is longer than expected")
+            truncated(host, what, exc)
         finally:
             if self.busy:  # started and never completed: MPI may still use the buffers
                 host.pending.extend((r, keep) for r in started)

@@ -79,6 +79,7 @@ __all__ = [
     "run",
     "signed_block",
     "signed_p2p",
+    "truncated",
     "wait_all",
 ]
 
@@ -135,6 +136,14 @@ def run(
             f"a block from another member is longer than member {comm.Get_rank()}'s "
             f"{describe(host.signature)}: {exc.Get_error_string()}",
         )
+
+
+def truncated(host: SignedHost, what: str, exc: MPI.Exception) -> NoReturn:
+    """Re-raise ``exc``, or, where it is MPI's truncation (a point-to-point message longer
+    than its receive: a member in another call), abandon the call as a mismatch."""
+    if exc.Get_error_class() != MPI.ERR_TRUNCATE:
+        raise exc
+    mismatch(host, what, "a message from another member is longer than expected")
 
 
 ABANDONED = -1
@@ -450,9 +459,7 @@ def signed_p2p(
         wait_all(host, reqs, what, keep=keep)
         done = True
     except MPI.Exception as exc:
-        if exc.Get_error_class() != MPI.ERR_TRUNCATE:
-            raise
-        mismatch(host, what, "a message from another member is longer than expected")
+        truncated(host, what, exc)
     finally:
         if not done:  # posted and never completed: MPI may still use the buffers
             host.pending.extend((r, (keep, block, rows)) for r in sig_reqs + reqs)

@@ -22,6 +22,14 @@ from shmem.errors import CollectiveMismatchError
 pytestmark = pytest.mark.mpi
 
 
+def _channel_of_lone_ranks(comm: Any) -> Any:
+    """The communicator's host channel; the test skips unless nodes have one rank each."""
+    ch = comm.host_channel
+    if ch is None or ch.num_nodes == 1 or len(ch.local_peers) != 1 or not ch.uniform_nodes:
+        pytest.skip("needs nodes of one rank each (SHMEM_HEAP_NODE_SPLIT=rank)")
+    return ch
+
+
 @pytest.fixture
 def across() -> Iterator[tuple[Any, Any, int]]:
     """A World, its Communicator and a float32 count just above the one-round plan's limit
@@ -29,9 +37,7 @@ def across() -> Iterator[tuple[Any, Any, int]]:
     world = shmem.init(heap_nbytes="32MiB", signal_timeout_s=10.0)
     comm = collectives.Communicator(world)
     try:
-        ch = comm.host_channel
-        if ch is None or ch.num_nodes == 1 or len(ch.local_peers) != 1 or not ch.uniform_nodes:
-            pytest.skip("needs nodes of one rank each (SHMEM_HEAP_NODE_SPLIT=rank)")
+        ch = _channel_of_lone_ranks(comm)
         count = whole_gather_limit(ch) // 4 + 1001  # (odd: pieces of different lengths)
         assert peer_reduce_fits(world.world_size, 4 * count)
         yield world, comm, count
@@ -143,9 +149,7 @@ def test_a_vector_in_several_pieces_keeps_one_exchange_a_piece() -> None:
     )
     comm = collectives.Communicator(world)
     try:
-        ch = comm.host_channel
-        if ch is None or ch.num_nodes == 1 or len(ch.local_peers) != 1 or not ch.uniform_nodes:
-            pytest.skip("needs nodes of one rank each (SHMEM_HEAP_NODE_SPLIT=rank)")
+        _channel_of_lone_ranks(comm)
         p, r, count = world.world_size, world.rank, 1_000_003
         x, out = np.empty(count, np.float32), np.empty(count, np.float32)
         for salt in range(4):
@@ -207,9 +211,7 @@ def test_a_member_that_never_comes_times_out_and_the_exchange_is_never_started_a
     world = shmem.init(heap_nbytes="32MiB", signal_timeout_s=1.0)
     comm = collectives.Communicator(world)
     try:
-        ch = comm.host_channel
-        if ch is None or ch.num_nodes == 1 or len(ch.local_peers) != 1 or not ch.uniform_nodes:
-            pytest.skip("needs nodes of one rank each (SHMEM_HEAP_NODE_SPLIT=rank)")
+        ch = _channel_of_lone_ranks(comm)
         n = whole_gather_limit(ch) // 4 + 1001
         x, out = np.ones(n, np.float32), np.empty(n, np.float32)
         for _ in range(3):
