@@ -405,17 +405,23 @@ class Channel:
         """Wait for a non-blocking MPI exchange between nodes, within the deadline (and
         reading the board while it lasts: :meth:`_poll`)."""
         test = req.Test
+        settle = getattr(req, "settle", None)  # (signed.Persistent: these tests in C)
         done = False
         try:
-            for _ in range(self.inline_tests):  # small exchanges end within microseconds:
-                if test():  # no clock, frame or closure for them (the loop costs ~0.3 us)
+            if settle is not None:
+                if settle(self.inline_tests, _YIELDED_TESTS):
                     done = True
                     return
-            for _ in range(_YIELDED_TESTS):  # larger ones within a few peers' turns
-                os.sched_yield()
-                if test():
-                    done = True
-                    return
+            else:
+                for _ in range(self.inline_tests):  # small exchanges end within microseconds:
+                    if test():  # no clock, frame or closure for them (the loop costs ~0.3 us)
+                        done = True
+                        return
+                for _ in range(_YIELDED_TESTS):  # larger ones within a few peers' turns
+                    os.sched_yield()
+                    if test():
+                        done = True
+                        return
             done = self._poll(test, time.monotonic() + self.timeout_s, what)
         finally:
             if not done:

@@ -32,6 +32,7 @@ from .signed import (
     P2P_TRUNCATION_REPORTED,
     SIG_TAG,
     P2PHost,
+    Persistent,
     compare,
     signed_block,
     signed_p2p,
@@ -332,12 +333,14 @@ class PeerReduce:
             for k, (p, q) in enumerate(bounds)
             if k != me
         ]
-        self._sig = sig_in + sig_out
-        self._scatter = data_in + data_out
+        self._reqs = sig_in + sig_out + data_in + data_out  # (to free)
+        self._sig = Persistent(sig_in + sig_out)
+        self._scatter = Persistent(data_in + data_out)
         # every receive is posted before any send (signed_p2p's order); the data moves with
         # the signatures where a truncated message is a clean error (P2P_TRUNCATION_REPORTED)
         self._early = P2P_TRUNCATION_REPORTED
-        self._first = sig_in + data_in + sig_out + data_out if self._early else self._sig
+        first = sig_in + data_in + sig_out + data_out if self._early else sig_in + sig_out
+        self._first = Persistent(first)
         gather = [
             cross.Recv_init(_at(ta + p * isz, (q - p) * isz), k, ag_tag)
             for k, (p, q) in enumerate(bounds)
@@ -345,7 +348,8 @@ class PeerReduce:
         ]
         if b > a:
             gather += [cross.Send_init(_at(ta + a * isz, (b - a) * isz), k, ag_tag) for k in others]
-        self._gather = gather
+        self._reqs += gather
+        self._gather = Persistent(gather)
         self.in_place = sa == ta
         self._block = block  # (the signature's send buffer)
         self.busy = False  # started and not completed: never start it again
@@ -373,36 +377,32 @@ class PeerReduce:
         me = self.me
         a, b = self.bounds[me]
         keep = (self, src, target)  # (what an active request writes or reads)
-        started: list[MPI.Prequest] = []
         self.busy = True
         try:
-            MPI.Prequest.Startall(self._first)
-            started = self._first
-            wait_all(host, self._sig, what, keep)
+            self._first.start()
+            host.mpi_wait(self._sig, what, keep)  # type: ignore[arg-type]
             if self.sigs.tobytes() != self._expected:
                 compare(host, self.sigs.view(np.int64)[:, 0].copy(), what, "member")
             if not self._early:
-                MPI.Prequest.Startall(self._scatter)
-                started = self._first + self._scatter
-            wait_all(host, self._scatter, what, keep)
+                self._scatter.start()
+            host.mpi_wait(self._scatter, what, keep)  # type: ignore[arg-type]
             own, mine = src[a:b], target[a:b]
             _reduce_rows(self.rows, me, own, mine, self.in_place, op, acc, avg_count)
-            if self._gather:
-                MPI.Prequest.Startall(self._gather)
-                started = started + self._gather
-                wait_all(host, self._gather, what, keep)
+            if self._gather.reqs:
+                self._gather.start()
+                host.mpi_wait(self._gather, what, keep)  # type: ignore[arg-type]
             self.busy = False
         except MPI.Exception as exc:
             truncated(host, what, exc)
         finally:
-            if self.busy:  # started and never completed: MPI may still use the buffers
-                host.pending.extend((r, keep) for r in started)
+            if self.busy:  # never completed (or never started): MPI may still use the buffers
+                host.pending.extend((r, keep) for r in self._reqs)
 
     def close(self) -> None:
         """Free the persistent requests (kept, with their buffers, while still busy)."""
         if not self.busy:
-            for req in self._sig + self._scatter + self._gather:
+            for req in self._reqs:
                 with contextlib.suppress(MPI.Exception):
                     req.Free()
-        self._sig, self._scatter, self._gather, self._first = [], [], [], []
+        self._reqs = []
         self.busy = True  # (never started again)

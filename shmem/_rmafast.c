@@ -40,7 +40,8 @@
     typedef int (*test##sfx)(h *, int *, void *);                                          \
     typedef int (*wait##sfx)(h *, void *);                                                \
     typedef int (*iprobe##sfx)(int, int, h, int *, void *);                                \
-    typedef int (*fop##sfx)(const void *, void *, h, int, intptr_t, h, h);
+    typedef int (*fop##sfx)(const void *, void *, h, int, intptr_t, h, h);               \
+    typedef int (*startall##sfx)(int, h *);
 MPI_FNS(int32_t, 32)
 MPI_FNS(intptr_t, 64)
 
@@ -52,6 +53,7 @@ static void *test_addr;  /* MPI_Test */
 static void *wait_addr;  /* MPI_Wait */
 static void *iprobe_addr; /* MPI_Iprobe */
 static void *fop_addr;    /* MPI_Fetch_and_op */
+static void *startall_addr; /* MPI_Startall */
 static int any_source, any_tag; /* MPI_ANY_SOURCE, MPI_ANY_TAG */
 static int handle_bytes; /* 4 or 8 */
 static intptr_t byte_type;  /* MPI_BYTE */
@@ -923,16 +925,166 @@ static PyObject *spin(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     Py_RETURN_NONE;
 }
 
+/* -- Requests: persistent point-to-point requests, started and tested out of Python ------- */
+
+/* The handles of persistent requests (mpi4py Prequests, which keep their handle for their
+   life: MPI_Test leaves a completed persistent request inactive, not MPI_REQUEST_NULL), in
+   the order they complete best in. Test() tests them in order from the first not yet seen
+   complete, one MPI_Test each (each drives MPI's progress), and stops at the first that is
+   not: about 0.1 us a test where mpi4py's Testall of a list costs 0.45 us for 12 requests
+   here. The owner starts them (start(), MPI_Startall, or through another Requests of the
+   same handles) and frees them (mpi4py, Free); this object holds handles only. */
+typedef struct {
+    PyObject_HEAD
+    Py_ssize_t count;
+    Py_ssize_t next; /* requests [0, next) seen complete in the wait under way */
+    int32_t *h32;
+    intptr_t *h64;
+} Requests;
+
+static void Requests_dealloc(Requests *self) {
+    PyMem_Free(self->h32);
+    PyMem_Free(self->h64);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *Requests_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    PyObject *handles;
+    if (!PyArg_ParseTuple(args, "O!", &PyTuple_Type, &handles))
+        return NULL;
+    if (startall_addr == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "shmem._rmafast.Requests: bind() first");
+        return NULL;
+    }
+    Py_ssize_t n = PyTuple_GET_SIZE(handles);
+    if (n > INT_MAX) {
+        PyErr_SetString(PyExc_ValueError, "shmem._rmafast.Requests: too many requests");
+        return NULL;
+    }
+    Requests *self = (Requests *)type->tp_alloc(type, 0);
+    if (self == NULL)
+        return NULL;
+    self->count = n;
+    self->next = 0;
+    if (handle_bytes == 4)
+        self->h32 = PyMem_Calloc(n ? n : 1, sizeof(int32_t));
+    else
+        self->h64 = PyMem_Calloc(n ? n : 1, sizeof(intptr_t));
+    if (self->h32 == NULL && self->h64 == NULL) {
+        Py_DECREF(self);
+        return PyErr_NoMemory();
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        unsigned long long h = PyLong_AsUnsignedLongLongMask(PyTuple_GET_ITEM(handles, i));
+        if (PyErr_Occurred()) {
+            Py_DECREF(self);
+            return NULL;
+        }
+        if (handle_bytes == 4)
+            self->h32[i] = (int32_t)(uint32_t)h;
+        else
+            self->h64[i] = (intptr_t)h;
+    }
+    return (PyObject *)self;
+}
+
+static PyObject *Requests_start(Requests *self, PyObject *unused) {
+    int rc, n = (int)self->count;
+    if (handle_bytes == 4)
+        rc = ((startall32)startall_addr)(n, self->h32);
+    else
+        rc = ((startall64)startall_addr)(n, self->h64);
+    if (rc != 0)
+        return raise_mpi(rc);
+    self->next = 0;
+    Py_RETURN_NONE;
+}
+
+/* 1: all complete (the next test starts from the first again: a completed persistent
+   request tests complete at once until started); 0: not yet; -1: MPI's error code in *err */
+static int requests_test(Requests *self, int *err) {
+    while (self->next < self->count) {
+        int flag = 0, rc;
+        status_t st;
+        if (handle_bytes == 4)
+            rc = ((test32)test_addr)(&self->h32[self->next], &flag, &st);
+        else
+            rc = ((test64)test_addr)(&self->h64[self->next], &flag, &st);
+        if (rc != 0) {
+            *err = rc;
+            return -1;
+        }
+        if (!flag)
+            return 0;
+        self->next++;
+    }
+    self->next = 0;
+    return 1;
+}
+
+static PyObject *Requests_Test(Requests *self, PyObject *unused) {
+    int err = 0, done = requests_test(self, &err);
+    if (done < 0)
+        return raise_mpi(err);
+    return PyBool_FromLong(done);
+}
+
+/* settle(inline, yielded): up to ``inline`` tests, then up to ``yielded`` each after a
+   sched_yield (more ranks than cores: a peer that has work gets the core) */
+static PyObject *Requests_settle(Requests *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "Requests.settle(inline, yielded)");
+        return NULL;
+    }
+    long inl = PyLong_AsLong(args[0]), yielded = PyLong_AsLong(args[1]);
+    if ((inl == -1 || yielded == -1) && PyErr_Occurred())
+        return NULL;
+    int err = 0, done = 0;
+    for (long i = 0; i < inl && !done; i++)
+        done = requests_test(self, &err);
+    for (long i = 0; i < yielded && !done; i++) {
+        sched_yield();
+        done = requests_test(self, &err);
+    }
+    if (done < 0)
+        return raise_mpi(err);
+    return PyBool_FromLong(done);
+}
+
+static PyMethodDef Requests_methods[] = {
+    {"start", (PyCFunction)Requests_start, METH_NOARGS,
+     "start(): MPI_Startall of every request."},
+    {"Test", (PyCFunction)Requests_Test, METH_NOARGS,
+     "Test() -> bool: every request complete (MPI_Test of each in order, from the first "
+     "not yet complete, up to the first that is not)."},
+    {"settle", (PyCFunction)(void (*)(void))Requests_settle, METH_FASTCALL,
+     "settle(inline, yielded) -> bool: Test up to inline times, then up to yielded times "
+     "each after sched_yield; whether every request completed."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject RequestsType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "shmem._rmafast.Requests",
+    .tp_basicsize = sizeof(Requests),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Persistent MPI requests by handle: start, Test and settle out of Python.",
+    .tp_new = Requests_new,
+    .tp_dealloc = (destructor)Requests_dealloc,
+    .tp_methods = Requests_methods,
+};
+
 /* bind(fns, handle_bytes, handles, ndarray, exception) */
 static PyObject *bind(PyObject *module, PyObject *args) {
-    unsigned long long put, flush, sync, rgacc, test, wait, iprobe, fop, byte, i64, replace, sum;
+    unsigned long long put, flush, sync, rgacc, test, wait, iprobe, fop, startall, byte, i64,
+        replace, sum;
     int hb, anysrc, anytag;
     PyObject *nd, *exc;
-    if (!PyArg_ParseTuple(args, "(KKKKKKKK)i(KKKK)(ii)OO", &put, &flush, &sync, &rgacc, &test,
-                          &wait, &iprobe, &fop, &hb, &byte, &i64, &replace, &sum, &anysrc,
-                          &anytag, &nd, &exc))
+    if (!PyArg_ParseTuple(args, "(KKKKKKKKK)i(KKKK)(ii)OO", &put, &flush, &sync, &rgacc, &test,
+                          &wait, &iprobe, &fop, &startall, &hb, &byte, &i64, &replace, &sum,
+                          &anysrc, &anytag, &nd, &exc))
         return NULL;
-    if (!put || !flush || !sync || !rgacc || !test || !wait || !iprobe || !fop ||
+    if (!put || !flush || !sync || !rgacc || !test || !wait || !iprobe || !fop || !startall ||
         (hb != 4 && hb != 8) || !PyType_Check(nd) || !PyExceptionClass_Check(exc)) {
         PyErr_SetString(PyExc_ValueError, "shmem._rmafast.bind: invalid arguments");
         return NULL;
@@ -945,6 +1097,7 @@ static PyObject *bind(PyObject *module, PyObject *args) {
     wait_addr = (void *)(uintptr_t)wait;
     iprobe_addr = (void *)(uintptr_t)iprobe;
     fop_addr = (void *)(uintptr_t)fop;
+    startall_addr = (void *)(uintptr_t)startall;
     any_source = anysrc;
     any_tag = anytag;
     handle_bytes = hb;
@@ -961,10 +1114,11 @@ static PyObject *bind(PyObject *module, PyObject *args) {
 
 static PyMethodDef module_methods[] = {
     {"bind", bind, METH_VARARGS,
-     "bind((put, flush, sync, rget_accumulate, test, wait, iprobe, fetch_and_op), "
+     "bind((put, flush, sync, rget_accumulate, test, wait, iprobe, fetch_and_op, startall), "
      "handle_bytes, (byte, int64, replace, sum), (any_source, any_tag), ndarray, exception): "
      "the addresses of MPI_Put, MPI_Win_flush, MPI_Win_sync, MPI_Rget_accumulate, MPI_Test, "
-     "MPI_Wait, MPI_Iprobe and MPI_Fetch_and_op, the ABI's handle width, the handles of "
+     "MPI_Wait, MPI_Iprobe, MPI_Fetch_and_op and MPI_Startall, the ABI's handle width, the "
+     "handles of "
      "MPI_BYTE, MPI_INT64_T, MPI_REPLACE "
      "and MPI_SUM, MPI_ANY_SOURCE and MPI_ANY_TAG, numpy.ndarray and the exception raised "
      "for an MPI error code."},
@@ -987,7 +1141,8 @@ static struct PyModuleDef module_def = {
 
 PyMODINIT_FUNC PyInit__rmafast(void) {
     if (PyType_Ready(&PutterType) < 0 || PyType_Ready(&SignallerType) < 0 ||
-        PyType_Ready(&PendingType) < 0 || PyType_Ready(&BarrierType) < 0)
+        PyType_Ready(&PendingType) < 0 || PyType_Ready(&BarrierType) < 0 ||
+        PyType_Ready(&RequestsType) < 0)
         return NULL;
     str_dtype = PyUnicode_InternFromString("dtype");
     if (str_dtype == NULL)
@@ -998,7 +1153,8 @@ PyMODINIT_FUNC PyInit__rmafast(void) {
     if (PyModule_AddObjectRef(m, "Putter", (PyObject *)&PutterType) < 0 ||
         PyModule_AddObjectRef(m, "Signaller", (PyObject *)&SignallerType) < 0 ||
         PyModule_AddObjectRef(m, "Pending", (PyObject *)&PendingType) < 0 ||
-        PyModule_AddObjectRef(m, "Barrier", (PyObject *)&BarrierType) < 0) {
+        PyModule_AddObjectRef(m, "Barrier", (PyObject *)&BarrierType) < 0 ||
+        PyModule_AddObjectRef(m, "Requests", (PyObject *)&RequestsType) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-__all__ = ["barrier", "pending", "putter", "signaller", "spinner", "status"]
+__all__ = ["barrier", "pending", "putter", "requests", "signaller", "spinner", "status"]
 
 _FUNCTIONS = (
     "MPI_Put",
@@ -41,6 +41,7 @@ _FUNCTIONS = (
     "MPI_Wait",
     "MPI_Iprobe",
     "MPI_Fetch_and_op",
+    "MPI_Startall",
 )
 
 log = logging.getLogger(__name__)
@@ -178,6 +179,17 @@ def pending() -> Any:
     is not available (no signal is ever left in flight then)."""
     mod = _bound()
     return None if mod is None else mod.pending
+
+
+def requests(reqs: list[MPI.Prequest]) -> Any:
+    """``shmem._rmafast.Requests`` of these persistent requests (``start``, ``Test`` and
+    ``settle`` out of Python; the requests stay mpi4py's to free), or None when the C path
+    is not bound."""
+    mod = _bound()
+    if mod is None:
+        return None
+    mask = (1 << 64) - 1
+    return mod.Requests(tuple(MPI._handleof(r) & mask for r in reqs))
 
 
 def spinner(comm: MPI.Comm) -> Any:

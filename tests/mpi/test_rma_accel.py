@@ -3,6 +3,7 @@ saying why, whenever the extension is missing or cannot be bound; it never fails
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import sys
 from collections.abc import Iterator
@@ -64,3 +65,73 @@ def test_the_binding_finds_mpi4pys_own_library(fresh_binding: None) -> None:
     assert status.startswith("C: puts and signals through "), status
     width = MPI._sizeof(MPI.Win)
     assert f"({width}-byte handles)" in status
+
+
+def _ring_requests(
+    comm: MPI.Intracomm, send: np.ndarray[Any, Any], recv: np.ndarray[Any, Any]
+) -> list[MPI.Prequest]:
+    n, me = comm.Get_size(), comm.Get_rank()
+    return [
+        comm.Recv_init(recv, (me - 1) % n, 0x7A1),
+        comm.Send_init(send, (me + 1) % n, 0x7A1),
+    ]
+
+
+@pytest.mark.parametrize("bound", [True, False], ids=["C", "python"])
+def test_persistent_requests_start_and_complete_round_after_round(
+    fresh_binding: None, monkeypatch: pytest.MonkeyPatch, bound: bool
+) -> None:
+    from collectives.signed import Persistent
+
+    if not bound:
+        monkeypatch.setitem(sys.modules, "shmem._rmafast", None)
+        monkeypatch.delattr(shmem, "_rmafast", raising=False)
+    elif rma_accel._bound() is None:
+        pytest.skip(f"the C path is not bound here: {rma_accel.status()}")
+    comm = MPI.COMM_WORLD.Dup()
+    n, me = comm.Get_size(), comm.Get_rank()
+    send, recv = np.zeros(1000, np.int64), np.zeros(1000, np.int64)
+    reqs = _ring_requests(comm, send, recv)
+    try:
+        group = Persistent(reqs)
+        assert (group.settle is None) is not bound
+        for rnd in range(5):
+            send[...] = rnd * 100 + me
+            group.start()
+            if group.settle is not None and rnd % 2:
+                while not group.settle(4, 4):
+                    pass
+            else:
+                while not group.Test():
+                    pass
+            assert (recv == rnd * 100 + (me - 1) % n).all(), rnd
+            assert group.Test()  # complete requests stay complete until started again
+            comm.Barrier()  # (the next round's send must not land before this check)
+    finally:
+        for req in reqs:
+            req.Free()
+        comm.Free()
+
+
+def test_a_truncated_persistent_message_raises_mpis_error(fresh_binding: None) -> None:
+    from collectives.signed import P2P_TRUNCATION_REPORTED, Persistent
+
+    if rma_accel._bound() is None or not P2P_TRUNCATION_REPORTED:
+        pytest.skip("the C path is not bound, or this MPI does not report truncation cleanly")
+    comm = MPI.COMM_SELF.Dup()
+    send, recv = np.arange(16, dtype=np.uint8), np.zeros(8, np.uint8)
+    reqs = [comm.Recv_init(recv, 0, 3), comm.Send_init(send, 0, 3)]
+    try:
+        group = Persistent(reqs)
+        assert group.settle is not None
+        group.start()
+        with pytest.raises(MPI.Exception) as info:
+            while not group.settle(8, 8):
+                pass
+        assert info.value.Get_error_class() == MPI.ERR_TRUNCATE
+    finally:
+        for req in reqs:
+            with contextlib.suppress(MPI.Exception):
+                MPI.Request.Wait(req)  # (the send, still active)
+            req.Free()
+        comm.Free()
