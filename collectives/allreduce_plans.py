@@ -186,17 +186,18 @@ SHARE_MIN = 256 << 10
 # other (one round, the signature with the data: NodesPlan) up to this many bytes sent per
 # member; beyond, the reduce-scatter + all-gather (two rounds, 2 (n - 1) / n of the vector,
 # persistent requests: AcrossPlan). Simulated nodes on the 2-core VM, numpy input, x
-# MPI_Allreduce, one round / two rounds, both in one job. MPICH: 2 nodes 640 KiB 1.13 /
-# 1.05, 768 KiB 1.26 / 1.09, 1 MiB 0.83 / 1.11; 3 nodes 192 KiB 1.21 / 1.13, 256 KiB 1.01 /
-# 1.04, 384 KiB 1.15 / 1.43; 4 nodes 128 KiB 0.75 / 0.63, 160 KiB 0.83 / 0.87, 192 KiB 0.85
-# / 0.99, 256 KiB 0.67 / 0.76: 768 KiB sent at 2 nodes, 512 KiB from 3 on. Open MPI (tcp):
-# 2 nodes 512 KiB 1.13-1.20 / 0.89-0.90, 768 KiB 1.09-1.11 / 0.92-0.95, 1 MiB 0.71-1.01 /
-# 0.76-1.25 (5 jobs, mean 0.88 / 0.97: noisy, two rounds no worse), the same 768 KiB; from
-# 3 nodes one round goes on longer: 3 nodes 256 KiB 0.90 /
-# 0.65, 512 KiB 0.92 / 0.83; 4 nodes 256 KiB 0.82 / 0.62, 384 KiB 0.73 / 0.66, 512 KiB
-# 0.68 / 0.68: 1.5 MiB.
+# MPI_Allreduce, one round / two rounds, both in one job, two jobs (since both rounds'
+# requests are started and tested in C). MPICH: 2 nodes 512 KiB 1.23-1.24 / 1.13-1.14,
+# 768 KiB 1.18-1.23 / 1.24-1.27, 1 MiB 0.86-0.89 / 1.19-1.24; 3 nodes 96 KiB 1.26-1.33 /
+# 1.10-1.13, 128 KiB 1.28-1.31 / 1.18-1.24, 192 KiB 1.38-1.39 / 1.38-1.58, 256 KiB
+# 1.23-1.35 / 1.45-1.59; 4 nodes 96 KiB 0.98 / 0.98, 128 KiB 0.93-0.94 / 0.96-1.00, 192
+# KiB 0.85-0.87 / 1.00-1.01: 768 KiB sent at 2 nodes, 256 KiB from 3 on. Open MPI (tcp):
+# 2 nodes 512 KiB 1.09-1.14 / 0.90-0.94, 768 KiB 1.05-1.06 / 0.93-0.94, 1 MiB 0.88-1.20 /
+# 0.91-1.01 (noisy), 1.5 MiB 0.88-0.95 / 0.95-1.04; 3 nodes 384 KiB 0.92 / 0.83, 512 KiB
+# 0.88 / 0.92, 768 KiB 0.80 / 0.92; 4 nodes 256 KiB 0.82-0.89 / 0.68-0.74, 384 KiB
+# 0.74-0.77 / 0.75-0.79, 512 KiB 0.69-0.74 / 0.75-0.81: 768 KiB sent at every node count.
 ALONE_GATHER_MAX_SENT = 768 << 10
-ALONE_GATHER_MAX_SENT_MANY = 512 << 10 if MPI.get_vendor()[0] == "MPICH" else 3 << 19
+ALONE_GATHER_MAX_SENT_MANY = 256 << 10 if MPI.get_vendor()[0] == "MPICH" else 768 << 10
 
 
 def whole_gather_limit(ch: Channel) -> int:
