@@ -374,6 +374,8 @@ class PeerReduce:
         what: str,
     ) -> None:
         """:func:`reduce_across` of ``src`` into ``target`` (the arrays it was made for)."""
+        if self.busy:  # (closed, or a call that never completed: its requests may be active)
+            raise RuntimeError(f"{what}: internal error: a persistent exchange reused after close")
         me = self.me
         a, b = self.bounds[me]
         keep = (self, src, target)  # (what an active request writes or reads)

@@ -1043,7 +1043,9 @@ static PyObject *Requests_settle(Requests *self, PyObject *const *args, Py_ssize
     for (long i = 0; i < inl && !done; i++)
         done = requests_test(self, &err);
     for (long i = 0; i < yielded && !done; i++) {
+        Py_BEGIN_ALLOW_THREADS /* (as os.sched_yield: other threads may run meanwhile) */
         sched_yield();
+        Py_END_ALLOW_THREADS
         done = requests_test(self, &err);
     }
     if (done < 0)

@@ -86,6 +86,27 @@ def test_the_same_arrays_keep_their_requests(across: tuple[Any, Any, int]) -> No
     assert made[1][0].fits(x, out) and not made[1][0].busy
 
 
+def test_a_closed_exchange_is_never_started_again(across: tuple[Any, Any, int]) -> None:
+    """Once the plan drops an exchange (its requests freed), running it raises instead of
+    starting freed requests; the plan's next call makes a new one."""
+    world, comm, count = across
+    p, r = world.world_size, world.rank
+    x, out = _data(r, count, 1), np.empty(count, np.float32)
+    for _ in range(2):
+        comm.all_reduce(x, out=out)
+    plan = _plan(comm, count)
+    (peer,) = plan.peers[0]
+    peer.close()
+    assert not peer.fits(x, out)
+    with pytest.raises(RuntimeError, match="reused after close"):
+        peer.run(comm.host_channel, x, out, "sum", np.dtype(np.float32), p, "all_reduce")
+    plan.peers[0] = []
+    for _ in range(2):
+        comm.all_reduce(x, out=out)
+        assert out.tobytes() == _want(p, count, 1).tobytes()
+    assert len(plan.peers[0]) == 1 and plan.peers[0][0] is not peer
+
+
 @pytest.mark.parametrize("form", ["alternating", "new", "in_place", "symmetric", "sym_in_place"])
 def test_every_form_gives_the_general_paths_result(across: tuple[Any, Any, int], form: str) -> None:
     """Arrays that change between calls never meet requests made for others: alternating
